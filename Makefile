@@ -1,0 +1,40 @@
+# allreduce_train: `make train` trains LeNet-5 on Fashion-MNIST across 2 ranks; `make test` tests.
+# Every target installs what it needs first (make install is a no-op when nothing changed).
+
+VENV    := .venv
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.install-stamp
+NP      ?= 2
+ARGS    ?=
+INSTALL_INPUTS := pyproject.toml tools/install.sh tools/build_horovod.sh tools/patches/horovod-0.28.1-cxx17.patch
+
+.PHONY: install train test test-fast tensorboard clean help
+
+help:
+	@echo "make install      Debian packages, .venv, torch (CPU), patched Horovod (cached wheel)"
+	@echo "make train        LeNet-5 on Fashion-MNIST, $(NP) ranks, ring allreduce -> runs/<name>/"
+	@echo "make test         the test suite (unit + real ranks under mpirun)"
+	@echo "make tensorboard  serve runs/ on http://127.0.0.1:6006"
+	@echo "make clean        remove runs/ and caches (keeps .venv and the Horovod wheel cache)"
+
+install: $(STAMP)
+
+$(STAMP): $(INSTALL_INPUTS)
+	bash tools/install.sh
+	@touch $@
+
+train: install
+	$(PY) -m launch -np $(NP) -- --model lenet5 --dataset fashion-mnist --epochs 2 $(ARGS)
+
+test: install
+	$(PY) -m pytest -q tests $(ARGS)
+
+test-fast: install
+	$(PY) -m pytest -q -m "not mpi" tests $(ARGS)
+
+tensorboard: install
+	$(VENV)/bin/tensorboard --logdir runs --host 127.0.0.1 --port 6006
+
+clean:
+	rm -rf runs .pytest_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

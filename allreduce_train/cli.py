@@ -1,0 +1,154 @@
+"""Command line: ``python -m allreduce_train train ...`` (also the ``allreduce-train`` script).
+
+Parse -> build -> run -> close. Bad input ends every rank with one error line and exit code 2:
+configuration is checked before any process group forms (every rank parses the same argv, so
+every rank fails alike and only rank 0 speaks); set-up errors (data files, checkpoint) are agreed
+on by all ranks in one collective so that the lowest failing rank reports and nobody waits on a
+peer that gave up; anything that fails once training runs aborts the whole MPI job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+
+from . import __version__
+from .config import add_arguments, build_config
+from .errors import UserError
+
+EXIT_USAGE = 2
+
+
+def env_rank() -> int:
+    """The global rank from the launcher's environment, before any process group exists."""
+    for var in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "HOROVOD_RANK"):
+        if var in os.environ:
+            return int(os.environ[var])
+    return 0
+
+
+def fail(msg: str) -> int:
+    print(f"allreduce_train: error: {msg}", file=sys.stderr, flush=True)
+    return EXIT_USAGE
+
+
+def default_run_name(cfg, world: int) -> str:
+    return f"{cfg.model.model}-{cfg.exchange.strategy}-np{world}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    try:
+        cfg = build_config(args)
+    except UserError as e:
+        return fail(str(e)) if env_rank() == 0 else EXIT_USAGE
+
+    from .distributed import create_exchange
+
+    try:
+        ex = create_exchange(cfg)
+    except UserError as e:
+        return fail(str(e)) if env_rank() == 0 else EXIT_USAGE
+
+    from .trainer import Trainer, config_text, flat_hparams
+    from .logging import NullLogger, RunLogger
+
+    log = NullLogger()
+    try:
+        # Every rank must agree on the run directory; rank 0's clock names it.
+        name = ex.broadcast_object(cfg.run.name or default_run_name(cfg, ex.size))  # communication
+        run_dir = os.path.join(cfg.run.run_dir, name)
+        trainer = Trainer(cfg, ex, run_dir)
+        err = None
+        try:
+            if ex.is_main:
+                os.makedirs(run_dir, exist_ok=True)
+            setup = trainer.build()
+        except UserError as e:
+            err = str(e)
+        except OSError as e:
+            err = f"{e.filename or run_dir}: {e.strerror}"
+        errors = _gather_errors(ex, err)
+        if errors:
+            if ex.is_main:
+                fail(errors[0])
+            ex.close()
+            return EXIT_USAGE
+
+        if not ex.is_worker:
+            ex.serve()
+            ex.close()
+            return 0
+        if ex.is_main:
+            log = RunLogger(run_dir, setup.total_steps, setup.start_step, cfg.run.tensorboard, cfg.run.progress)
+            log.text("config", config_text(cfg))
+        result = trainer.run(setup, log)
+        result["run_dir"] = run_dir
+        log.hparams(flat_hparams(cfg), {"hparam/eval_accuracy": result["final"]["eval_accuracy"],
+                                        "hparam/samples_per_sec": result["samples_per_sec"]})
+        log.write_json("metrics.json", result)
+        log.message(
+            f"done: {result['steps']} steps, test accuracy {result['final']['eval_accuracy']:.4f}, "
+            f"eval loss {result['final']['eval_loss']:.4f}, {result['samples_per_sec']:.0f} samples/s "
+            f"({result['workers']} workers), step {result['step_ms']:.2f} ms -> {run_dir}"
+        )
+        log.close()
+        ex.close()
+        return 0
+    except KeyboardInterrupt:
+        log.close()
+        ex.abort(130)
+    except Exception as e:  # a failure mid-run: report on this rank, take every rank down
+        log.close()
+        print(f"allreduce_train: error on rank {ex.rank}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        if os.environ.get("ALLREDUCE_TRAIN_TRACEBACK"):
+            traceback.print_exc()
+        ex.abort(1)
+    return 1
+
+
+def _gather_errors(ex, err: str | None) -> list[str]:
+    """Collective: every rank's set-up error, lowest rank first (empty when all succeeded)."""
+    return [e for e in ex.allgather_object(err) if e]
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from models import MODELS, count_parameters
+
+    for name, spec in sorted(MODELS.items()):
+        print(f"{name:20s} {count_parameters(spec.build()):>12,d} params  input {spec.input_shape}  {spec.description}")
+    return 0
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors are printed by rank 0 only: every rank parses the same argv and fails alike."""
+
+    def error(self, message: str):
+        if env_rank() == 0:
+            self.print_usage(sys.stderr)
+            print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+def make_parser() -> "_Parser":
+    parser = _Parser(
+        prog="allreduce_train",
+        description="Data-parallel PyTorch training with Horovod ring allreduce. Launch with "
+                    "`python -m launch -np N -- ARGS` or mpirun.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="train a model (run under mpirun for several ranks)")
+    add_arguments(train)
+    train.set_defaults(func=cmd_train)
+    models = sub.add_parser("models", help="list the registered models")
+    models.set_defaults(func=cmd_models)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    return args.func(args)

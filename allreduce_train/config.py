@@ -1,0 +1,233 @@
+"""One typed configuration tree for a training run.
+
+Each section is a small dataclass; every field carries its help text in ``metadata`` and the
+command-line flags are generated from the fields (``--batch-size`` for ``data.batch_size``).
+Values come from, in increasing priority: the defaults (which run on a CPU laptop), an optional
+TOML file (``--config run.toml`` with one table per section), and the command line.
+Validation lives in each section's ``__post_init__`` and raises :class:`ConfigError` naming the
+flag to fix, so a bad value fails before any process group is formed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from dataclasses import dataclass, field
+from typing import Any, get_type_hints
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - the project targets 3.11; tomli is its backport
+    import tomli as tomllib
+
+from .errors import ConfigError
+
+DEFAULT_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+
+
+def _f(default: Any, help: str, choices: tuple | None = None) -> Any:
+    meta = {"help": help}
+    if choices:
+        meta["choices"] = choices
+    return field(default=default, metadata=meta)
+
+
+def flag(name: str) -> str:
+    """The command-line flag of a config field: ``batch_size`` -> ``--batch-size``."""
+    return "--" + name.replace("_", "-")
+
+
+def _check(cond: bool, name: str, what: str, value: Any) -> None:
+    if not cond:
+        raise ConfigError(f"{flag(name)} {what} (got {value!r})")
+
+
+@dataclass
+class ModelConfig:
+    """Which network to train; models/ holds the definitions."""
+
+    model: str = _f("lenet5", "model name from the registry in models/ (see `models` subcommand)")
+
+    def __post_init__(self) -> None:
+        from models import MODELS
+
+        if self.model not in MODELS:
+            raise ConfigError(
+                f"--model: unknown model {self.model!r}; choose one of: {', '.join(sorted(MODELS))}"
+            )
+
+
+@dataclass
+class DataConfig:
+    """Dataset and batching. Batch sizes are per worker; the global batch is batch x workers."""
+
+    dataset: str = _f("fashion-mnist", "dataset to train on", ("fashion-mnist", "synthetic"))
+    data_dir: str = _f(DEFAULT_FASHION_MNIST_DIR, "directory with the dataset files")
+    batch_size: int = _f(64, "training batch size per worker")
+    eval_batch_size: int = _f(1000, "evaluation batch size per worker")
+    synthetic_samples: int = _f(6400, "samples in the synthetic dataset (fixed-shape random data, no I/O)")
+
+    def __post_init__(self) -> None:
+        _check(self.dataset in ("fashion-mnist", "synthetic"), "dataset", "must be fashion-mnist or synthetic", self.dataset)
+        _check(self.batch_size >= 1, "batch_size", "must be >= 1", self.batch_size)
+        _check(self.eval_batch_size >= 1, "eval_batch_size", "must be >= 1", self.eval_batch_size)
+        _check(self.synthetic_samples >= 1, "synthetic_samples", "must be >= 1", self.synthetic_samples)
+
+
+@dataclass
+class OptimConfig:
+    """SGD with momentum; the learning rate is given for one worker and scaled by the worker count."""
+
+    lr: float = _f(0.01, "learning rate for one worker (multiplied by the worker count unless --no-scale-lr)")
+    momentum: float = _f(0.9, "SGD momentum")
+    weight_decay: float = _f(0.0, "L2 weight decay")
+    scale_lr: bool = _f(True, "multiply the LR by the number of workers (Goyal et al. 2017)")
+    warmup_steps: int = _f(100, "linear LR warm-up from lr/workers to the scaled LR over this many steps")
+    grad_clip: float = _f(0.0, "clip the averaged gradient to this global L2 norm (0 = off)")
+
+    def __post_init__(self) -> None:
+        _check(self.lr > 0, "lr", "must be > 0", self.lr)
+        _check(0 <= self.momentum < 1, "momentum", "must be in [0, 1)", self.momentum)
+        _check(self.weight_decay >= 0, "weight_decay", "must be >= 0", self.weight_decay)
+        _check(self.warmup_steps >= 0, "warmup_steps", "must be >= 0", self.warmup_steps)
+        _check(self.grad_clip >= 0, "grad_clip", "must be >= 0", self.grad_clip)
+
+
+@dataclass
+class ExchangeConfig:
+    """How gradients travel between workers."""
+
+    strategy: str = _f("allreduce", "gradient exchange", ("allreduce",))
+    compression: str = _f("none", "gradient compression on the wire (allreduce)", ("none", "fp16"))
+    backward_passes_per_step: int = _f(1, "local gradient accumulation steps per exchange (allreduce)")
+    reduce_op: str = _f("average", "allreduce reduction", ("average", "adasum"))
+
+    def __post_init__(self) -> None:
+        from .distributed import STRATEGIES
+
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(f"--strategy: unknown strategy {self.strategy!r}; choose one of: {', '.join(STRATEGIES)}")
+        _check(self.compression in ("none", "fp16"), "compression", "must be none or fp16", self.compression)
+        _check(self.backward_passes_per_step >= 1, "backward_passes_per_step", "must be >= 1", self.backward_passes_per_step)
+        _check(self.reduce_op in ("average", "adasum"), "reduce_op", "must be average or adasum", self.reduce_op)
+
+
+@dataclass
+class TrainConfig:
+    """Length of the run, seeding, evaluation and logging cadence."""
+
+    epochs: int = _f(2, "passes over the training data (ignored when --steps is set)")
+    steps: int = _f(0, "total optimizer steps of the schedule (0 = derive from --epochs)")
+    exit_after_steps: int = _f(0, "stop after this many steps in this invocation, checkpoint, exit 0; continue later with --resume (0 = run to the end)")
+    seed: int = _f(42, "seed for parameters and data order (identical on every rank)")
+    log_every: int = _f(20, "log training figures every N steps")
+    eval_every: int = _f(0, "evaluate every N steps (0 = at the end of every epoch)")
+    perf_warmup_steps: int = _f(10, "steps excluded from throughput figures")
+    threads: int = _f(0, "torch intra-op threads per rank (0 = cores on this host / ranks on this host)")
+    device: str = _f("auto", "auto = CUDA pinned to the local rank when present, else CPU", ("auto", "cpu", "cuda"))
+
+    def __post_init__(self) -> None:
+        _check(self.epochs >= 1, "epochs", "must be >= 1", self.epochs)
+        _check(self.steps >= 0, "steps", "must be >= 0", self.steps)
+        _check(self.exit_after_steps >= 0, "exit_after_steps", "must be >= 0", self.exit_after_steps)
+        _check(self.log_every >= 1, "log_every", "must be >= 1", self.log_every)
+        _check(self.eval_every >= 0, "eval_every", "must be >= 0", self.eval_every)
+        _check(self.perf_warmup_steps >= 0, "perf_warmup_steps", "must be >= 0", self.perf_warmup_steps)
+        _check(self.threads >= 0, "threads", "must be >= 0", self.threads)
+        _check(self.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda", self.device)
+
+
+@dataclass
+class RunConfig:
+    """Where the run writes and what it writes."""
+
+    run_dir: str = _f("runs", "parent directory of run directories")
+    name: str = _f("", "run directory name under --run-dir (default: <model>-<strategy>-np<N>-<time>)")
+    checkpoint_every: int = _f(0, "checkpoint every N steps (0 = at the end of every epoch)")
+    resume: str = _f("", "checkpoint file to continue from, or 'auto' for <run dir>/checkpoint.pt")
+    tensorboard: bool = _f(True, "write TensorBoard event files (global rank 0)")
+    progress: bool = _f(True, "show a progress bar (global rank 0)")
+    dump_params: str = _f("", "at the end, every rank saves its parameters to this file with {rank} replaced (tests, debugging)")
+
+    def __post_init__(self) -> None:
+        _check(self.checkpoint_every >= 0, "checkpoint_every", "must be >= 0", self.checkpoint_every)
+        _check("/" not in self.name, "name", "must be a plain directory name", self.name)
+
+
+@dataclass
+class Config:
+    """The whole run."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    exchange: ExchangeConfig = field(default_factory=ExchangeConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+
+def _sections() -> dict[str, type]:
+    return {f.name: f.default_factory for f in dataclasses.fields(Config)}  # type: ignore[misc]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add one flag per config field; defaults are None so that TOML values are not overridden."""
+    parser.add_argument("--config", metavar="FILE.toml", help="TOML file with [model], [data], [optim], ... tables")
+    seen: set[str] = set()
+    for section, cls in _sections().items():
+        group = parser.add_argument_group(section, cls.__doc__)
+        hints = get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            assert f.name not in seen, f"config field {f.name} appears in two sections"
+            seen.add(f.name)
+            typ = hints[f.name]
+            kwargs: dict[str, Any] = {"dest": f"{section}.{f.name}", "default": None,
+                                      "help": f"{f.metadata['help']} (default: {f.default!r})"}
+            if typ is bool:
+                group.add_argument(flag(f.name), action=argparse.BooleanOptionalAction, **kwargs)
+            else:
+                if "choices" in f.metadata:
+                    kwargs["choices"] = f.metadata["choices"]
+                group.add_argument(flag(f.name), type=typ, metavar=f.name.upper(), **kwargs)
+
+
+def build_config(args: argparse.Namespace) -> Config:
+    """Merge defaults, the TOML file and the command line, then validate every section."""
+    values: dict[str, dict[str, Any]] = {s: {} for s in _sections()}
+    if getattr(args, "config", None):
+        try:
+            with open(args.config, "rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError(f"--config: file not found: {args.config}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"--config: {args.config} is not valid TOML: {e}") from None
+        for section, table in data.items():
+            if section not in values or not isinstance(table, dict):
+                raise ConfigError(f"--config: unknown table [{section}] in {args.config}; tables are: {', '.join(values)}")
+            known = {f.name for f in dataclasses.fields(_sections()[section])}
+            for k, v in table.items():
+                key = k.replace("-", "_")
+                if key not in known:
+                    raise ConfigError(f"--config: unknown key {k!r} in [{section}] of {args.config}")
+                values[section][key] = v
+    for dest, v in vars(args).items():
+        if "." in dest and v is not None:
+            section, name = dest.split(".", 1)
+            values[section][name] = v
+    sections = {}
+    for section, cls in _sections().items():
+        hints = get_type_hints(cls)
+        for name, v in values[section].items():
+            want = hints[name]
+            if want is float and isinstance(v, int) and not isinstance(v, bool):
+                v = float(v)
+            if not isinstance(v, want) or (want is int and isinstance(v, bool)):
+                raise ConfigError(f"{flag(name)} must be of type {want.__name__} (got {v!r})")
+            values[section][name] = v
+        sections[section] = cls(**values[section])
+    return Config(**sections)

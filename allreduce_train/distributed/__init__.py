@@ -1,0 +1,24 @@
+"""Gradient exchange strategies behind one small interface (see :mod:`.base`).
+
+Nothing here imports horovod or mpi4py at module import time, so configuration can be validated
+(and errors reported) before any process group forms.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from .base import GradientExchange
+
+STRATEGIES = ("allreduce",)
+
+
+def create_exchange(cfg: "Config") -> "GradientExchange":
+    """Initialise the communication backend of ``cfg.exchange.strategy`` and return the exchange."""
+    if cfg.exchange.strategy == "allreduce":
+        from .allreduce import HorovodAllreduce
+
+        return HorovodAllreduce(cfg.exchange)
+    raise ValueError(f"unknown strategy {cfg.exchange.strategy!r}")

@@ -1,0 +1,86 @@
+"""The gradient-exchange interface that the trainer talks to.
+
+A strategy owns everything that crosses process boundaries: forming the process group, making
+the initial parameters identical on every worker, moving gradients, and the few collectives the
+trainer needs for metrics. The trainer loop, data, logging and checkpoints are shared by all
+strategies. Ranks that only serve (a parameter server's dedicated servers) report
+``is_worker == False`` and spend the run in :meth:`serve`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import torch
+
+
+class GradientExchange(ABC):
+    name: str
+    rank: int  # global rank
+    size: int  # all processes, servers included
+    local_rank: int
+    local_size: int
+
+    @property
+    def is_main(self) -> bool:
+        """The one process that writes logs, metrics and checkpoints: global rank 0."""
+        return self.rank == 0
+
+    @property
+    def is_worker(self) -> bool:
+        """Whether this rank trains (computes gradients)."""
+        return True
+
+    @property
+    def num_workers(self) -> int:
+        return self.size
+
+    @property
+    def worker_index(self) -> int:
+        """This rank's index among the workers: which data shard it reads."""
+        return self.rank
+
+    def describe(self) -> dict[str, Any]:
+        """Strategy-specific fields for metrics.json and the run's hparams."""
+        return {}
+
+    @abstractmethod
+    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """Make the model and optimizer state identical to the main rank's; return the optimizer to step."""
+
+    @abstractmethod
+    def synchronize(self) -> None:
+        """Block until this step's gradients are exchanged (averaged over workers) and in ``.grad``."""
+
+    @abstractmethod
+    def apply(self, optimizer: torch.optim.Optimizer) -> None:
+        """Apply the exchanged gradients (after :meth:`synchronize` and any clipping)."""
+
+    @abstractmethod
+    def sum_over_workers(self, values: torch.Tensor) -> torch.Tensor:
+        """Element-wise sum of a small CPU tensor over all workers (for global metrics)."""
+
+    @abstractmethod
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
+        """Send a picklable object from ``root`` to every rank."""
+
+    @abstractmethod
+    def allgather_object(self, obj: Any) -> list[Any]:
+        """Collective over every rank: the list of each rank's ``obj``, by rank."""
+
+    def serve(self) -> None:
+        """Run a non-worker rank until the workers finish."""
+        raise NotImplementedError(f"{self.name} has no server ranks")
+
+    def stats(self) -> dict[str, float]:
+        """Counters since the last call (e.g. bytes moved); logged under comm/."""
+        return {}
+
+    @abstractmethod
+    def close(self) -> None:
+        """Leave the process group cleanly."""
+
+    @abstractmethod
+    def abort(self, code: int) -> None:
+        """Terminate every rank of the job now (after an error on this rank), never hang."""

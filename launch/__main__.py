@@ -1,0 +1,3 @@
+from .mpirun import main
+
+raise SystemExit(main())

@@ -1,0 +1,118 @@
+"""Build and run the ``mpirun`` line for a training job.
+
+    python -m launch -np 2 -- --model lenet5 --epochs 2
+    python -m launch -np 8 -H node1:4,node2:4 -- --model lenet5
+    python -m launch -np 16 --hostfile hosts.txt -- --config run.toml
+
+The exact command is printed before it runs. Arguments after ``--`` go to
+``python -m allreduce_train train`` untouched; the command is an argument list, never a shell
+string. Flags follow Horovod's guidance for Open MPI: ``-bind-to none -map-by slot`` (let each
+rank's threads use its share of the cores), ``-x`` to forward the environment Horovod and NCCL
+read, and ``-mca pml ob1 -mca btl ^openib`` so that multi-host jobs use plain TCP instead of
+probing for InfiniBand verbs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+# Forwarded to every rank when set here (plus every HOROVOD_* and NCCL_* variable).
+FORWARD_VARS = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                "ALLREDUCE_TRAIN_PROGRESS", "ALLREDUCE_TRAIN_TRACEBACK", "CUDA_VISIBLE_DEVICES")
+FORWARD_PREFIXES = ("HOROVOD_", "NCCL_")
+
+
+@dataclass
+class LaunchSpec:
+    """One job: how many ranks, where, and what each rank runs."""
+
+    np: int = 1
+    hosts: str = ""  # "host1:4,host2:4"
+    hostfile: str = ""
+    oversubscribe: bool = False
+    mca: list[tuple[str, str]] = field(default_factory=list)  # extra -mca key value pairs
+    module: str = "allreduce_train"
+    module_args: list[str] = field(default_factory=lambda: ["train"])
+    trainer_args: list[str] = field(default_factory=list)
+    python: str = sys.executable
+    mpirun: str = "mpirun"
+
+
+def forwarded_env(environ: dict[str, str]) -> list[str]:
+    names = [v for v in FORWARD_VARS if v in environ]
+    names += sorted(v for v in environ if v.startswith(FORWARD_PREFIXES))
+    return names
+
+
+def build_command(spec: LaunchSpec, environ: dict[str, str] | None = None, is_root: bool | None = None) -> list[str]:
+    """The mpirun argument list for ``spec``."""
+    environ = dict(os.environ) if environ is None else environ
+    is_root = (os.geteuid() == 0) if is_root is None else is_root
+    if spec.np < 1:
+        raise ValueError(f"-np must be >= 1 (got {spec.np})")
+    if spec.hosts and spec.hostfile:
+        raise ValueError("give either -H or --hostfile, not both")
+    cmd = [spec.mpirun]
+    if is_root:
+        cmd.append("--allow-run-as-root")  # Open MPI refuses root otherwise
+    cmd += ["-np", str(spec.np)]
+    if spec.hosts:
+        cmd += ["-H", spec.hosts]
+    if spec.hostfile:
+        cmd += ["--hostfile", spec.hostfile]
+    if spec.oversubscribe:
+        cmd.append("--oversubscribe")
+    cmd += ["-bind-to", "none", "-map-by", "slot"]
+    cmd += ["-mca", "pml", "ob1", "-mca", "btl", "^openib"]
+    for key, value in spec.mca:
+        cmd += ["-mca", key, value]
+    for name in forwarded_env(environ):
+        cmd += ["-x", name]
+    cmd += [spec.python, "-m", spec.module, *spec.module_args, *spec.trainer_args]
+    return cmd
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m launch",
+        description="Run allreduce_train under mpirun. Trainer arguments go after `--`.",
+        epilog="example: python -m launch -np 4 -H node1:2,node2:2 -- --model lenet5 --epochs 2",
+    )
+    p.add_argument("-np", "--np", type=int, default=1, help="number of ranks (default: 1)")
+    p.add_argument("-H", "--hosts", default="", help="comma-separated host:slots list, e.g. node1:4,node2:4")
+    p.add_argument("--hostfile", default="", help="Open MPI hostfile (lines like `node1 slots=4`)")
+    p.add_argument("--oversubscribe", action="store_true", help="allow more ranks than cores/slots")
+    p.add_argument("--mca", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
+                   help="extra Open MPI parameter, e.g. --mca btl_tcp_if_include eth0 (repeatable)")
+    p.add_argument("--command", default="train", help="allreduce_train subcommand to run on every rank (default: train)")
+    p.add_argument("--dry-run", action="store_true", help="print the mpirun line and exit")
+    p.add_argument("trainer_args", nargs=argparse.REMAINDER, help="arguments for the trainer, after --")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    trainer_args = args.trainer_args[1:] if args.trainer_args[:1] == ["--"] else args.trainer_args
+    spec = LaunchSpec(np=args.np, hosts=args.hosts, hostfile=args.hostfile, oversubscribe=args.oversubscribe,
+                      mca=[tuple(kv) for kv in args.mca], module_args=[args.command], trainer_args=trainer_args)
+    try:
+        if spec.hostfile and not os.path.isfile(spec.hostfile):
+            raise ValueError(f"--hostfile {spec.hostfile}: file not found")
+        cmd = build_command(spec)
+    except ValueError as e:
+        print(f"launch: error: {e}", file=sys.stderr)
+        return 2
+    if shutil.which(spec.mpirun) is None:
+        print("launch: error: mpirun not found; install Open MPI (apt-get install openmpi-bin) or run `make install`",
+              file=sys.stderr)
+        return 2
+    print("+ " + shlex.join(cmd), flush=True)
+    if args.dry_run:
+        return 0
+    return subprocess.call(cmd)

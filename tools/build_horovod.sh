@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Build (once) and install Horovod 0.28.1 into the project venv, patched for PyTorch >= 2.1.
+#
+# Horovod's last PyPI release is an sdist that compiles as C++14; PyTorch >= 2.1 headers need
+# C++17. We apply tools/patches/horovod-0.28.1-cxx17.patch and cache the resulting wheel under
+# $ALLREDUCE_TRAIN_CACHE (default ~/.cache/allreduce_train/wheels), keyed by the Horovod, torch
+# and Python versions plus the patch and build flags, so a repeated install takes seconds.
+#
+# GPU build: HOROVOD_GPU_OPERATIONS=NCCL with a CUDA torch and the nvidia-nccl-cu12 wheel
+# (see README "GPU clusters"); the key includes it, so CPU and GPU wheels never mix.
+set -euo pipefail
+
+HOROVOD_VERSION=0.28.1
+here=$(cd "$(dirname "$0")" && pwd)
+patch_file="$here/patches/horovod-${HOROVOD_VERSION}-cxx17.patch"
+PY=${PY:-.venv/bin/python}
+
+# The build must see the exact venv torch; its version and the python tag are part of the key.
+torch_ver=$("$PY" -c 'import torch; print(torch.__version__)')
+py_tag=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+gpu_ops=${HOROVOD_GPU_OPERATIONS:-}
+patch_sum=$(sha256sum "$patch_file" | cut -c1-12)
+key="horovod-${HOROVOD_VERSION}_torch-${torch_ver}_${py_tag}_gpu-${gpu_ops:-none}_patch-${patch_sum}"
+cache_root=${ALLREDUCE_TRAIN_CACHE:-$HOME/.cache/allreduce_train}/wheels
+cache_dir="$cache_root/$key"
+
+installed=$("$PY" - <<'PY'
+import importlib.metadata as m
+try:
+    print(m.version("horovod"))
+except m.PackageNotFoundError:
+    print("")
+PY
+)
+stamp="$("$PY" -c 'import sys; print(sys.prefix)')/.horovod-build-key"
+if [ "$installed" = "$HOROVOD_VERSION" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$key" ]; then
+    echo "horovod $HOROVOD_VERSION already installed ($key)"
+    exit 0
+fi
+
+if ! ls "$cache_dir"/horovod-*.whl >/dev/null 2>&1; then
+    echo "building horovod $HOROVOD_VERSION wheel ($key); about 7 minutes on 2 cores, once"
+    work=$(mktemp -d)
+    trap 'rm -rf "$work"' EXIT
+    "$PY" -m pip download --no-deps --no-binary :all: "horovod==${HOROVOD_VERSION}" -d "$work" -q
+    tar -xzf "$work/horovod-${HOROVOD_VERSION}.tar.gz" -C "$work"
+    (cd "$work/horovod-${HOROVOD_VERSION}" && patch -p1 --forward < "$patch_file")
+    # --no-build-isolation: the build imports the venv's torch (a fresh isolated env would pull
+    # a multi-GB CUDA torch) plus cloudpickle, psutil, pyyaml, packaging installed beforehand.
+    export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
+    export HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1
+    export MAKEFLAGS="-j$(nproc)"
+    mkdir -p "$work/dist"
+    "$PY" -m pip wheel --no-deps --no-build-isolation -w "$work/dist" "$work/horovod-${HOROVOD_VERSION}"
+    mkdir -p "$cache_dir.tmp.$$"
+    cp "$work"/dist/horovod-*.whl "$cache_dir.tmp.$$/"
+    # Atomic publish: a half-written cache entry is never mistaken for a good one.
+    rm -rf "$cache_dir"
+    mv "$cache_dir.tmp.$$" "$cache_dir"
+fi
+
+"$PY" -m pip install --no-deps --force-reinstall -q "$cache_dir"/horovod-*.whl
+echo "$key" > "$stamp"
+echo "horovod $HOROVOD_VERSION installed from $cache_dir"

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# One-time set-up, safe to re-run (make install calls it only when an input changed):
+# Debian packages, the .venv with the pinned CPU torch, the project, and a patched Horovod.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+apt_pkgs=(openmpi-bin libopenmpi-dev cmake dataset-fashion-mnist)
+missing=()
+for p in "${apt_pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "error: missing Debian packages; run: sudo apt-get update && sudo apt-get install -y ${missing[*]}" >&2
+        exit 1
+    fi
+    echo "installing Debian packages: ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+fi
+
+PYTHON=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+PY=.venv/bin/python
+"$PY" -m pip install -q --upgrade pip setuptools wheel
+# torch first and pinned: the CPU wheel lies on local disk; anything unpinned pulls a CUDA build.
+"$PY" -m pip install -q "torch==2.13.0"
+# mpi4py from source so that it links the same Open MPI as Horovod (a PyPI binary wheel may
+# carry or expect another MPI).
+"$PY" -m pip install -q --no-binary mpi4py "mpi4py>=4.0"
+"$PY" -m pip install -q -e ".[dev,build]"
+PY="$PY" tools/build_horovod.sh
