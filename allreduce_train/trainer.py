@@ -127,7 +127,7 @@ class Trainer:
     # ---------------------------------------------------------------- one step
     def train_step(self, model, optimizer, inputs, targets, k: int) -> tuple[torch.Tensor, float]:
         """Forward/backward over ``k`` micro-batches, exchange gradients, update. Returns (loss, wait s)."""
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad()
         loss_sum = torch.zeros((), device=inputs.device)
         for x, y in zip(inputs.chunk(k), targets.chunk(k)):
             loss = F.cross_entropy(model(x), y) / k

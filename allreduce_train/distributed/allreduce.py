@@ -50,20 +50,24 @@ class HorovodAllreduce(GradientExchange):
 
     def prepare(self, model, optimizer):
         hvd = self.hvd
-        # communication: rank 0's parameters and optimizer state (fresh or from a checkpoint) to all.
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         compression = hvd.Compression.fp16 if self.cfg.compression == "fp16" else hvd.Compression.none
         op = hvd.Adasum if self.cfg.reduce_op == "adasum" else hvd.Average
         # communication: wraps step() so gradients are allreduced from backward hooks.
-        self._optimizer = hvd.DistributedOptimizer(
+        wrapped = hvd.DistributedOptimizer(
             optimizer,
             named_parameters=model.named_parameters(),
             compression=compression,
             backward_passes_per_step=self.cfg.backward_passes_per_step,
             op=op,
         )
-        return self._optimizer
+        # The wrapper is a new optimizer over the same parameters with empty state: carry over
+        # what was loaded from a checkpoint (momentum buffers), or a resumed run would diverge.
+        wrapped.load_state_dict(optimizer.state_dict())
+        # communication: rank 0's parameters and optimizer state (fresh or from a checkpoint) to all.
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(wrapped, root_rank=0)
+        self._optimizer = wrapped
+        return wrapped
 
     def synchronize(self) -> None:
         self._optimizer.synchronize()  # communication: wait for the in-flight allreduces
