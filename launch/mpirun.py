@@ -115,4 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     print("+ " + shlex.join(cmd), flush=True)
     if args.dry_run:
         return 0
-    return subprocess.call(cmd)
+    env = dict(os.environ)
+    if sys.stderr.isatty() and "ALLREDUCE_TRAIN_PROGRESS" not in env:
+        # Under mpirun every rank writes into a pipe, so the trainer cannot see that a person is
+        # watching; tell it, so rank 0 draws its progress bar.
+        env["ALLREDUCE_TRAIN_PROGRESS"] = "1"
+        cmd = build_command(spec, environ=env)
+    return subprocess.call(cmd, env=env)
