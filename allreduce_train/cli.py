@@ -86,12 +86,14 @@ def cmd_train(args: argparse.Namespace) -> int:
             log.text("config", config_text(cfg))
         result = trainer.run(setup, log)
         result["run_dir"] = run_dir
-        log.hparams(flat_hparams(cfg), {"hparam/eval_accuracy": result["final"]["eval_accuracy"],
+        evals = {k: v for k, v in result["final"].items() if k.startswith("eval_")}  # accuracy or perplexity
+        log.hparams(flat_hparams(cfg), {**{f"hparam/{k}": v for k, v in evals.items()},
                                         "hparam/samples_per_sec": result["samples_per_sec"]})
         log.write_json("metrics.json", result)
+        words = f", {result['words_per_sec']:.0f} words/s" if "words_per_sec" in result else ""
         log.message(
-            f"done: {result['steps']} steps, test accuracy {result['final']['eval_accuracy']:.4f}, "
-            f"eval loss {result['final']['eval_loss']:.4f}, {result['samples_per_sec']:.0f} samples/s "
+            f"done: {result['steps']} steps, " + ", ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in evals.items())
+            + f", {result['samples_per_sec']:.0f} samples/s{words} "
             f"({result['workers']} workers), step {result['step_ms']:.2f} ms -> {run_dir}"
         )
         log.close()
@@ -119,6 +121,8 @@ def cmd_models(args: argparse.Namespace) -> int:
 
     for name, spec in sorted(MODELS.items()):
         print(f"{name:20s} {count_parameters(spec.build()):>12,d} params  input {spec.input_shape}  {spec.description}")
+        if spec.defaults:  # what --model NAME sets unless told otherwise
+            print(f"{'':20s} defaults: " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in spec.defaults.items()))
     return 0
 
 
@@ -145,6 +149,9 @@ def make_parser() -> "_Parser":
     train.set_defaults(func=cmd_train)
     models = sub.add_parser("models", help="list the registered models")
     models.set_defaults(func=cmd_models)
+    from .bench import add_bench_parsers
+
+    add_bench_parsers(sub)
     return parser
 
 

@@ -19,16 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from . import checkpoint
 from .config import Config
-from .data import ShardedBatches, TensorDataset, eval_shard, fashion_mnist, synthetic
+from .data import ShardedBatches
 from .distributed.base import GradientExchange
 from .errors import ConfigError, UserError
 from .logging import NullLogger, RunLogger
-
-from models import MODELS
+from .tasks import make_task
 
 
 def local_cores() -> int:
@@ -48,15 +46,6 @@ def pick_device(cfg: Config, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def load_datasets(cfg: Config) -> tuple[TensorDataset, TensorDataset]:
-    spec = MODELS[cfg.model.model]
-    if cfg.data.dataset == "synthetic":
-        return synthetic(spec.input_shape, spec.num_classes, cfg.data.synthetic_samples, cfg.train.seed)
-    if spec.input_shape != (1, 28, 28):
-        raise ConfigError(f"--model {spec.name} expects input {spec.input_shape}; use --dataset synthetic with it")
-    return fashion_mnist(cfg.data.data_dir)
-
-
 def lr_at(step: int, cfg: Config, workers: int) -> float:
     """Linear warm-up from the one-worker LR to the scaled LR (Goyal et al. 2017), then constant."""
     base = cfg.optim.lr
@@ -73,8 +62,8 @@ class Setup:
     device: torch.device
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
-    batches: ShardedBatches
-    eval_set: TensorDataset
+    batches: ShardedBatches  # or ptb.LMBatches: same interface
+    eval_set: Any  # this worker's evaluation share: a TensorDataset or a ptb.EvalStream
     total_steps: int
     start_step: int
     run_dir: str
@@ -85,6 +74,7 @@ class Trainer:
     def __init__(self, cfg: Config, exchange: GradientExchange, run_dir: str) -> None:
         self.cfg, self.ex, self.run_dir = cfg, exchange, run_dir
         self.log: NullLogger = NullLogger()
+        self.task = make_task(cfg)  # classification or language model: data, loss, evaluation
 
     # ---------------------------------------------------------------- set-up
     def build(self) -> Setup:
@@ -93,20 +83,12 @@ class Trainer:
         torch.set_num_threads(cfg.train.threads or max(1, local_cores() // ex.local_size))
         torch.manual_seed(cfg.train.seed)  # same seed everywhere: identical initial parameters
 
-        train_set, test_set = load_datasets(cfg)
-        k = cfg.exchange.backward_passes_per_step
-        batches = ShardedBatches(train_set, cfg.data.batch_size * k, ex.worker_index, ex.num_workers, cfg.train.seed)
-        if batches.steps_per_epoch == 0:
-            raise ConfigError(
-                f"{len(train_set)} training samples are fewer than one global batch "
-                f"({ex.num_workers} workers x --batch-size {cfg.data.batch_size} x {k} passes); "
-                "use fewer ranks (-np) or a smaller --batch-size"
-            )
-        if len(test_set) < ex.num_workers:
-            raise ConfigError(f"{len(test_set)} evaluation samples for {ex.num_workers} workers; use fewer ranks (-np)")
+        batches, eval_set = self.task.data(ex.worker_index, ex.num_workers)
         total = cfg.train.steps or cfg.train.epochs * batches.steps_per_epoch
 
-        model = MODELS[cfg.model.model].build().to(device)
+        model = self.task.build_model().to(device)
+        # Identical parameters came from the common seed; dropout masks must differ between workers.
+        torch.manual_seed(cfg.train.seed + 1_000_003 * (ex.worker_index + 1))
         optimizer = torch.optim.SGD(model.parameters(), lr=lr_at(0, cfg, ex.num_workers),
                                     momentum=cfg.optim.momentum, weight_decay=cfg.optim.weight_decay)
         resume_state, start = None, 0
@@ -121,16 +103,17 @@ class Trainer:
             model.load_state_dict(resume_state["model"])
             optimizer.load_state_dict(resume_state["optimizer"])
             start = int(resume_state["step"])
-        return Setup(device, model, optimizer, batches, eval_shard(test_set, ex.worker_index, ex.num_workers),
-                     total, start, self.run_dir, resume_state)
+        return Setup(device, model, optimizer, batches, eval_set, total, start, self.run_dir, resume_state)
 
     # ---------------------------------------------------------------- one step
     def train_step(self, model, optimizer, inputs, targets, k: int) -> tuple[torch.Tensor, float]:
         """Forward/backward over ``k`` micro-batches, exchange gradients, update. Returns (loss, wait s)."""
         optimizer.zero_grad()
         loss_sum = torch.zeros((), device=inputs.device)
-        for x, y in zip(inputs.chunk(k), targets.chunk(k)):
-            loss = F.cross_entropy(model(x), y) / k
+        rows = len(inputs) // k
+        for j in range(k):
+            part = slice(j * rows, (j + 1) * rows)
+            loss = self.task.loss(model, inputs[part], targets[part], part) / k
             loss.backward()  # the allreduce of each gradient starts from its hook, overlapping backward
             loss_sum += loss.detach()
         t0 = time.perf_counter()
@@ -143,21 +126,13 @@ class Trainer:
         return loss_sum, wait
 
     @torch.no_grad()
-    def evaluate(self, model, eval_set: TensorDataset, device) -> dict[str, float]:
-        """Loss and accuracy over the whole evaluation set: each worker scores its shard, sums are reduced."""
+    def evaluate(self, model, eval_set, device) -> dict[str, float]:
+        """Figures over the whole evaluation set: each worker scores its share, the sums are reduced
+        (loss and accuracy; for a language model, token-weighted loss and perplexity)."""
         model.eval()
-        totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
-        bs = self.cfg.data.eval_batch_size
-        for lo in range(0, len(eval_set), bs):
-            x = eval_set.inputs[lo:lo + bs].to(device)
-            y = eval_set.targets[lo:lo + bs].to(device)
-            logits = model(x)
-            totals[0] += F.cross_entropy(logits, y, reduction="sum").item()
-            totals[1] += (logits.argmax(1) == y).sum().item()
-            totals[2] += len(y)
+        totals = self.task.eval_sums(model, eval_set, device, self.cfg.data.eval_batch_size)
         model.train()
-        totals = self.ex.sum_over_workers(totals)
-        return {"eval/loss": totals[0].item() / totals[2].item(), "eval/accuracy": totals[1].item() / totals[2].item()}
+        return self.task.eval_metrics(self.ex.sum_over_workers(totals))  # communication: global sums
 
     def save_checkpoint(self, s: Setup, model, optimizer, step: int) -> None:
         if self.ex.is_main:
@@ -187,8 +162,11 @@ class Trainer:
         last_eval: dict[str, float] = {}
         last_train_loss = float("nan")
         model.train()
+        warm = cfg.train.perf_warmup_steps
+        wall_from = wall_to = time.perf_counter()  # wall clock over the measured steps, bookkeeping included
         while step < stop_at:
             epoch, in_epoch = divmod(step, spe)
+            self.task.start_epoch()
             for inputs, targets in s.batches.batches(epoch, in_epoch):  # the shard order of this epoch
                 t0 = time.perf_counter()
                 lr = lr_at(step, cfg, workers)
@@ -199,7 +177,10 @@ class Trainer:
                 if device.type == "cuda":
                     torch.cuda.synchronize()  # honest step times
                 step += 1
-                step_times.append(time.perf_counter() - t0)
+                wall_to = time.perf_counter()
+                step_times.append(wall_to - t0)
+                if len(step_times) == warm:
+                    wall_from = wall_to
                 waits.append(wait)
                 loss_acc += loss
                 n_acc += 1
@@ -212,6 +193,7 @@ class Trainer:
                     values = {"train/loss": mean_loss, "train/lr": lr, "train/epoch": step / spe,
                               "perf/step_ms": 1e3 * statistics.median(recent),
                               "perf/samples_per_sec": workers * per_step * len(recent) / sum(recent),
+                              **words_per_sec(self.task, workers * per_step * len(recent) / sum(recent)),
                               "comm/wait_ms": 1e3 * statistics.median(waits[-n_acc:])}
                     values.update({f"comm/{k_}": v for k_, v in ex.stats().items()})
                     log.scalars(step, values)
@@ -221,8 +203,8 @@ class Trainer:
                 if step % eval_every == 0 or step == s.total_steps:
                     last_eval = self.evaluate(model, s.eval_set, device)
                     log.scalars(step, last_eval)
-                    log.message(f"step {step}: eval loss {last_eval['eval/loss']:.4f}, "
-                                f"accuracy {last_eval['eval/accuracy']:.4f}")
+                    log.message(f"step {step}: " + ", ".join(f"{k_.replace('/', ' ')} {v:.4f}"
+                                                             for k_, v in last_eval.items()))
                 if step % ckpt_every == 0 or step == stop_at:
                     self.save_checkpoint(s, model, optimizer, step)
                 if step >= stop_at:
@@ -245,15 +227,24 @@ class Trainer:
             "completed": step >= s.total_steps,
             "samples_per_sec": workers * per_step * len(measured) / sum(measured) if measured else 0.0,
             "step_ms": 1e3 * statistics.median(measured) if measured else 0.0,
+            # everything between the end of warm-up and the end of the last step: what `bench` compares
+            "wall_samples_per_sec": (workers * per_step * (len(step_times) - warm) / (wall_to - wall_from)
+                                     if len(step_times) > warm else 0.0),
             "comm_wait_ms": 1e3 * statistics.median(waits[cfg.train.perf_warmup_steps:] or waits) if waits else 0.0,
-            "final": {"train_loss": last_train_loss, "eval_loss": last_eval["eval/loss"],
-                      "eval_accuracy": last_eval["eval/accuracy"]},
+            **{k_.split("/")[1]: v for k_, v in words_per_sec(
+                self.task, workers * per_step * len(measured) / sum(measured) if measured else 0.0).items()},
+            "final": {"train_loss": last_train_loss, **{k_.replace("/", "_"): v for k_, v in last_eval.items()}},
             **ex.describe(),
         }
         if cfg.run.dump_params:
             torch.save({n: p.detach().cpu() for n, p in model.state_dict().items()},
                        cfg.run.dump_params.replace("{rank}", str(ex.rank)))
         return result
+
+
+def words_per_sec(task, samples_per_sec: float) -> dict[str, float]:
+    """A language model's throughput in tokens (each sample is a window of ``bptt`` words)."""
+    return {"perf/words_per_sec": samples_per_sec * task.words_per_sample} if task.words_per_sample else {}
 
 
 def config_text(cfg: Config) -> str:

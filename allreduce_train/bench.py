@@ -1,0 +1,286 @@
+"""``bench``: the trainer against a bare Horovod loop and torch DDP, side by side.
+
+    python -m allreduce_train bench                       # LeNet-5 at 1 and 2 ranks (make bench)
+    python -m allreduce_train bench --models lenet5,resnet18 --np 1,2 --repeats 6
+
+Each measurement is its own ``mpirun`` job built by the project's launcher, so every
+implementation starts the same way. The jobs alternate (trainer, horovod, ddp, trainer, ...) so
+that a change in machine load hits all of them alike, and ratios are taken between the jobs of
+the same round before their median is reported. Every job excludes its warm-up steps and times
+wall clock over the rest, so the trainer's own overhead (data, logging, metrics) counts against
+it. The machine's load average is recorded next to every figure. Results: a table on stdout, and
+``bench.json`` plus TensorBoard scalars (``scaling/``, ``perf/``) in the output directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# Timed steps per model when --steps is not given: about the same seconds per job.
+DEFAULT_STEPS = {"lenet5": 400, "resnet18": 12, "ptb-lstm-small": 60}
+BASELINES = ("horovod", "ddp")
+
+
+@dataclass
+class BenchSpec:
+    models: list[str] = field(default_factory=lambda: ["lenet5"])
+    nps: list[int] = field(default_factory=lambda: [1, 2])
+    impls: list[str] = field(default_factory=list)  # default: every strategy of the trainer + the baselines
+    repeats: int = 4
+    steps: int = 0  # 0: DEFAULT_STEPS of the model
+    warmup: int = 30
+    batch_size: int = 64
+    threads: int = 1
+    synthetic_samples: int = 6400
+    out: str = ""
+    timeout: float = 600.0
+    oversubscribe: bool = False
+
+    def steps_for(self, model: str) -> int:
+        return self.steps or DEFAULT_STEPS.get(model, 50)
+
+
+def default_impls() -> list[str]:
+    from .distributed import STRATEGIES
+
+    # "trainer" is the allreduce strategy; other strategies (the parameter server) by their name
+    return ["trainer", *BASELINES, *(f"trainer-{s}" for s in STRATEGIES if s != "allreduce")]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def loadavg() -> list[float]:
+    try:
+        with open("/proc/loadavg") as fh:
+            return [float(v) for v in fh.read().split()[:3]]
+    except OSError:
+        return []
+
+
+def job_args(impl: str, model: str, spec: BenchSpec, result: str, run_dir: str, name: str) -> tuple[str, list[str]]:
+    """(allreduce_train subcommand, its arguments) for one measurement."""
+    steps, warmup = spec.steps_for(model), spec.warmup
+    common = ["--model", model, "--batch-size", str(spec.batch_size), "--threads", str(spec.threads),
+              "--synthetic-samples", str(spec.synthetic_samples)]
+    if impl.startswith("trainer"):
+        strategy = impl.partition("-")[2] or "allreduce"
+        never = str(warmup + steps + 1)  # evaluation and checkpoints only after the last timed step
+        return "train", [*common, "--dataset", "synthetic", "--strategy", strategy,
+                         "--steps", str(warmup + steps), "--perf-warmup-steps", str(warmup),
+                         "--eval-every", never, "--checkpoint-every", never,
+                         "--run-dir", run_dir, "--name", name, "--no-progress"]
+    return "bench-rank", [*common, "--impl", impl, "--steps", str(steps), "--warmup-steps", str(warmup),
+                          "--port", str(free_port()), "--result", result]
+
+
+def run_job(impl: str, model: str, np: int, spec: BenchSpec, out: str, tag: str) -> dict[str, Any]:
+    from launch.mpirun import LaunchSpec, build_command
+
+    run_dir = os.path.join(out, "runs")
+    name = f"{model}-{impl}-np{np}-{tag}"
+    result = os.path.join(out, "jobs", name + ".json")
+    command, args = job_args(impl, model, spec, result, run_dir, name)
+    threads = str(spec.threads)
+    # Same thread settings for every implementation: torch intra-op, OpenMP and MKL pools.
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    cmd = build_command(LaunchSpec(np=np, oversubscribe=spec.oversubscribe, module_args=[command],
+                                   trainer_args=args), environ=env)
+    record: dict[str, Any] = {"impl": impl, "model": model, "np": np, "tag": tag, "command": cmd,
+                              "loadavg_before": loadavg()}
+    t0 = time.time()
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=spec.timeout)
+        rc, tail = proc.returncode, (proc.stderr or proc.stdout)[-2000:]
+    except subprocess.TimeoutExpired:
+        rc, tail = -1, f"timed out after {spec.timeout:.0f} s"
+    record.update(wall_s=round(time.time() - t0, 2), loadavg_after=loadavg(), returncode=rc)
+    path = os.path.join(run_dir, name, "metrics.json") if command == "train" else result
+    if rc == 0 and os.path.exists(path):
+        with open(path) as fh:
+            m = json.load(fh)
+        # The trainer's wall-clock figure includes its logging and data between steps.
+        record["samples_per_sec"] = m.get("wall_samples_per_sec", m["samples_per_sec"])
+        record["workers"] = m.get("workers", np)
+    else:
+        record["error"] = tail.strip().splitlines()[-1] if tail.strip() else f"exit {rc}"
+    return record
+
+
+def summarise(jobs: list[dict[str, Any]], spec: BenchSpec, impls: list[str]) -> list[dict[str, Any]]:
+    """One row per (model, ranks): medians and spread per implementation, paired ratios, efficiency."""
+    rows = []
+    for model in spec.models:
+        for np in spec.nps:
+            mine = [j for j in jobs if j["model"] == model and j["np"] == np]
+            row: dict[str, Any] = {"model": model, "np": np, "impls": {}, "ratios": {}, "efficiency": {}}
+            loads = [j["loadavg_before"][0] for j in mine if j["loadavg_before"]]
+            row["loadavg_1min"] = [min(loads), max(loads)] if loads else []
+            for impl in impls:
+                v = [j["samples_per_sec"] for j in mine if j["impl"] == impl and "samples_per_sec" in j]
+                if v:
+                    med = statistics.median(v)
+                    row["impls"][impl] = {"median": med, "min": min(v), "max": max(v),
+                                          "spread": (max(v) - min(v)) / med, "n": len(v)}
+            by_tag = {}
+            for j in mine:
+                by_tag.setdefault(j["tag"], {})[j["impl"]] = j.get("samples_per_sec")
+            for base in (b for b in impls if b != "trainer"):
+                pairs = [r["trainer"] / r[base] for r in by_tag.values() if r.get("trainer") and r.get(base)]
+                if pairs:
+                    row["ratios"][f"trainer/{base}"] = {"median": statistics.median(pairs),
+                                                        "min": min(pairs), "max": max(pairs)}
+            rows.append(row)
+    for row in rows:  # scaling efficiency: throughput at N ranks / (N x throughput at 1 rank)
+        one = next((r for r in rows if r["model"] == row["model"] and r["np"] == 1), None)
+        for impl, s in row["impls"].items():
+            if one and impl in one["impls"]:
+                row["efficiency"][impl] = s["median"] / (row["np"] * one["impls"][impl]["median"])
+    return rows
+
+
+def table(rows: list[dict[str, Any]], impls: list[str]) -> str:
+    """A Markdown table: samples/s as median (min-max), ratios as median of same-round pairs."""
+    ratio_keys = [f"trainer/{b}" for b in impls if b != "trainer"]
+    head = ["model", "ranks", *(f"{i} samples/s" for i in impls), *ratio_keys,
+            *(f"eff. {i}" for i in impls), "load 1 min"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["model"], str(r["np"])]
+        for i in impls:
+            s = r["impls"].get(i)
+            cells.append(f"{s['median']:.0f} ({s['min']:.0f}-{s['max']:.0f})" if s else "failed")
+        for k in ratio_keys:
+            q = r["ratios"].get(k)
+            cells.append(f"{q['median']:.2f} ({q['min']:.2f}-{q['max']:.2f})" if q else "-")
+        for i in impls:
+            e = r["efficiency"].get(i)
+            cells.append(f"{e:.2f}" if e is not None else "-")
+        lo_hi = r["loadavg_1min"]
+        cells.append(f"{lo_hi[0]:.1f}-{lo_hi[1]:.1f}" if lo_hi else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_tensorboard(out: str, rows: list[dict[str, Any]], text: str) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    w = SummaryWriter(log_dir=out)
+    for r in rows:  # the step axis is the rank count
+        for impl, s in r["impls"].items():
+            w.add_scalar(f"scaling/{r['model']}/{impl}_samples_per_sec", s["median"], r["np"])
+        for impl, e in r["efficiency"].items():
+            w.add_scalar(f"scaling/{r['model']}/{impl}_efficiency", e, r["np"])
+        for k, q in r["ratios"].items():
+            w.add_scalar(f"perf/{r['model']}/{k.replace('/', '_over_')}", q["median"], r["np"])
+    w.add_text("bench/table", text)
+    w.close()
+
+
+def run_bench(spec: BenchSpec) -> int:
+    impls = spec.impls or default_impls()
+    out = spec.out or os.path.join("runs", time.strftime("bench-%Y%m%d-%H%M%S"))
+    os.makedirs(os.path.join(out, "jobs"), exist_ok=True)
+    jobs: list[dict[str, Any]] = []
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    for model in spec.models:
+        for np in spec.nps:
+            for rep in range(spec.repeats):
+                # rotate the order every round, so no implementation always runs right after another
+                order = impls[rep % len(impls):] + impls[:rep % len(impls)]
+                for impl in order:
+                    j = run_job(impl, model, np, spec, out, f"r{rep}")
+                    jobs.append(j)
+                    fig = f"{j['samples_per_sec']:.0f} samples/s" if "samples_per_sec" in j else f"FAILED: {j['error']}"
+                    print(f"{model} np{np} round {rep + 1}/{spec.repeats} {impl:>10}: {fig} "
+                          f"(load {j['loadavg_before'][:1]})", file=sys.stderr, flush=True)
+    rows = summarise(jobs, spec, impls)
+    text = table(rows, impls)
+    report = {"spec": asdict(spec), "impls": impls, "started": started, "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+              "command": [os.path.basename(sys.executable), "-m", "allreduce_train", "bench", *sys.argv[2:]],
+              "cores": os.cpu_count(), "rows": rows, "jobs": jobs, "table": text}
+    with open(os.path.join(out, "bench.json"), "w") as fh:
+        json.dump(report, fh, indent=2)
+        fh.write("\n")
+    write_tensorboard(out, rows, text)
+    print(text)
+    print(f"-> {os.path.join(out, 'bench.json')}")
+    failed = [j for j in jobs if "error" in j]
+    return 1 if failed else 0
+
+
+def _int_list(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v]
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from models import MODELS
+
+    from .cli import fail
+
+    models = [m for m in args.models.split(",") if m]
+    unknown = [m for m in models if m not in MODELS]
+    if unknown:
+        return fail(f"--models: unknown model {unknown[0]!r}; choose from: {', '.join(sorted(MODELS))}")
+    try:
+        nps = _int_list(args.np)
+    except ValueError:
+        return fail(f"--np {args.np!r}: expected a comma-separated list of rank counts, e.g. 1,2")
+    if not nps or min(nps) < 1:
+        return fail(f"--np {args.np!r}: rank counts must be >= 1")
+    impls = [i for i in args.impls.split(",") if i] if args.impls else default_impls()
+    bad = [i for i in impls if i not in default_impls()]
+    if bad:
+        return fail(f"--impls: unknown implementation {bad[0]!r}; choose from: {', '.join(default_impls())}")
+    for flag, v in (("--repeats", args.repeats), ("--batch-size", args.batch_size), ("--threads", args.threads)):
+        if v < 1:
+            return fail(f"{flag} must be >= 1 (got {v})")
+    if args.steps < 0 or args.warmup < 0:
+        return fail("--steps and --warmup must be >= 0")
+    spec = BenchSpec(models=models, nps=nps, impls=impls, repeats=args.repeats, steps=args.steps, warmup=args.warmup,
+                     batch_size=args.batch_size, threads=args.threads, synthetic_samples=args.synthetic_samples,
+                     out=args.out, timeout=args.timeout, oversubscribe=args.oversubscribe)
+    return run_bench(spec)
+
+
+def cmd_bench_rank(args: argparse.Namespace) -> int:
+    from .bench_loops import run_rank
+
+    return run_rank(args)
+
+
+def add_bench_parsers(sub) -> None:
+    b = sub.add_parser("bench", help="throughput of the trainer vs a bare Horovod loop and torch DDP, side by side",
+                       description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    b.add_argument("--models", default="lenet5", help="comma-separated models (default: lenet5)")
+    b.add_argument("--np", default="1,2", help="comma-separated rank counts (default: 1,2)")
+    b.add_argument("--impls", default="", help="comma-separated subset of: trainer, horovod, ddp, "
+                                              "trainer-<strategy> (default: all)")
+    b.add_argument("--repeats", type=int, default=4, help="rounds of alternating jobs (default: 4)")
+    b.add_argument("--steps", type=int, default=0,
+                   help=f"timed steps per job (default per model: {DEFAULT_STEPS}, else 50)")
+    b.add_argument("--warmup", type=int, default=30, help="untimed steps at the start of every job (default: 30)")
+    b.add_argument("--batch-size", type=int, default=64, help="per rank (default: 64)")
+    b.add_argument("--threads", type=int, default=1, help="torch/OpenMP/MKL threads per rank (default: 1)")
+    b.add_argument("--synthetic-samples", type=int, default=6400, help="synthetic dataset size (default: 6400)")
+    b.add_argument("--out", default="", help="output directory (default: runs/bench-<time>)")
+    b.add_argument("--timeout", type=float, default=600.0, help="seconds before a job counts as hung (default: 600)")
+    b.add_argument("--oversubscribe", action="store_true", help="allow more ranks than cores")
+    b.set_defaults(func=cmd_bench)
+    r = sub.add_parser("bench-rank", help="(internal) one rank of a bench baseline loop")
+    from .bench_loops import add_arguments
+
+    add_arguments(r)
+    r.set_defaults(func=cmd_bench_rank)
