@@ -3,6 +3,7 @@
     python -m launch -np 2 -- --model lenet5 --epochs 2
     python -m launch -np 8 -H node1:4,node2:4 -- --model lenet5
     python -m launch -np 16 --hostfile hosts.txt -- --config run.toml
+    python -m launch -np 4 --emulate-hosts 4 --link-rate 100mbit -- --model lenet5
 
 The exact command is printed before it runs. Arguments after ``--`` go to
 ``python -m allreduce_train train`` untouched; the command is an argument list, never a shell
@@ -10,6 +11,10 @@ string. Flags follow Horovod's guidance for Open MPI: ``-bind-to none -map-by sl
 rank's threads use its share of the cores), ``-x`` to forward the environment Horovod and NCCL
 read, and ``-mca pml ob1 -mca btl ^openib`` so that multi-host jobs use plain TCP instead of
 probing for InfiniBand verbs.
+
+``--emulate-hosts N`` runs the same multi-host path on one machine: N network namespaces joined by
+rate-limited links stand in for the hosts, and Open MPI reaches them through an agent that
+replaces ssh (see launch/netns.py). Only the transport to the hosts changes.
 """
 
 from __future__ import annotations
@@ -21,11 +26,16 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # launch.netns is imported only when a cluster is emulated
+    from .netns import ClusterSpec
 
 # Forwarded to every rank when set here (plus every HOROVOD_* and NCCL_* variable).
 FORWARD_VARS = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
                 "ALLREDUCE_TRAIN_PROGRESS", "ALLREDUCE_TRAIN_TRACEBACK", "CUDA_VISIBLE_DEVICES")
 FORWARD_PREFIXES = ("HOROVOD_", "NCCL_")
+EMULATED_TIMEOUT = 3600.0  # seconds; an emulated cluster is never left running unattended
 
 
 @dataclass
@@ -42,6 +52,7 @@ class LaunchSpec:
     trainer_args: list[str] = field(default_factory=list)
     python: str = sys.executable
     mpirun: str = "mpirun"
+    cluster: ClusterSpec | None = None  # emulated hosts (network namespaces) instead of -H/--hostfile
 
 
 def forwarded_env(environ: dict[str, str]) -> list[str]:
@@ -58,22 +69,35 @@ def build_command(spec: LaunchSpec, environ: dict[str, str] | None = None, is_ro
         raise ValueError(f"-np must be >= 1 (got {spec.np})")
     if spec.hosts and spec.hostfile:
         raise ValueError("give either -H or --hostfile, not both")
-    cmd = [spec.mpirun]
+    cluster = spec.cluster
+    if cluster and (spec.hosts or spec.hostfile):
+        raise ValueError("give either --emulate-hosts or -H/--hostfile, not both")
+    # mpirun runs inside the emulated cluster's head namespace, where the switch is
+    cmd = [*cluster.exec_prefix(), spec.mpirun] if cluster else [spec.mpirun]
     if is_root:
         cmd.append("--allow-run-as-root")  # Open MPI refuses root otherwise
     cmd += ["-np", str(spec.np)]
-    if spec.hosts:
-        cmd += ["-H", spec.hosts]
+    if spec.hosts or cluster:
+        cmd += ["-H", cluster.host_list(spec.np) if cluster else spec.hosts]
     if spec.hostfile:
         cmd += ["--hostfile", spec.hostfile]
     if spec.oversubscribe:
         cmd.append("--oversubscribe")
     cmd += ["-bind-to", "none", "-map-by", "slot"]
-    cmd += ["-mca", "pml", "ob1", "-mca", "btl", "^openib"]
+    cmd += ["-mca", "pml", "ob1"]
+    if cluster:
+        for key, value in cluster.mca():  # includes btl tcp,self
+            cmd += ["-mca", key, value]
+    else:
+        cmd += ["-mca", "btl", "^openib"]
     for key, value in spec.mca:
         cmd += ["-mca", key, value]
+    extra_env = cluster.env() if cluster else {}
     for name in forwarded_env(environ):
-        cmd += ["-x", name]
+        if name not in extra_env:
+            cmd += ["-x", name]
+    for name, value in extra_env.items():
+        cmd += ["-x", f"{name}={value}"]
     cmd += [spec.python, "-m", spec.module, *spec.module_args, *spec.trainer_args]
     return cmd
 
@@ -90,6 +114,12 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--oversubscribe", action="store_true", help="allow more ranks than cores/slots")
     p.add_argument("--mca", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
                    help="extra Open MPI parameter, e.g. --mca btl_tcp_if_include eth0 (repeatable)")
+    p.add_argument("--emulate-hosts", type=int, default=0, metavar="N",
+                   help="run on N emulated hosts (network namespaces on this machine, needs root) instead of -H")
+    p.add_argument("--link-rate", default="1gbit",
+                   help="with --emulate-hosts: each host's link rate per direction, e.g. 1gbit, 100mbit, none")
+    p.add_argument("--timeout", type=float, default=0, metavar="SECONDS",
+                   help=f"stop the job after this long (default: none; {EMULATED_TIMEOUT:g} with --emulate-hosts)")
     p.add_argument("--command", default="train", help="allreduce_train subcommand to run on every rank (default: train)")
     p.add_argument("--dry-run", action="store_true", help="print the mpirun line and exit")
     p.add_argument("trainer_args", nargs=argparse.REMAINDER, help="arguments for the trainer, after --")
@@ -99,9 +129,17 @@ def make_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     trainer_args = args.trainer_args[1:] if args.trainer_args[:1] == ["--"] else args.trainer_args
-    spec = LaunchSpec(np=args.np, hosts=args.hosts, hostfile=args.hostfile, oversubscribe=args.oversubscribe,
-                      mca=[tuple(kv) for kv in args.mca], module_args=[args.command], trainer_args=trainer_args)
     try:
+        cluster = None
+        if args.emulate_hosts:
+            from .netns import ClusterSpec
+
+            cluster = ClusterSpec(hosts=args.emulate_hosts, link_rate=args.link_rate)
+        if args.timeout < 0:
+            raise ValueError(f"--timeout must be >= 0 (got {args.timeout:g})")
+        spec = LaunchSpec(np=args.np, hosts=args.hosts, hostfile=args.hostfile, oversubscribe=args.oversubscribe,
+                          mca=[tuple(kv) for kv in args.mca], module_args=[args.command], trainer_args=trainer_args,
+                          cluster=cluster)
         if spec.hostfile and not os.path.isfile(spec.hostfile):
             raise ValueError(f"--hostfile {spec.hostfile}: file not found")
         cmd = build_command(spec)
@@ -112,6 +150,16 @@ def main(argv: list[str] | None = None) -> int:
         print("launch: error: mpirun not found; install Open MPI (apt-get install openmpi-bin) or run `make install`",
               file=sys.stderr)
         return 2
+    if spec.cluster and not args.dry_run:
+        from .netns import unavailable_reason
+
+        reason = unavailable_reason()
+        if reason:
+            print(f"launch: error: --emulate-hosts: {reason}", file=sys.stderr)
+            return 2
+    if args.dry_run and spec.cluster:
+        for setup in spec.cluster.setup_commands():
+            print("+ " + shlex.join(setup))
     print("+ " + shlex.join(cmd), flush=True)
     if args.dry_run:
         return 0
@@ -121,4 +169,41 @@ def main(argv: list[str] | None = None) -> int:
         # watching; tell it, so rank 0 draws its progress bar.
         env["ALLREDUCE_TRAIN_PROGRESS"] = "1"
         cmd = build_command(spec, environ=env)
+    if spec.cluster:
+        return run_emulated(spec.cluster, cmd, env, args.timeout or EMULATED_TIMEOUT)
+    if args.timeout:
+        return run_bounded(cmd, env, args.timeout)
     return subprocess.call(cmd, env=env)
+
+
+def run_bounded(cmd: list[str], env: dict[str, str], timeout: float) -> int:
+    """Run ``cmd``; past ``timeout`` seconds (or on Ctrl-C) stop mpirun, which takes its job down."""
+    proc = subprocess.Popen(cmd, env=env)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        print(f"launch: error: the job ran past --timeout {timeout:g}s; stopping it", file=sys.stderr, flush=True)
+        return 124
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def run_emulated(cluster: ClusterSpec, cmd: list[str], env: dict[str, str], timeout: float) -> int:
+    """Build the emulated cluster, run the job in it, and remove the cluster however the job ended."""
+    from .netns import ClusterError, EmulatedCluster
+
+    try:
+        with EmulatedCluster(cluster, log=lambda msg: print(msg, flush=True)):
+            return run_bounded(cmd, env, timeout)
+    except ClusterError as e:
+        print(f"launch: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("launch: interrupted; emulated hosts removed", file=sys.stderr)
+        return 130
