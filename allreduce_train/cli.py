@@ -149,6 +149,16 @@ def make_parser() -> "_Parser":
     train.set_defaults(func=cmd_train)
     models = sub.add_parser("models", help="list the registered models")
     models.set_defaults(func=cmd_models)
+    from . import commbench, scaling
+
+    bench_comm = sub.add_parser("commbench", help="time the gradient exchange alone: Horovod, raw MPI, PS "
+                                                  "(with --np N it launches the jobs; under mpirun it is one rank)")
+    commbench.add_arguments(bench_comm)
+    bench_comm.set_defaults(func=commbench.main)
+    grid = sub.add_parser("scaling", help="scaling grid: strategies x models x worker counts -> report, plot, "
+                                          "TensorBoard, cost model")
+    scaling.add_arguments(grid)
+    grid.set_defaults(func=scaling.main)
     from .bench import add_bench_parsers
 
     add_bench_parsers(sub)
