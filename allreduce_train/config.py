@@ -24,6 +24,7 @@ else:  # pragma: no cover - the project targets 3.11; tomli is its backport
 from .errors import ConfigError
 
 DEFAULT_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+DATASETS = ("fashion-mnist", "ptb", "synthetic")
 
 
 def _f(default: Any, help: str, choices: tuple | None = None) -> Any:
@@ -62,14 +63,19 @@ class ModelConfig:
 class DataConfig:
     """Dataset and batching. Batch sizes are per worker; the global batch is batch x workers."""
 
-    dataset: str = _f("fashion-mnist", "dataset to train on", ("fashion-mnist", "synthetic"))
-    data_dir: str = _f(DEFAULT_FASHION_MNIST_DIR, "directory with the dataset files")
+    dataset: str = _f("fashion-mnist", "dataset to train on (ptb: Penn-Treebank-format text, language models)",
+                      DATASETS)
+    data_dir: str = _f("", "directory with the dataset files, used as they are (default: fashion-mnist "
+                           f"{DEFAULT_FASHION_MNIST_DIR}; ptb: an offline corpus built from Python's "
+                           "documentation, NOT the real Penn Treebank, which you must supply)")
     batch_size: int = _f(64, "training batch size per worker")
     eval_batch_size: int = _f(1000, "evaluation batch size per worker")
     synthetic_samples: int = _f(6400, "samples in the synthetic dataset (fixed-shape random data, no I/O)")
 
     def __post_init__(self) -> None:
-        _check(self.dataset in ("fashion-mnist", "synthetic"), "dataset", "must be fashion-mnist or synthetic", self.dataset)
+        _check(self.dataset in DATASETS, "dataset", f"must be one of {', '.join(DATASETS)}", self.dataset)
+        if not self.data_dir and self.dataset == "fashion-mnist":
+            self.data_dir = DEFAULT_FASHION_MNIST_DIR
         _check(self.batch_size >= 1, "batch_size", "must be >= 1", self.batch_size)
         _check(self.eval_batch_size >= 1, "eval_batch_size", "must be >= 1", self.eval_batch_size)
         _check(self.synthetic_samples >= 1, "synthetic_samples", "must be >= 1", self.synthetic_samples)
@@ -195,6 +201,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                 group.add_argument(flag(f.name), type=typ, metavar=f.name.upper(), **kwargs)
 
 
+def _apply_model_defaults(values: dict[str, dict[str, Any]]) -> None:
+    """Fill in the chosen model's recommended settings (``ModelSpec.defaults``, e.g. the LSTM's
+    lr 1.0 and clipping at 5) wherever neither the file nor the command line gave a value."""
+    from models import MODELS
+
+    spec = MODELS.get(values["model"].get("model", ModelConfig.model))
+    if spec is None:
+        return  # ModelConfig reports the unknown name
+    owner = {f.name: s for s, cls in _sections().items() for f in dataclasses.fields(cls)}
+    for name, v in spec.defaults.items():
+        values[owner[name]].setdefault(name, v)
+
+
 def build_config(args: argparse.Namespace) -> Config:
     """Merge defaults, the TOML file and the command line, then validate every section."""
     values: dict[str, dict[str, Any]] = {s: {} for s in _sections()}
@@ -219,6 +238,7 @@ def build_config(args: argparse.Namespace) -> Config:
         if "." in dest and v is not None:
             section, name = dest.split(".", 1)
             values[section][name] = v
+    _apply_model_defaults(values)
     sections = {}
     for section, cls in _sections().items():
         hints = get_type_hints(cls)

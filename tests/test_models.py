@@ -18,8 +18,13 @@ def test_lenet5_shapes_and_size():
 
 def test_every_model_runs_on_its_declared_input():
     for name, spec in MODELS.items():
-        out = spec.build()(torch.zeros(2, *spec.input_shape))
-        assert out.shape == (2, spec.num_classes), name
+        if spec.task == "lm":  # token ids in, next-token logits and the carried state out
+            out, (h, c) = spec.build()(torch.zeros(2, *spec.input_shape, dtype=torch.long))
+            assert out.shape == (2, spec.bptt, spec.num_classes), name
+            assert h.shape == c.shape and h.shape[1] == 2, name
+        else:
+            out = spec.build()(torch.zeros(2, *spec.input_shape))
+            assert out.shape == (2, spec.num_classes), name
 
 
 def test_models_never_import_distribution_packages():

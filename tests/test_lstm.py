@@ -1,0 +1,125 @@
+"""The LSTM language models and the communication-heavy CNN: sizes, truncated BPTT, and training
+across real ranks."""
+
+import json
+
+import pytest
+import torch
+
+from allreduce_train import ptb
+from models import MODELS, count_parameters, get_model
+
+from conftest import check, launch, load_params, rel_diff, run_single
+from test_ptb import write_corpus
+
+
+def lstm_lm_params(vocab: int, hidden: int, layers: int = 2) -> int:
+    """Embedding + per layer 4 gates x (input + recurrent weights + 2 biases) + softmax."""
+    return vocab * hidden + layers * 4 * hidden * (2 * hidden + 2) + hidden * vocab + vocab
+
+
+def test_parameter_counts_match_the_published_configurations():
+    assert count_parameters(get_model("ptb-lstm-small")) == lstm_lm_params(10_000, 200) == 4_653_200  # "4.6 M"
+    assert count_parameters(get_model("ptb-lstm-medium")) == lstm_lm_params(10_000, 650) == 19_780_400  # "20 M"
+    assert 10e6 < count_parameters(get_model("resnet18")) == 11_172_810 < 25e6  # He et al.'s 11.2 M (10 classes)
+    assert (MODELS["ptb-lstm-small"].bptt, MODELS["ptb-lstm-medium"].bptt) == (20, 35)
+    assert MODELS["ptb-lstm-small"].defaults["batch_size"] == 20 and MODELS["ptb-lstm-small"].defaults["grad_clip"] == 5
+
+
+def test_vocabulary_follows_the_data():
+    m = MODELS["ptb-lstm-small"].build(vocab_size=57)
+    logits, _ = m(torch.zeros(3, 20, dtype=torch.long))
+    assert logits.shape == (3, 20, 57)
+
+
+def test_truncated_bptt_carries_the_state_but_not_the_graph():
+    from allreduce_train.config import Config, DataConfig, ModelConfig
+    from allreduce_train.tasks import LanguageModelTask
+
+    cfg = Config(model=ModelConfig("ptb-lstm-small"), data=DataConfig(dataset="synthetic"))
+    task = LanguageModelTask(cfg, MODELS["ptb-lstm-small"])
+    torch.manual_seed(0)
+    model = MODELS["ptb-lstm-small"].build(vocab_size=50)
+    x = torch.randint(0, 50, (4, 20))
+    rows = slice(0, 4)
+    first = task.loss(model, x, x, rows)
+    h1 = task.hidden[0]
+    assert not h1[0].requires_grad and h1[0].abs().sum() > 0
+    second = task.loss(model, x, x, rows)  # same window, carried state: a different loss
+    assert second.item() != pytest.approx(first.item(), abs=1e-6)
+    second.backward()  # would fail ("backward through the graph a second time") without detach
+    first.backward()
+    task.start_epoch()
+    assert task.loss(model, x, x, rows).item() == pytest.approx(first.item(), rel=1e-6)  # fresh state
+
+
+def test_dropout_masks_are_the_models_own():
+    m = MODELS["ptb-lstm-medium"].build(vocab_size=30)
+    x = torch.randint(0, 30, (2, 35))
+    a, _ = m(x)
+    b, _ = m(x)
+    assert not torch.equal(a, b)  # dropout 0.5 is on in training mode
+    m.eval()
+    assert torch.equal(m(x)[0], m(x)[0])
+
+
+# ---------------------------------------------------------------- real ranks
+
+LM = ["--model", "ptb-lstm-small", "--no-progress", "--log-every", "5", "--warmup-steps", "0", "--no-scale-lr"]
+
+
+@pytest.mark.mpi
+def test_two_ranks_equal_one_process_on_the_same_token_streams(tmp_path):
+    corpus = str(write_corpus(tmp_path / "corpus", lines=(400, 30, 30)))
+    args = LM + ["--data-dir", corpus, "--steps", "15", "--eval-every", "15", "--run-dir", str(tmp_path)]
+
+    def dump(name):
+        return ["--name", name, "--dump-params", str(tmp_path / f"{name}-{{rank}}.pt")]
+
+    check(launch(2, args + ["--batch-size", "4"] + dump("np2")))
+    r0, r1 = load_params(tmp_path / "np2-0.pt"), load_params(tmp_path / "np2-1.pt")
+    for k in r0:
+        assert torch.equal(r0[k], r1[k]), f"{k} differs between ranks"
+    check(run_single(args + ["--batch-size", "8"] + dump("np1")))
+    single = load_params(tmp_path / "np1-0.pt")
+    assert rel_diff(r0, single) <= 1e-5
+    # ... while training moved the parameters far more than that, and a different split of the
+    # stream (not the union of the ranks' rows) gives different parameters
+    check(run_single(args + ["--batch-size", "8", "--steps", "1"] + dump("short")))
+    assert rel_diff(load_params(tmp_path / "short-0.pt"), single) > 1e-2
+    check(run_single(args + ["--batch-size", "4"] + dump("half")))
+    assert rel_diff(load_params(tmp_path / "half-0.pt"), single) > 1e-3
+    m2 = json.loads((tmp_path / "np2" / "metrics.json").read_text())
+    m1 = json.loads((tmp_path / "np1" / "metrics.json").read_text())
+    assert m2["final"]["train_loss"] == pytest.approx(m1["final"]["train_loss"], rel=1e-5)  # averaged over ranks
+    assert m2["global_batch"] == m1["global_batch"] == 8 and m2["words_per_sec"] > 0
+
+
+@pytest.mark.mpi
+def test_validation_perplexity_falls_on_the_offline_corpus(tmp_path):
+    """The default corpus (built into an empty cache here), 2 ranks, the paper's small LSTM."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    proc = check(launch(2, ["--model", "ptb-lstm-small", "--steps", "40", "--eval-every", "10", "--log-every", "10",
+                            "--no-progress", "--run-dir", str(tmp_path), "--name", "lm"], timeout=600,
+                        env={"XDG_CACHE_HOME": str(tmp_path / "cache")}))
+    acc = EventAccumulator(str(tmp_path / "lm"))
+    acc.Reload()
+    ppl = [e.value for e in acc.Scalars("eval/perplexity")]
+    assert len(ppl) == 4 and ppl[-1] < 0.5 * ppl[0] and ppl == sorted(ppl, reverse=True), (ppl, proc.stdout)
+    vocab = len(ptb.load_ptb(ptb.offline_corpus(str(tmp_path / "cache" / "allreduce_train"))).vocab)
+    assert ppl[0] < vocab  # already better than uniform over the vocabulary
+    assert "perf/words_per_sec" in acc.Tags()["scalars"]
+    m = json.loads((tmp_path / "lm" / "metrics.json").read_text())
+    assert m["dataset"] == "ptb" and m["workers"] == 2 and m["global_batch"] == 40
+    assert m["final"]["eval_perplexity"] == pytest.approx(ppl[-1], rel=1e-5) and m["words_per_sec"] > 0
+
+
+@pytest.mark.mpi
+def test_lm_bad_data_dir_one_line(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus")
+    (corpus / "ptb.test.txt").unlink()
+    proc = launch(2, ["--model", "ptb-lstm-small", "--data-dir", str(corpus), "--run-dir", str(tmp_path)], timeout=60)
+    assert proc.returncode != 0
+    ours = [ln for ln in proc.stderr.splitlines() if ln.startswith("allreduce_train: error")]
+    assert len(ours) == 1 and "ptb.test.txt: file not found" in ours[0], proc.stderr
