@@ -8,13 +8,16 @@ NP      ?= 2
 ARGS    ?=
 INSTALL_INPUTS := pyproject.toml tools/install.sh tools/build_horovod.sh tools/patches/horovod-0.28.1-cxx17.patch
 
-.PHONY: install train test test-fast tensorboard clean help
+.PHONY: install train test test-fast tensorboard clean help scaling commbench scaling-netns
 
 help:
 	@echo "make install      Debian packages, .venv, torch (CPU), patched Horovod (cached wheel)"
 	@echo "make train        LeNet-5 on Fashion-MNIST, $(NP) ranks, ring allreduce -> runs/<name>/"
 	@echo "make test         the test suite (unit + real ranks under mpirun)"
 	@echo "make tensorboard  serve runs/ on http://127.0.0.1:6006"
+	@echo "make scaling      allreduce vs PS grid, 1 and 2 workers -> runs/scaling/<time>/report.md (~20 min)"
+	@echo "make scaling-netns the grid on 4 emulated hosts at 1gbit and 100mbit (root) -> runs/scaling-netns/<time>/report.md"
+	@echo "make commbench    gradient exchange alone: Horovod, raw MPI, PS, $(NP) workers -> runs/commbench/<time>/"
 	@echo "make clean        remove runs/ and caches (keeps .venv and the Horovod wheel cache)"
 
 install: $(STAMP)
@@ -25,6 +28,15 @@ $(STAMP): $(INSTALL_INPUTS)
 
 train: install
 	$(PY) -m launch -np $(NP) -- --model lenet5 --dataset fashion-mnist --epochs 2 $(ARGS)
+
+scaling: install
+	$(PY) -m allreduce_train scaling $(ARGS)
+
+scaling-netns: install
+	$(PY) -m allreduce_train.netns_scaling $(ARGS)
+
+commbench: install
+	$(PY) -m allreduce_train commbench --np $(NP) --models lenet5,ptb-lstm-small,resnet18 $(ARGS)
 
 test: install
 	$(PY) -m pytest -q tests $(ARGS)

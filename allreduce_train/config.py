@@ -104,10 +104,21 @@ class OptimConfig:
 class ExchangeConfig:
     """How gradients travel between workers."""
 
-    strategy: str = _f("allreduce", "gradient exchange", ("allreduce",))
+    strategy: str = _f("allreduce", "gradient exchange: ring allreduce (Horovod) or parameter servers (ps)",
+                       ("allreduce", "ps"))
     compression: str = _f("none", "gradient compression on the wire (allreduce)", ("none", "fp16"))
     backward_passes_per_step: int = _f(1, "local gradient accumulation steps per exchange (allreduce)")
     reduce_op: str = _f("average", "allreduce reduction", ("average", "adasum"))
+    ps_placement: str = _f("dedicated", "ps: dedicated = the first --ps-servers ranks only serve (TensorFlow-style); "
+                                        "colocated = every rank trains and serves 1/N (MXNet-style)",
+                           ("dedicated", "colocated"))
+    ps_servers: int = _f(0, "ps: server ranks (0 = 1 with dedicated placement, every rank with colocated)")
+    ps_mode: str = _f("sync", "ps: sync = average every worker's gradient, then update (allreduce's maths); "
+                              "async = apply each worker's gradient as it arrives", ("sync", "async"))
+    ps_bucket_bytes: int = _f(1 << 20, "ps: gradients pushed in one message per server as soon as backward has produced them")
+    ps_split_bytes: int = _f(1 << 16, "ps: parameters larger than this are cut into chunks of at most this size, "
+                                      "spread over the servers")
+    ps_timeout: float = _f(300.0, "ps: seconds without progress after which a waiting rank ends the job with an error")
 
     def __post_init__(self) -> None:
         from .distributed import STRATEGIES
@@ -117,6 +128,13 @@ class ExchangeConfig:
         _check(self.compression in ("none", "fp16"), "compression", "must be none or fp16", self.compression)
         _check(self.backward_passes_per_step >= 1, "backward_passes_per_step", "must be >= 1", self.backward_passes_per_step)
         _check(self.reduce_op in ("average", "adasum"), "reduce_op", "must be average or adasum", self.reduce_op)
+        _check(self.ps_placement in ("dedicated", "colocated"), "ps_placement", "must be dedicated or colocated",
+               self.ps_placement)
+        _check(self.ps_servers >= 0, "ps_servers", "must be >= 0", self.ps_servers)
+        _check(self.ps_mode in ("sync", "async"), "ps_mode", "must be sync or async", self.ps_mode)
+        _check(self.ps_bucket_bytes >= 4, "ps_bucket_bytes", "must be >= 4 (one float32)", self.ps_bucket_bytes)
+        _check(self.ps_split_bytes >= 4, "ps_split_bytes", "must be >= 4 (one float32)", self.ps_split_bytes)
+        _check(self.ps_timeout > 0, "ps_timeout", "must be > 0", self.ps_timeout)
 
 
 @dataclass
