@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -368,6 +369,8 @@ class Job:
     impls: str
     env: dict[str, str]
     extra: list[str]
+    sizes: str = ""  # this job's --sizes and --models when not the run's
+    models: str | None = None
 
 
 def plan_jobs(args: argparse.Namespace) -> list[Job]:
@@ -385,6 +388,10 @@ def plan_jobs(args: argparse.Namespace) -> list[Job]:
         for mb in _floats(args.horovod_fusion_mb, "--horovod-fusion-mb"):
             jobs.append(Job(f"fusion={mb:g}MB", args.np, "horovod",
                             {"HOROVOD_FUSION_THRESHOLD": str(int(mb * (1 << 20)))}, []))
+    if "horovod" in impls and args.timeline_size:
+        parse_size(args.timeline_size)
+        jobs.append(Job("timeline", args.np, "horovod", {"HOROVOD_TIMELINE": TIMELINE_NAME}, [],
+                        sizes=args.timeline_size, models=""))
     if "ps-dedicated" in impls:
         for k in _ints(args.ps_servers_list, "--ps-servers"):
             jobs.append(Job(f"K={k}", args.np + k, "ps-dedicated", {}, ["--ps-servers", str(k)]))
@@ -411,6 +418,32 @@ def _ints(text: str, flag: str) -> list[int]:
     return vals
 
 
+TIMELINE_NAME = "horovod-timeline.json"
+# Horovod's timeline activities, in the order an allreduce goes through them.
+PHASES = ("NEGOTIATE_ALLREDUCE", "ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER", "MPI_ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER")
+
+
+def timeline_phases(path: str) -> dict[str, dict[str, float]]:
+    """Median duration of each activity in a Horovod timeline (Chrome trace written by rank 0).
+
+    NEGOTIATE_ALLREDUCE runs from the first rank's request to the coordinator's go (all ranks
+    ready, found in a background cycle); ALLREDUCE is the operation itself, with the MPI call and
+    any fusion-buffer copies nested inside it.
+    """
+    with open(path) as fh:
+        text = fh.read().strip().rstrip(",")
+    events = json.loads(text if text.endswith("]") else text + "]")  # written until shutdown
+    stacks: dict[int, list[tuple[str, float]]] = {}
+    spans: dict[str, list[float]] = {}
+    for e in events:
+        if e.get("ph") == "B":
+            stacks.setdefault(e["pid"], []).append((e["name"], e["ts"]))
+        elif e.get("ph") == "E" and stacks.get(e["pid"]):
+            name, start = stacks[e["pid"]].pop()
+            spans.setdefault(name, []).append((e["ts"] - start) / 1e3)
+    return {name: {"count": len(v), "median_ms": statistics.median(v)} for name, v in spans.items()}
+
+
 def default_launcher(np_: int, args: list[str], command: str = "train") -> list[str]:
     """The argv of one mpirun job on this machine (the hook a multi-host runner replaces)."""
     return [sys.executable, "-m", "launch", "-np", str(np_), "--oversubscribe", "--command", command, "--", *args]
@@ -432,13 +465,15 @@ def run_front(args: argparse.Namespace, launcher=default_launcher) -> dict[str, 
     results, failures = [], []
     for job in jobs:
         part = os.path.join(out_dir, f"part-{job.label}.json")
-        rank_args = ["--impls", job.impls, "--sizes", args.sizes, "--models", args.models, "--out", part,
+        models = args.models if job.models is None else job.models
+        rank_args = ["--impls", job.impls, "--sizes", job.sizes or args.sizes, "--models", models, "--out", part,
                      "--iters", str(args.iters), "--warmup", str(args.warmup), *job.extra]
         if args.dump_dir:
             rank_args += ["--dump-dir", args.dump_dir]
         print(f"[{job.label}] {job.np} ranks: {job.impls} {' '.join(f'{k}={v}' for k, v in job.env.items())}",
               flush=True)
-        env = {**os.environ, "OMP_NUM_THREADS": "1", **job.env}
+        env = {**os.environ, "OMP_NUM_THREADS": "1",
+               **{k: os.path.join(out_dir, v) if k == "HOROVOD_TIMELINE" else v for k, v in job.env.items()}}
         proc = subprocess.run(launcher(job.np, rank_args, "commbench"), env=env, timeout=args.job_timeout)
         if proc.returncode != 0 or not os.path.exists(part):
             failures.append(f"{job.label}: exit {proc.returncode}")
@@ -448,8 +483,13 @@ def run_front(args: argparse.Namespace, launcher=default_launcher) -> dict[str, 
                 r["job"] = job.label
                 results.append(r)
         os.remove(part)
+    timeline = {}
+    if any(j.label == "timeline" for j in jobs) and os.path.exists(os.path.join(out_dir, TIMELINE_NAME)):
+        timeline = {"size": args.timeline_size,
+                    "phases": timeline_phases(os.path.join(out_dir, TIMELINE_NAME)),
+                    "time_s": next((r["time_s"] for r in results if r["job"] == "timeline"), math.nan)}
     report = {"np": args.np, "memcpy_bandwidth_gbs": copy_bw / 1e9, "results": results, "failures": failures,
-              "command": sys.argv}
+              "timeline": timeline, "command": ["python", "-m", "allreduce_train", *sys.argv[1:]]}
     _write_json(os.path.join(out_dir, "commbench.json"), report)
     with open(os.path.join(out_dir, "commbench.md"), "w") as fh:
         fh.write(markdown(report))
@@ -480,6 +520,21 @@ def markdown(report: dict) -> str:
             lines.append(f"| {r['workload']} | {human_bytes(r['bytes'])} | {label(r)} | {n} | "
                          f"{1e3 * r['time_s']:.3f} | {r['algbw_gbs']:.3f} | {r['busbw_gbs']:.3f} |")
         lines.append("")
+    tl = report.get("timeline")
+    if tl and tl["phases"]:
+        ph = tl["phases"]
+        lines += [f"Where Horovod's time goes: one {tl['size']} allreduce, {1e3 * tl['time_s']:.3f} ms per call "
+                  f"from Python (median), and the median of each activity in its timeline "
+                  f"(`{TIMELINE_NAME}`, open in chrome://tracing):", "",
+                  "| activity | median ms | count |", "|---|---:|---:|"]
+        for name in [p for p in PHASES if p in ph] + sorted(set(ph) - set(PHASES)):
+            lines.append(f"| {name} | {ph[name]['median_ms']:.3f} | {ph[name]['count']} |")
+        inside = sum(ph[p]["median_ms"] for p in ("NEGOTIATE_ALLREDUCE", "ALLREDUCE") if p in ph)
+        raw = [r for r in rows if r["impl"] == "mpi" and r["workload_kind"] == "size"
+               and r["bytes"] == parse_size(tl["size"])]
+        lines += ["", f"Outside these activities (enqueueing, waiting for the background thread's next cycle, "
+                      f"the handle poll in synchronize): {max(0.0, 1e3 * tl['time_s'] - inside):.3f} ms."
+                  + (f" A raw MPI_Allreduce of the same buffer: {1e3 * raw[0]['time_s']:.3f} ms." if raw else ""), ""]
     bad = [r for r in rows if r["max_abs_err"] != 0]
     lines.append("Every implementation returned the exact expected sum." if rows and not bad else
                  f"{len(bad)} result(s) differ from the expected sum: "
@@ -507,6 +562,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--horovod-fusion-mb", default="",
                    help="front end: extra Horovod runs with these HOROVOD_FUSION_THRESHOLD values in MB "
                         "(default: none; Horovod's own default is 128)")
+    p.add_argument("--timeline-size", default="4M",
+                   help="front end: one extra Horovod run of this size with HOROVOD_TIMELINE, broken down by "
+                        "activity ('' = none; default: 4M)")
     p.add_argument("--out", default="", help="per rank: rank 0 writes the results to this JSON file")
     p.add_argument("--out-dir", default="", help="front end: output directory (default: runs/commbench/<time>)")
     p.add_argument("--dump-dir", default="", help="every worker saves each result array here (tests)")

@@ -102,7 +102,7 @@ class GridConfig:
     calibration: str = ""  # an existing commbench.json instead of running one
     net_gbps: float = 10.0
     net_latency_us: float = 50.0
-    horovod_cycle_ms: float = -1.0  # -1: Horovod's default
+    horovod_cycle_ms: str = "auto"  # "auto": the fastest in the calibration commbench; "default": Horovod's
     horovod_fusion_mb: float = -1.0
     extra: list[str] = field(default_factory=list)
     job_timeout: float = 900.0
@@ -196,16 +196,16 @@ def trainer_args(cfg: GridConfig, job: Job, run_dir: str) -> list[str]:
             "--no-progress", "--run-dir", run_dir, "--name", job.name, *cfg.extra]
 
 
-def job_env(cfg: GridConfig) -> dict[str, str]:
+def job_env(cfg: GridConfig, cycle_ms: float | None) -> dict[str, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ALLREDUCE_TRAIN_PROGRESS": "0"}
-    if cfg.horovod_cycle_ms >= 0:
-        env["HOROVOD_CYCLE_TIME"] = f"{cfg.horovod_cycle_ms:g}"
+    if cycle_ms is not None:
+        env["HOROVOD_CYCLE_TIME"] = f"{cycle_ms:g}"
     if cfg.horovod_fusion_mb >= 0:
         env["HOROVOD_FUSION_THRESHOLD"] = str(int(cfg.horovod_fusion_mb * (1 << 20)))
     return env
 
 
-def run_job(cfg: GridConfig, job: Job, out: str, launcher: Launcher) -> dict[str, Any]:
+def run_job(cfg: GridConfig, job: Job, out: str, launcher: Launcher, cycle_ms: float | None = None) -> dict[str, Any]:
     """One grid point: launch it, wait, read back its metrics.json."""
     run_dir = os.path.join(out, "runs", job.model)
     argv = launcher(job.world, trainer_args(cfg, job, run_dir), "train")
@@ -214,7 +214,7 @@ def run_job(cfg: GridConfig, job: Job, out: str, launcher: Launcher) -> dict[str
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
         try:
-            rc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=job_env(cfg),
+            rc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=job_env(cfg, cycle_ms),
                                 timeout=cfg.job_timeout).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
@@ -280,13 +280,34 @@ def aggregate(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 # ------------------------------------------------------------------------- cost model
 
-def calibrate(commbench_report: dict[str, Any], vs: list[Variant]) -> dict[str, dict[str, Any]]:
-    """alpha and B per strategy, fitted to its commbench size sweep (default knobs only)."""
+CYCLE_CANDIDATES = "0.2,5"  # besides Horovod's default of 1 ms
+
+
+def choose_cycle(commbench_report: dict[str, Any]) -> tuple[float | None, str]:
+    """The HOROVOD_CYCLE_TIME whose allreduce sweep was fastest (geometric mean over the sizes
+    every configuration measured): (ms or None for Horovod's default, the commbench job label)."""
+    times: dict[str, dict[int, float]] = {}
+    for r in commbench_report["results"]:
+        job = r.get("job", "default")
+        if r["impl"] == "horovod" and r["workload_kind"] == "size" and (job == "default" or job.startswith("cycle=")):
+            times.setdefault(job, {})[r["bytes"]] = r["time_s"]
+    if not times:
+        return None, "default"
+    common = set.intersection(*(set(t) for t in times.values()))
+    if not common:
+        return None, "default"
+    best = min(times, key=lambda j: sum(math.log(times[j][b]) for b in common))
+    return (None if best == "default" else float(best[len("cycle="):-len("ms")])), best
+
+
+def calibrate(commbench_report: dict[str, Any], vs: list[Variant], horovod_job: str = "default") -> dict[str, dict[str, Any]]:
+    """alpha and B per strategy, fitted to its commbench size sweep (Horovod: the knobs the grid used)."""
     out = {}
     for v in vs:
+        want = horovod_job if v.commbench_impl == "horovod" else ("default", f"K={v.servers}")
         pts = [r for r in commbench_report["results"]
                if r["impl"] == v.commbench_impl and r["workload_kind"] == "size"
-               and r.get("job", "default") in ("default", f"K={v.servers}")]
+               and r.get("job", "default") in want]
         if not pts or pts[0]["workers"] < 2:
             continue
         n, k = pts[0]["workers"], max(1, pts[0]["servers"])
@@ -464,8 +485,10 @@ def report_markdown(res: dict[str, Any]) -> str:
          f"Machine: {res['machine']['cores']} cores, {res['machine']['platform']}; every rank runs one thread; "
          f"grid took {res['seconds'] / 60:.1f} min.  ",
          f"Data: {cfg['data']}; {cfg['repeats']} repeats per point (repeats are the outer loop); worker counts "
-         f"{', '.join(map(str, cfg['workers']))}. Load average before the jobs: {res['loadavg']} "
-         "(other work on the machine slows the jobs it overlaps).", "",
+         f"{', '.join(map(str, cfg['workers']))}. HOROVOD_CYCLE_TIME of the allreduce jobs: "
+         f"{res['horovod_cycle']['knob']} (`--horovod-cycle-ms {cfg['horovod_cycle_ms']}`). "
+         f"Load average before the jobs: {res['loadavg']} (other work on the machine slows the jobs it overlaps).",
+         "",
          "## Definitions", "",
          "- throughput = samples per second over the measured steps (warm-up excluded), all workers together;",
          "- speedup(N) = throughput(N) / throughput(1), each strategy against its own one-worker run;",
@@ -544,8 +567,11 @@ def run_commbench(cfg: GridConfig, vs: list[Variant], out: str, launcher: Launch
 
     impls = sorted({v.commbench_impl for v in vs})
     args = argparse.Namespace(np=2, impls=",".join(impls), sizes=cfg.commbench_sizes, models="", iters=0, warmup=2,
-                              ps_servers=cfg.ps_servers, ps_servers_list=str(cfg.ps_servers), horovod_cycle_ms="",
-                              horovod_fusion_mb="", out=None, out_dir=os.path.join(out, "commbench"), dump_dir="",
+                              ps_servers=cfg.ps_servers, ps_servers_list=str(cfg.ps_servers),
+                              horovod_cycle_ms={"auto": CYCLE_CANDIDATES, "default": ""}.get(cfg.horovod_cycle_ms,
+                                                                                              cfg.horovod_cycle_ms),
+                              horovod_fusion_mb="", timeline_size="", out=None, out_dir=os.path.join(out, "commbench"),
+                              dump_dir="",
                               job_timeout=cfg.job_timeout)
     commbench.run_front(args, launcher=launcher)
     return os.path.join(out, "commbench", "commbench.json")
@@ -577,10 +603,26 @@ def run(cfg: GridConfig, launcher: Launcher = default_launcher) -> dict[str, Any
         except (OSError, subprocess.SubprocessError, ValueError, commbench_error()) as e:  # the grid is still worth running
             notes.append(f"commbench for calibration failed: {e}")
 
+    report = None
+    if calib_path and os.path.exists(calib_path):
+        with open(calib_path) as fh:
+            report = json.load(fh)
+    cycle_ms, horovod_job = parse_cycle(cfg.horovod_cycle_ms), "default"
+    if cycle_ms is not None:
+        horovod_job = f"cycle={cycle_ms:g}ms"  # commbench's label of that configuration
+    elif cfg.horovod_cycle_ms == "auto" and report:
+        cycle_ms, horovod_job = choose_cycle(report)
+    knob = "Horovod's default" if cycle_ms is None else f"{cycle_ms:g} ms"
+    print(f"HOROVOD_CYCLE_TIME for the allreduce jobs: {knob}", flush=True)
+
     jobs = [Job(m, v, n, r) for r in range(1, cfg.repeats + 1) for m in models for v in vs for n in cfg.workers]
     records = []
     for i, job in enumerate(jobs, 1):
-        rec = run_job(cfg, job, out, launcher)
+        try:
+            rec = run_job(cfg, job, out, launcher, cycle_ms if job.variant.strategy == "allreduce" else None)
+        except KeyboardInterrupt:  # Ctrl-C also ended the job's ranks: report what was measured
+            notes.append(f"interrupted after {i - 1} of {len(jobs)} jobs")
+            break
         records.append(rec)
         done = time.perf_counter() - t_start
         eta = done / i * (len(jobs) - i)
@@ -594,10 +636,7 @@ def run(cfg: GridConfig, launcher: Launcher = default_launcher) -> dict[str, Any
     rows = aggregate(records)
     plans = {m: cfg.plan(m) for m in models}
     sizes = {m: gradient_bytes(m) for m in models}
-    calib = {}
-    if calib_path and os.path.exists(calib_path):
-        with open(calib_path) as fh:
-            calib = calibrate(json.load(fh), vs)
+    calib = calibrate(report, vs, horovod_job) if report else {}
     given = costmodel.Network.from_gbit_us(cfg.net_gbps, cfg.net_latency_us)
     given_label = f"{cfg.net_gbps:g} Gbit/s, {cfg.net_latency_us:g} us"
     compute, curves = predictions(rows, vs, models, plans, calib, given, sizes)
@@ -607,6 +646,7 @@ def run(cfg: GridConfig, launcher: Launcher = default_launcher) -> dict[str, Any
            "machine": {"cores": os.cpu_count(), "platform": platform.platform()},
            "config": asdict(cfg), "models": models, "strategies": [v.name for v in vs],
            "plans": {m: asdict(p) for m, p in plans.items()}, "gradient_bytes": sizes,
+           "horovod_cycle": {"setting": cfg.horovod_cycle_ms, "used_ms": cycle_ms, "knob": knob},
            "loadavg": _load_summary(records), "rows": rows, "jobs": records, "notes": notes, "compute_s": compute,
            "calibration": calib, "calibration_source": os.path.relpath(calib_path, out) if calib_path else "",
            "given_network": {"gbps": cfg.net_gbps, "latency_us": cfg.net_latency_us, "label": given_label},
@@ -662,13 +702,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="link speed of the network for the prediction to 1024 workers, Gbit/s (default: 10)")
     p.add_argument("--net-latency-us", type=float, default=d.net_latency_us,
                    help="per-message latency of that network, microseconds (default: 50)")
-    p.add_argument("--horovod-cycle-ms", type=float, default=d.horovod_cycle_ms,
-                   help="HOROVOD_CYCLE_TIME for every job (default: Horovod's, 1 ms)")
+    p.add_argument("--horovod-cycle-ms", default=d.horovod_cycle_ms,
+                   help="HOROVOD_CYCLE_TIME of the allreduce jobs: auto = the fastest of Horovod's default (1 ms) "
+                        f"and {CYCLE_CANDIDATES} in the calibration commbench; default = Horovod's; or a number "
+                        "(default: auto)")
     p.add_argument("--horovod-fusion-mb", type=float, default=d.horovod_fusion_mb,
                    help="HOROVOD_FUSION_THRESHOLD in MB for every job (default: Horovod's, 128)")
     p.add_argument("--extra", action="append", default=[], metavar="ARG",
                    help="an extra trainer argument for every job, e.g. --extra=--compression --extra=fp16")
     p.add_argument("--job-timeout", type=float, default=d.job_timeout, help="seconds before a job is killed")
+
+
+def parse_cycle(text: str) -> float | None:
+    """--horovod-cycle-ms as a number, None for 'auto' / 'default' (decided later / Horovod's)."""
+    if text in ("auto", "default"):
+        return None
+    try:
+        v = float(text)
+    except ValueError:
+        raise GridError(f"--horovod-cycle-ms: expected auto, default or milliseconds (got {text!r})") from None
+    if not v > 0:
+        raise GridError(f"--horovod-cycle-ms must be > 0 (got {text!r})")
+    return v
 
 
 def config_from_args(args: argparse.Namespace) -> GridConfig:
@@ -685,6 +740,7 @@ def config_from_args(args: argparse.Namespace) -> GridConfig:
             raise GridError(f"{flag} must be >= {lo} (got {v})")
     if args.warmup_steps < -1:
         raise GridError(f"--warmup-steps must be >= 0 (got {args.warmup_steps})")
+    parse_cycle(args.horovod_cycle_ms)
     if args.net_gbps <= 0 or args.net_latency_us < 0:
         raise GridError("--net-gbps must be > 0 and --net-latency-us >= 0")
     if args.calibration and not os.path.isfile(args.calibration):
@@ -706,4 +762,6 @@ def main(args: argparse.Namespace) -> int:
     except GridError as e:
         print(f"allreduce_train: error: {e}", file=sys.stderr)
         return 2
+    if any(n.startswith("interrupted") for n in res["notes"]):
+        return 130
     return 0 if all(j["ok"] for j in res["jobs"]) else 1

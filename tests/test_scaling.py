@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from allreduce_train import costmodel
-from allreduce_train.scaling import GridConfig, aggregate, available, variants
+from allreduce_train.scaling import GridConfig, aggregate, available, choose_cycle, variants
 from conftest import ROOT, check
 
 
@@ -38,6 +38,19 @@ def test_missing_models_and_strategies_are_skipped_with_a_note():
     assert models == ["lenet5"]
     assert any("no-such-model" in n for n in notes)
     assert "allreduce" in [v.name for v in vs]
+
+
+def test_choose_cycle_picks_the_fastest_over_the_sizes_all_configurations_measured():
+    def row(job, size, t):
+        return {"impl": "horovod", "workload_kind": "size", "bytes": size, "time_s": t, "job": job}
+
+    report = {"results": [row("default", 1, 1.0), row("default", 2, 1.0), row("cycle=0.2ms", 1, 0.5),
+                          row("cycle=0.2ms", 2, 1.5), row("cycle=5ms", 1, 2.0), row("cycle=5ms", 2, 2.0),
+                          row("cycle=5ms", 3, 1e-9)]}
+    assert choose_cycle(report) == (0.2, "cycle=0.2ms")  # geometric mean 0.87 < 1 < 2; size 3 not shared
+    report["results"][2]["time_s"] = 0.8
+    report["results"][3]["time_s"] = 1.3
+    assert choose_cycle(report) == (None, "default")  # 1.04 > 1: Horovod's default stays
 
 
 def fake_commbench(path, nets):
