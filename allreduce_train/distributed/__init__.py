@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from ..config import Config
     from .base import GradientExchange
 
-STRATEGIES = ("allreduce",)
+STRATEGIES = ("allreduce", "ps")
 
 
 def create_exchange(cfg: "Config") -> "GradientExchange":
@@ -21,4 +21,8 @@ def create_exchange(cfg: "Config") -> "GradientExchange":
         from .allreduce import HorovodAllreduce
 
         return HorovodAllreduce(cfg.exchange)
+    if cfg.exchange.strategy == "ps":
+        from .ps import ParameterServer
+
+        return ParameterServer(cfg)
     raise ValueError(f"unknown strategy {cfg.exchange.strategy!r}")

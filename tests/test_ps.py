@@ -1,0 +1,207 @@
+"""``--strategy ps`` with real ranks under mpirun: properties that hold only if the servers really
+averaged, updated and answered (equality with ring allreduce and with plain torch SGD on the same
+samples), plus async training, checkpoints, bad configurations and a stuck rank."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import FASHION_MNIST_DIR, ROOT, check, launch, load_params, needs_fashion_mnist, rel_diff
+
+pytestmark = pytest.mark.mpi
+
+# Warm-up on: the LR changes every step, so the servers must use the LR each push carries.
+QUICK = ["--dataset", "synthetic", "--synthetic-samples", "2048", "--no-progress", "--log-every", "5",
+         "--batch-size", "16", "--steps", "20", "--warmup-steps", "8", "--lr", "0.05"]
+# Several buckets (overlap path) and tensors split across servers.
+SMALL_MESSAGES = ["--ps-bucket-bytes", "40000", "--ps-split-bytes", "16000"]
+
+
+def run_args(tmp_path, name, *extra):
+    return ["--run-dir", str(tmp_path), "--name", name, "--dump-params", str(tmp_path / f"{name}-{{rank}}.pt"), *extra]
+
+
+def ps_launch(np, args, **kw):
+    return launch(np, ["--strategy", "ps", *args], oversubscribe=True, **kw)
+
+
+@pytest.fixture(scope="module")
+def allreduce_params(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ar")
+    check(launch(2, QUICK + run_args(tmp, "ar")))
+    return load_params(tmp / "ar-0.pt")
+
+
+@pytest.mark.parametrize("np, placement", [
+    (3, ["--ps-placement", "dedicated", "--ps-servers", "1"]),
+    (4, ["--ps-placement", "dedicated", "--ps-servers", "2", *SMALL_MESSAGES]),
+    (2, ["--ps-placement", "colocated", *SMALL_MESSAGES]),
+], ids=["dedicated-K1", "dedicated-K2", "colocated"])
+def test_sync_ps_ends_where_allreduce_ends(tmp_path, allreduce_params, np, placement):
+    check(ps_launch(np, QUICK + placement + run_args(tmp_path, "ps")))
+    m = json.loads((tmp_path / "ps" / "metrics.json").read_text())
+    workers = range(np - 2, np)  # dedicated servers are the first ranks
+    dumps = sorted(p.name for p in tmp_path.glob("ps-*.pt"))
+    assert dumps == [f"ps-{r}.pt" for r in workers]  # servers do not run the training loop
+    first = load_params(tmp_path / f"ps-{workers[0]}.pt")
+    for r in workers:
+        params = load_params(tmp_path / f"ps-{r}.pt")
+        for k in params:
+            assert torch.equal(params[k], first[k]), f"{k} differs on rank {r}"
+    assert rel_diff(first, allreduce_params) <= 1e-5
+    assert (m["strategy"], m["workers"], m["world_size"], m["global_batch"]) == ("ps", 2, np, 32)
+    assert m["ps_mode"] == "sync" and m["staleness_max"] == 0
+    assert m["bytes_pushed_per_step"] >= 4 * sum(p.numel() for p in first.values())
+
+
+def reference_sgd(steps, batch, lr, warmup, workers, momentum, weight_decay, seed=42):
+    """The same run in one process with plain torch SGD: global batch, the trainer's LR schedule."""
+    from allreduce_train.data import ShardedBatches, synthetic
+    from models import MODELS
+
+    spec = MODELS["lenet5"]
+    torch.manual_seed(seed)
+    train_set, _ = synthetic(spec.input_shape, spec.num_classes, 2048, seed)
+    model = spec.build()
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    batches = ShardedBatches(train_set, batch * workers, 0, 1, seed)
+    for step, (x, y) in zip(range(steps), batches.batches(0)):
+        target = lr * workers
+        opt.param_groups[0]["lr"] = target if step >= warmup else lr + (target - lr) * step / warmup
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def test_sync_ps_with_weight_decay_equals_plain_torch_sgd(tmp_path):
+    """Weight decay and momentum are applied on the servers, with the LR of each step."""
+    check(ps_launch(4, QUICK + SMALL_MESSAGES + ["--ps-servers", "2", "--weight-decay", "1e-3"]
+                    + run_args(tmp_path, "wd")))
+    want = reference_sgd(steps=20, batch=16, lr=0.05, warmup=8, workers=2, momentum=0.9, weight_decay=1e-3)
+    assert rel_diff(load_params(tmp_path / "wd-2.pt"), want) <= 1e-5
+    # the control: without weight decay the result is measurably different
+    assert rel_diff(want, reference_sgd(20, 16, 0.05, 8, 2, 0.9, 0.0)) > 1e-4
+
+
+def test_tensorboard_tags_and_metrics_fields(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    check(ps_launch(3, QUICK + ["--run-dir", str(tmp_path), "--name", "tb", "--eval-every", "10"]))
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    for tag in ("train/loss", "train/lr", "perf/samples_per_sec", "perf/step_ms", "comm/wait_ms", "eval/loss",
+                "eval/accuracy", "comm/bytes_pushed_per_step", "comm/bytes_pulled_per_step",
+                "comm/staleness_mean", "comm/staleness_max"):
+        assert tag in tags, tag
+    m = json.loads((tmp_path / "tb" / "metrics.json").read_text())
+    assert (m["ps_servers"], m["ps_placement"], m["ps_mode"], m["world_size"], m["workers"]) == (1, "dedicated", "sync", 3, 2)
+    assert m["bytes_pushed_per_step"] == m["bytes_pulled_per_step"] > 0
+    assert m["samples_per_sec"] > 0 and m["comm_wait_ms"] >= 0
+    assert not any(p.name.startswith("events") for p in tmp_path.iterdir())  # one writer, in the run dir
+
+
+def test_resume_continues_exactly_with_momentum_from_the_servers(tmp_path):
+    args = QUICK + SMALL_MESSAGES + ["--ps-servers", "2", "--checkpoint-every", "7"]
+    check(ps_launch(4, args + run_args(tmp_path, "full")))
+    check(ps_launch(4, args + run_args(tmp_path, "cut", "--exit-after-steps", "9")))
+    saved = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)
+    assert saved["step"] == 9 and saved["optimizer"]["state"]  # the servers' momentum, gathered
+    check(ps_launch(4, args + run_args(tmp_path, "cut", "--resume", "auto")))
+    full, resumed = load_params(tmp_path / "full-2.pt"), load_params(tmp_path / "cut-2.pt")
+    for k in full:
+        assert torch.equal(full[k], resumed[k]), k
+
+
+@needs_fashion_mnist
+def test_async_trains_on_fashion_mnist_and_logs_staleness(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    check(ps_launch(3, ["--ps-mode", "async", "--run-dir", str(tmp_path), "--name", "async", "--steps", "150",
+                        "--no-progress", "--log-every", "10", "--eval-every", "150", "--data-dir", FASHION_MNIST_DIR]))
+    acc = EventAccumulator(str(tmp_path / "async"))
+    acc.Reload()
+    losses = [e.value for e in acc.Scalars("train/loss")]
+    assert losses[-1] < 0.6 * losses[0]
+    staleness = [e.value for e in acc.Scalars("comm/staleness_mean")]
+    assert len(staleness) == 15 and all(s >= 0 for s in staleness)
+    m = json.loads((tmp_path / "async" / "metrics.json").read_text())
+    assert m["ps_mode"] == "async" and m["final"]["eval_accuracy"] > 0.7
+    assert m["staleness_mean"] >= 0 and m["staleness_max"] >= 0
+
+
+@pytest.mark.parametrize("np, args, needle", [
+    (2, ["--ps-servers", "3"], "--ps-servers 3"),
+    (2, ["--ps-servers", "2"], "leaves no worker"),
+    (2, ["--ps-placement", "colocated", "--ps-servers", "1"], "--ps-placement colocated"),
+    (2, ["--grad-clip", "1"], "--grad-clip"),
+])
+def test_bad_config_one_line_nonzero_exit_no_hang(tmp_path, np, args, needle):
+    proc = ps_launch(np, ["--dataset", "synthetic", "--run-dir", str(tmp_path), *args], timeout=90)
+    assert proc.returncode != 0
+    ours = [ln for ln in proc.stderr.splitlines() if ln.startswith("allreduce_train: error")]
+    assert len(ours) == 1, proc.stderr
+    assert needle in ours[0]
+
+
+def rank_pids(root_pid: int) -> dict[int, int]:
+    """Global rank -> pid of the processes mpirun started (read from their environment)."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            env = open(f"/proc/{entry}/environ", "rb").read().split(b"\0")
+            cmd = open(f"/proc/{entry}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if b"allreduce_train" not in cmd:
+            continue
+        vars_ = dict(v.split(b"=", 1) for v in env if b"=" in v)
+        if vars_.get(b"PS_TEST_TAG") == str(root_pid).encode() and b"OMPI_COMM_WORLD_RANK" in vars_:
+            found[int(vars_[b"OMPI_COMM_WORLD_RANK"])] = int(entry)
+    return found
+
+
+def test_a_stuck_worker_ends_the_job_with_an_error_not_a_hang(tmp_path):
+    """SIGSTOP a worker mid-run: Open MPI sees nothing wrong, so only the servers' and the other
+    worker's deadlines (--ps-timeout) can end the job."""
+    cmd = [sys.executable, "-m", "launch", "-np", "3", "--oversubscribe", "--", "--strategy", "ps",
+           "--dataset", "synthetic", "--steps", "100000", "--no-progress", "--ps-timeout", "5",
+           "--run-dir", str(tmp_path), "--name", "stuck"]
+    tag = str(os.getpid())
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PS_TEST_TAG": tag}
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    stopped = None
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            pids = rank_pids(int(tag))
+            if 2 in pids and (tmp_path / "stuck").is_dir():
+                time.sleep(3)  # let training start
+                stopped = pids[2]
+                os.kill(stopped, signal.SIGSTOP)
+                break
+            time.sleep(0.5)
+        assert stopped, "the job did not start"
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=120)
+        assert time.monotonic() - t0 < 120
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if stopped:
+            try:
+                os.kill(stopped, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert proc.returncode != 0
+    assert "no progress for 5 s" in err, err
