@@ -193,6 +193,9 @@ def trainer_args(cfg: GridConfig, job: Job, run_dir: str) -> list[str]:
             "--strategy", job.variant.strategy, *job.variant.flags,
             "--threads", "1", "--steps", str(total), "--perf-warmup-steps", str(plan.warmup),
             "--eval-every", str(total), "--checkpoint-every", str(total), "--log-every", str(max(1, total // 4)),
+            # A synchronous PS cannot clip the global gradient norm (no server sees all of it), so no
+            # job clips (the LSTM's recipe would): every strategy then does the same work per step.
+            "--grad-clip", "0",
             "--no-progress", "--run-dir", run_dir, "--name", job.name, *cfg.extra]
 
 
