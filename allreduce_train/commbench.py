@@ -50,6 +50,7 @@ from . import costmodel
 IMPLS = ("mpi", "ps-colocated", "horovod", "horovod-fp16", "ps-dedicated")
 KIND = {"mpi": costmodel.ALLREDUCE, "horovod": costmodel.ALLREDUCE, "horovod-fp16": costmodel.ALLREDUCE,
         "ps-colocated": costmodel.PS_COLOCATED, "ps-dedicated": costmodel.PS_DEDICATED}
+RANK_IMPLS = tuple(i for i in IMPLS if i != "ps-dedicated")
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M,256M"
 UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "G": 1 << 30, "GB": 1 << 30}
 
@@ -251,7 +252,7 @@ def run_rank(args: argparse.Namespace) -> int:
     from mpi4py import MPI  # initialises MPI before Horovod, which then reuses it
 
     comm = MPI.COMM_WORLD
-    impls = [i.strip() for i in args.impls.split(",") if i.strip()]
+    impls = [i.strip() for i in (args.impls or ",".join(RANK_IMPLS)).split(",") if i.strip()]
     bad = [i for i in impls if i not in IMPLS]
     err = None
     if bad:
@@ -374,7 +375,7 @@ class Job:
 
 
 def plan_jobs(args: argparse.Namespace) -> list[Job]:
-    impls = [i.strip() for i in args.impls.split(",") if i.strip()]
+    impls = [i.strip() for i in (args.impls or ",".join(IMPLS)).split(",") if i.strip()]
     for i in impls:
         if i not in IMPLS:
             raise BenchError(f"--impls: unknown implementation {i!r}; choose from: {', '.join(IMPLS)}")
@@ -547,7 +548,8 @@ def markdown(report: dict) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--np", type=int, default=0,
                    help="front end: launch jobs with this many workers (default: 0 = be one rank of the current job)")
-    p.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated subset of: {', '.join(IMPLS)}")
+    p.add_argument("--impls", default="", help=f"comma-separated subset of: {', '.join(IMPLS)} (default: all; "
+                                               "one rank of a job: all but ps-dedicated, which needs its own job)")
     p.add_argument("--sizes", default=DEFAULT_SIZES, help=f"message sizes to sweep (default: {DEFAULT_SIZES})")
     p.add_argument("--models", default="lenet5",
                    help="comma-separated models whose gradient tensor lists to exchange (default: lenet5)")

@@ -487,7 +487,7 @@ def report_markdown(res: dict[str, Any]) -> str:
          f"Command: `{' '.join(res['command'])}`  ",
          f"Machine: {res['machine']['cores']} cores, {res['machine']['platform']}; every rank runs one thread; "
          f"grid took {res['seconds'] / 60:.1f} min.  ",
-         f"Data: {cfg['data']}; {cfg['repeats']} repeats per point (repeats are the outer loop); worker counts "
+         f"Data: {cfg['data']}; {cfg['repeats']} repeat(s) per point (repeats are the outer loop); worker counts "
          f"{', '.join(map(str, cfg['workers']))}. HOROVOD_CYCLE_TIME of the allreduce jobs: "
          f"{res['horovod_cycle']['knob']} (`--horovod-cycle-ms {cfg['horovod_cycle_ms']}`). "
          f"Load average before the jobs: {res['loadavg']} (other work on the machine slows the jobs it overlaps).",
