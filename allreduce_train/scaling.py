@@ -555,6 +555,7 @@ def report_markdown(res: dict[str, Any]) -> str:
         L += ["", "![predicted efficiency](predicted.png)", ""]
     L += ["## Files", "",
           "- `results.csv`, `results.json`: every figure above, with min/max and each repeat's throughput;",
+          "- `commbench/commbench.md`: the calibration run, the exchange alone (when it ran);",
           "- `runs/<model>/<strategy>-n<N>-r<k>/`: each job's TensorBoard run and metrics.json; `logs/`: its output;",
           "- `summary/`: speedup, efficiency and samples/s against the worker count (TensorBoard step = N), "
           "strategies overlaid in the Custom Scalars tab:", "",
