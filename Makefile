@@ -8,11 +8,12 @@ NP      ?= 2
 ARGS    ?=
 INSTALL_INPUTS := pyproject.toml tools/install.sh tools/build_horovod.sh tools/patches/horovod-0.28.1-cxx17.patch
 
-.PHONY: install train test test-fast tensorboard clean help scaling commbench scaling-netns
+.PHONY: install train train-ptb test test-fast tensorboard clean help scaling commbench scaling-netns
 
 help:
 	@echo "make install      Debian packages, .venv, torch (CPU), patched Horovod (cached wheel)"
 	@echo "make train        LeNet-5 on Fashion-MNIST, $(NP) ranks, ring allreduce -> runs/<name>/"
+	@echo "make train-ptb    Zaremba's small LSTM LM, $(NP) ranks, on the offline corpus (DATA_DIR=<real PTB copy>)"
 	@echo "make test         the test suite (unit + real ranks under mpirun)"
 	@echo "make tensorboard  serve runs/ on http://127.0.0.1:6006"
 	@echo "make scaling      allreduce vs PS grid, 1 and 2 workers -> runs/scaling/<time>/report.md (~20 min)"
@@ -28,6 +29,13 @@ $(STAMP): $(INSTALL_INPUTS)
 
 train: install
 	$(PY) -m launch -np $(NP) -- --model lenet5 --dataset fashion-mnist --epochs 2 $(ARGS)
+
+# The model brings Zaremba's settings (batch 20, lr 1.0, clip 5; `python -m allreduce_train models`).
+# Without DATA_DIR: a PTB-format corpus from Python's own documentation, NOT comparable with PTB.
+DATA_DIR ?=
+train-ptb: install
+	$(PY) -m launch -np $(NP) -- --model ptb-lstm-small --dataset ptb $(if $(DATA_DIR),--data-dir $(DATA_DIR)) \
+		--epochs 2 --eval-every 100 $(ARGS)
 
 scaling: install
 	$(PY) -m allreduce_train scaling $(ARGS)

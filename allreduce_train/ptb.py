@@ -35,7 +35,7 @@ from .errors import DataError
 SPLITS = ("train", "valid", "test")
 EOS, UNK = "<eos>", "<unk>"
 OFFLINE_VOCAB = 10_000  # PTB's size, <eos> and <unk> included
-OFFLINE_VERSION = 1  # bump when the builder's output changes, so caches are rebuilt
+OFFLINE_VERSION = 2  # bump when the builder's output changes, so caches are rebuilt
 
 
 def split_path(data_dir: str, split: str) -> str:
@@ -186,12 +186,14 @@ def _sentences(text: str) -> list[list[str]]:
 
 def write_offline_corpus(out_dir: str, vocab_size: int = OFFLINE_VOCAB) -> None:
     """Write ptb.{train,valid,test}.txt: documents in a fixed order, every 20th to valid (offset 18)
-    and test (offset 19), words outside the training vocabulary's top ``vocab_size`` -> <unk>."""
+    and test (offset 19). As in PTB, rare words are <unk>: those seen once in the training text,
+    and any beyond the ``vocab_size`` most frequent, so the model also learns to predict <unk>."""
     parts: dict[str, list[list[str]]] = {s: [] for s in SPLITS}
     for i, (_, text) in enumerate(_documents()):
         parts["valid" if i % 20 == 18 else "test" if i % 20 == 19 else "train"] += _sentences(text)
     counts = collections.Counter(w for s in parts["train"] for w in s)
-    keep = {w for w, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[: vocab_size - 2]}  # + <unk>, <eos>
+    ranked = sorted((kv for kv in counts.items() if kv[1] >= 2), key=lambda kv: (-kv[1], kv[0]))
+    keep = {w for w, _ in ranked[: vocab_size - 2]}  # + <unk>, <eos>
     for split, sentences in parts.items():
         with open(split_path(out_dir, split), "w", encoding="utf-8") as fh:
             for s in sentences:

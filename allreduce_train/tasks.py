@@ -29,6 +29,7 @@ class ClassifyTask:
     """Images -> class logits; cross-entropy; loss and accuracy over the test set."""
 
     words_per_sample = 0  # no words/sec figure
+    note = ""
 
     def __init__(self, cfg: Config, spec: ModelSpec) -> None:
         self.cfg, self.spec = cfg, spec
@@ -88,6 +89,7 @@ class LanguageModelTask:
         self.bptt = self.words_per_sample = spec.bptt
         self.vocab_size = spec.num_classes
         self.hidden: dict[int, Any] = {}  # first row of a micro-batch -> its state after the previous window
+        self.note = ""  # for the log: which text, and whether its perplexities compare with PTB's
 
     def corpus(self) -> ptb.Corpus:
         cfg = self.cfg
@@ -96,7 +98,16 @@ class LanguageModelTask:
         if cfg.data.dataset != "ptb":
             raise ConfigError(f"--model {self.spec.name} is a language model; use --dataset ptb or synthetic "
                               f"(got {cfg.data.dataset})")
-        return ptb.load_ptb(cfg.data.data_dir or ptb.offline_corpus())
+        if cfg.data.data_dir:
+            corpus = ptb.load_ptb(cfg.data.data_dir)
+            self.note = f"data: {cfg.data.data_dir} (Penn Treebank format, {len(corpus.vocab)} words)"
+            return corpus
+        path = ptb.offline_corpus()
+        corpus = ptb.load_ptb(path)
+        self.note = (f"data: offline corpus {path} ({len(corpus.vocab)} words of Python documentation in Penn Treebank "
+                     "format): NOT Penn Treebank, perplexities are not comparable with the paper's; "
+                     "--data-dir DIR reads a real PTB copy")
+        return corpus
 
     def data(self, rank: int, num_shards: int) -> tuple[ptb.LMBatches, ptb.EvalStream]:
         cfg = self.cfg

@@ -155,6 +155,9 @@ class Trainer:
 
         log.message(f"{cfg.model.model} on {cfg.data.dataset}: {workers} workers x batch {per_step} = global batch "
                     f"{workers * per_step}, {s.total_steps} steps ({spe}/epoch), strategy {ex.name}, from step {step}")
+        if self.task.note:  # e.g. which text a language model reads, and whether its figures compare with PTB
+            log.message(self.task.note)
+            log.text("data", self.task.note)
         step_times: list[float] = []
         waits: list[float] = []
         loss_acc = torch.zeros((), device=device)

@@ -21,7 +21,7 @@ def lstm_lm_params(vocab: int, hidden: int, layers: int = 2) -> int:
 def test_parameter_counts_match_the_published_configurations():
     assert count_parameters(get_model("ptb-lstm-small")) == lstm_lm_params(10_000, 200) == 4_653_200  # "4.6 M"
     assert count_parameters(get_model("ptb-lstm-medium")) == lstm_lm_params(10_000, 650) == 19_780_400  # "20 M"
-    assert 10e6 < count_parameters(get_model("resnet18")) == 11_172_810 < 25e6  # He et al.'s 11.2 M (10 classes)
+    assert 10e6 < count_parameters(get_model("resnet18")) == 11_172_810 < 25e6  # the CIFAR-style ResNet-18, 10 classes
     assert (MODELS["ptb-lstm-small"].bptt, MODELS["ptb-lstm-medium"].bptt) == (20, 35)
     assert MODELS["ptb-lstm-small"].defaults["batch_size"] == 20 and MODELS["ptb-lstm-small"].defaults["grad_clip"] == 5
 
@@ -110,6 +110,7 @@ def test_validation_perplexity_falls_on_the_offline_corpus(tmp_path):
     vocab = len(ptb.load_ptb(ptb.offline_corpus(str(tmp_path / "cache" / "allreduce_train"))).vocab)
     assert ppl[0] < vocab  # already better than uniform over the vocabulary
     assert "perf/words_per_sec" in acc.Tags()["scalars"]
+    assert "NOT Penn Treebank, perplexities are not comparable" in proc.stdout  # said where it is read
     m = json.loads((tmp_path / "lm" / "metrics.json").read_text())
     assert m["dataset"] == "ptb" and m["workers"] == 2 and m["global_batch"] == 40
     assert m["final"]["eval_perplexity"] == pytest.approx(ppl[-1], rel=1e-5) and m["words_per_sec"] > 0
