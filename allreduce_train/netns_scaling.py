@@ -60,10 +60,7 @@ def grid_config(args: argparse.Namespace) -> scaling.GridConfig:
     grid = p.parse_args([])
     grid.__dict__.update(strategies=args.strategies, models=args.models, workers=str(args.hosts),
                          repeats=args.repeats, steps=args.steps, ps_servers=args.ps_servers, commbench=False,
-                         job_timeout=args.job_timeout,
-                         # A synchronous PS cannot clip the global gradient norm (no server sees it all),
-                         # so no job clips: all three exchanges then do the same work per step.
-                         extra=["--grad-clip", "0"])
+                         job_timeout=args.job_timeout)
     return scaling.config_from_args(grid)
 
 
