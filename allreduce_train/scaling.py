@@ -34,7 +34,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from . import costmodel
+from . import commbench, costmodel
 
 Launcher = Callable[[int, list[str], str], list[str]]
 
@@ -567,8 +567,6 @@ def report_markdown(res: dict[str, Any]) -> str:
 
 def run_commbench(cfg: GridConfig, vs: list[Variant], out: str, launcher: Launcher) -> str:
     """A short commbench at 2 workers for calibration; returns the path of its commbench.json."""
-    from . import commbench
-
     impls = sorted({v.commbench_impl for v in vs})
     args = argparse.Namespace(np=2, impls=",".join(impls), sizes=cfg.commbench_sizes, models="", iters=0, warmup=2,
                               ps_servers=cfg.ps_servers, ps_servers_list=str(cfg.ps_servers),
@@ -579,12 +577,6 @@ def run_commbench(cfg: GridConfig, vs: list[Variant], out: str, launcher: Launch
                               job_timeout=cfg.job_timeout)
     commbench.run_front(args, launcher=launcher)
     return os.path.join(out, "commbench", "commbench.json")
-
-
-def commbench_error() -> type:
-    from .commbench import BenchError
-
-    return BenchError
 
 
 def run(cfg: GridConfig, launcher: Launcher = default_launcher) -> dict[str, Any]:
@@ -604,7 +596,7 @@ def run(cfg: GridConfig, launcher: Launcher = default_launcher) -> dict[str, Any
     if not calib_path and cfg.commbench:
         try:
             calib_path = run_commbench(cfg, vs, out, launcher)
-        except (OSError, subprocess.SubprocessError, ValueError, commbench_error()) as e:  # the grid is still worth running
+        except (OSError, subprocess.SubprocessError, ValueError, commbench.BenchError) as e:  # the grid still runs
             notes.append(f"commbench for calibration failed: {e}")
 
     report = None
