@@ -223,10 +223,13 @@ def unavailable_reason() -> str | None:
     try:
         for cmd in probe.setup_commands()[:1] + [["ip", "-n", probe.head, "link", "add", "br0", "type", "bridge"],
                                                    ["tc", "-n", probe.head, "qdisc", "add", "dev", "lo", "root",
-                                                    *probe._tbf()]]:
+                                                    *probe._tbf()],
+                                                   ["ip", "netns", "exec", probe.head, "unshare", "--uts", "--",
+                                                    "hostname", "probe"]]:
             _run(cmd)
     except ClusterError as e:
-        return f"cannot create network namespaces here (needs root or CAP_NET_ADMIN, and tbf): {e}"
+        return (f"cannot create network namespaces here (needs root, or CAP_NET_ADMIN and CAP_SYS_ADMIN; "
+                f"the tbf qdisc; unshare --uts): {e}")
     finally:
         if probe.head in list_namespaces():
             _run(["ip", "netns", "delete", probe.head], check=False)
@@ -292,7 +295,8 @@ class EmulatedCluster:
     """Creates the cluster on enter and removes it on exit, whatever ended the block.
 
     SIGTERM and SIGHUP are turned into exceptions while the cluster exists, so that a killed
-    launcher still removes its namespaces; Ctrl-C (KeyboardInterrupt) already unwinds.
+    launcher still removes its namespaces; Ctrl-C (KeyboardInterrupt) already unwinds. During the
+    teardown all three are ignored, so that a second signal cannot leave namespaces behind.
     """
 
     def __init__(self, spec: ClusterSpec, log=print):
@@ -331,6 +335,10 @@ class EmulatedCluster:
             raise
 
     def __exit__(self, *exc) -> None:
+        if _is_main_thread():  # a second Ctrl-C or a TERM must not cut the teardown short
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                old = signal.signal(sig, signal.SIG_IGN)
+                self._old_handlers.setdefault(sig, old)
         try:
             try:
                 self.log(self.traffic_line())

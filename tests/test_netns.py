@@ -174,7 +174,7 @@ def test_failing_rank_ends_the_job_and_the_cluster_is_removed(capfd, namespaces_
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("how", ["ctrl-c", "timeout"])
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm", "timeout"])
 def test_interrupted_or_overdue_run_removes_the_cluster(tmp_path, namespaces_permitted, how):
     cmd = [sys.executable, "-m", "launch", "-np", "2", "--emulate-hosts", "2", "--timeout", "20", "--",
            *QUICK, "--steps", "100000", "--run-dir", str(tmp_path)]
@@ -188,14 +188,14 @@ def test_interrupted_or_overdue_run_removes_the_cluster(tmp_path, namespaces_per
             inodes = {ino for ino in map(netns._ns_inode, (f"{prefix}-h1", f"{prefix}-h2")) if ino}
             time.sleep(0.5)
         assert len(netns._holders(inodes)) >= 4, "the job never started on the emulated hosts"
-        if how == "ctrl-c":
-            proc.send_signal(signal.SIGINT)
+        if how != "timeout":
+            proc.send_signal(signal.SIGINT if how == "ctrl-c" else signal.SIGTERM)
         out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == (130 if how == "ctrl-c" else 124), err
+    assert proc.returncode == {"ctrl-c": 130, "sigterm": 128 + signal.SIGTERM, "timeout": 124}[how], err
     assert gone(prefix) and netns._holders(inodes) == []
 
 
