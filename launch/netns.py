@@ -99,6 +99,9 @@ class ClusterSpec:
             object.__setattr__(self, "prefix", f"{NAME_PREFIX}{os.getpid()}-{next(_seq)}")
         if not NAME_RE.match(f"{self.prefix}-head"):
             raise ValueError(f"cluster prefix {self.prefix!r} must look like art-<pid>-<n>")
+        if any(c in str(AGENT) for c in " :"):  # Open MPI splits plm_rsh_agent at spaces and colons
+            raise ValueError(f"--emulate-hosts: the checkout path {AGENT.parent.parent} contains a space or ':', "
+                             "which Open MPI's plm_rsh_agent cannot take; move the checkout")
 
     @property
     def rate_bits(self) -> int:
