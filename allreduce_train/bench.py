@@ -77,8 +77,10 @@ def job_args(impl: str, model: str, spec: BenchSpec, result: str, run_dir: str, 
               "--synthetic-samples", str(spec.synthetic_samples)]
     if impl.startswith("trainer"):
         strategy = impl.partition("-")[2] or "allreduce"
+        # every rank trains, as with allreduce: the same number of workers computing
+        placement = ["--ps-placement", "colocated"] if strategy == "ps" else []
         never = str(warmup + steps + 1)  # evaluation and checkpoints only after the last timed step
-        return "train", [*common, "--dataset", "synthetic", "--strategy", strategy,
+        return "train", [*common, "--dataset", "synthetic", "--strategy", strategy, *placement,
                          "--steps", str(warmup + steps), "--perf-warmup-steps", str(warmup),
                          "--eval-every", never, "--checkpoint-every", never,
                          "--run-dir", run_dir, "--name", name, "--no-progress"]
@@ -115,7 +117,8 @@ def run_job(impl: str, model: str, np: int, spec: BenchSpec, out: str, tag: str)
         record["samples_per_sec"] = m.get("wall_samples_per_sec", m["samples_per_sec"])
         record["workers"] = m.get("workers", np)
     else:
-        record["error"] = tail.strip().splitlines()[-1] if tail.strip() else f"exit {rc}"
+        said = [ln for ln in tail.splitlines() if "error" in ln.lower()]
+        record["error"] = (said or [f"exit {rc}"])[0].strip()
     return record
 
 

@@ -90,21 +90,17 @@ def setup_ddp(model: torch.nn.Module, lr: float, port: int):
 
 def trainer_grads(args: argparse.Namespace) -> tuple[dict[str, torch.Tensor], int]:
     """One step of the real trainer through its exchange; the averaged gradients stay in ``.grad``."""
-    from .config import Config, DataConfig, ExchangeConfig, ModelConfig, RunConfig, TrainConfig
+    from .config import Config, DataConfig, ModelConfig, RunConfig, TrainConfig
     from .distributed import create_exchange
     from .trainer import Trainer
 
     cfg = Config(model=ModelConfig(args.model),
                  data=DataConfig(dataset="synthetic", batch_size=args.batch_size,
                                  synthetic_samples=args.synthetic_samples),
-                 exchange=ExchangeConfig(strategy=args.strategy),
                  train=TrainConfig(seed=args.seed, threads=args.threads, device="cpu"),
                  run=RunConfig(tensorboard=False, progress=False))
     ex = create_exchange(cfg)
     try:
-        if not ex.is_worker:
-            ex.serve()
-            return {}, ex.rank
         trainer = Trainer(cfg, ex, run_dir="")
         s = trainer.build()
         opt = ex.prepare(s.model, s.optimizer)
@@ -120,8 +116,7 @@ def run_rank(args: argparse.Namespace) -> int:
     rank, size = launcher_rank()
     if args.impl == "trainer":
         grads, rank = trainer_grads(args)
-        if grads:
-            torch.save(grads, args.dump_grads.replace("{rank}", str(rank)))
+        torch.save(grads, args.dump_grads.replace("{rank}", str(rank)))
         return 0
 
     torch.manual_seed(args.seed)  # the trainer's seed: identical initial parameters
@@ -161,7 +156,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=0.01, help="for one worker; scaled by the world size")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--synthetic-samples", type=int, default=6400)
-    p.add_argument("--strategy", default="allreduce", help="the trainer's exchange (--impl trainer)")
     p.add_argument("--port", type=int, default=0, help="rendezvous port on 127.0.0.1 (ddp)")
     p.add_argument("--result", default="", help="rank 0 writes the throughput here as JSON")
     p.add_argument("--dump-grads", default="", help="take one step, save the averaged gradients to this file "

@@ -22,6 +22,36 @@ def _import_horovod():
     return hvd
 
 
+def check_horovod_env(environ) -> None:
+    """Refuse controller / CPU-operation combinations that crash Horovod 0.28.1 or silently do nothing.
+
+    Found with a four-line reproduction (hvd.init(); one hvd.allreduce) under ``mpirun -np 2``:
+    * MPI controller + ``HOROVOD_CPU_OPERATIONS=gloo``: SIGSEGV in the first allreduce, in
+      ``gloo::Context::getTimeout(this=0x0)`` from ``GlooAllreduce::Execute``: the process set's
+      Gloo context is only created when Gloo is also the controller, so it stays null.
+    * ``HOROVOD_CONTROLLER=gloo`` + MPI operations: MPI aborts with MPI_ERR_COMM (the MPI
+      communicators are never set up).
+    * Gloo for both under mpirun: Gloo finds none of horovodrun's rendezvous variables, so every
+      rank forms a world of size 1 and no gradient is ever exchanged.
+    """
+
+    def lib(var: str) -> str:
+        return environ.get(var, "mpi").strip().lower() or "mpi"
+
+    controller, ops = lib("HOROVOD_CONTROLLER"), lib("HOROVOD_CPU_OPERATIONS")
+    if ops == "gloo" and controller == "mpi":
+        raise UserError("HOROVOD_CPU_OPERATIONS=gloo with Horovod's MPI controller crashes Horovod 0.28.1 "
+                        "(segmentation fault in the first allreduce); unset HOROVOD_CPU_OPERATIONS, or use Gloo "
+                        "for both through `horovodrun --gloo`")
+    if controller == "gloo" and ops != "gloo":
+        raise UserError("HOROVOD_CONTROLLER=gloo with MPI CPU operations aborts with MPI_ERR_COMM; unset "
+                        "HOROVOD_CONTROLLER, or use Gloo for both through `horovodrun --gloo`")
+    if controller == "gloo" and "HOROVOD_GLOO_RENDEZVOUS_ADDR" not in environ:
+        raise UserError("HOROVOD_CONTROLLER=gloo without horovodrun's rendezvous: every rank would train alone "
+                        "(world size 1, no exchange); unset HOROVOD_CONTROLLER and HOROVOD_CPU_OPERATIONS under "
+                        "mpirun, or launch with `horovodrun --gloo`")
+
+
 class HorovodAllreduce(GradientExchange):
     """Every worker holds all parameters; gradients are averaged with Horovod's ring allreduce.
 
@@ -34,6 +64,7 @@ class HorovodAllreduce(GradientExchange):
 
     def __init__(self, cfg: ExchangeConfig) -> None:
         self.cfg = cfg
+        check_horovod_env(os.environ)
         self.hvd = hvd = _import_horovod()
         hvd.init()  # communication: forms the process group (MPI_Init under mpirun)
         self.rank, self.size = hvd.rank(), hvd.size()

@@ -1,0 +1,121 @@
+"""`bench`: its table and JSON, equal work across the implementations it times, and the refusal of
+Horovod settings that crash."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT, check, launch, rel_diff
+
+from allreduce_train.bench import BenchSpec, free_port, summarise, table
+from allreduce_train.bench_loops import first_batch, loss_of
+from allreduce_train.distributed.allreduce import check_horovod_env
+from allreduce_train.errors import UserError
+from models import MODELS
+
+
+def bench(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "allreduce_train", "bench", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+@pytest.mark.mpi
+def test_bench_tiny_setting_prints_table_and_writes_json_for_every_implementation(tmp_path):
+    out = tmp_path / "bench"
+    proc = check(bench("--np", "1,2", "--repeats", "1", "--steps", "5", "--warmup", "2", "--out", str(out)))
+    report = json.loads((out / "bench.json").read_text())
+    impls = report["impls"]
+    assert {"trainer", "horovod", "ddp"} <= set(impls)
+    for impl in impls:
+        assert f"{impl} samples/s" in proc.stdout
+    assert "trainer/horovod" in proc.stdout and "trainer/ddp" in proc.stdout
+    assert [(r["model"], r["np"]) for r in report["rows"]] == [("lenet5", 1), ("lenet5", 2)]
+    for row in report["rows"]:
+        assert set(row["impls"]) == set(impls), row
+        assert all(s["median"] > 0 for s in row["impls"].values())
+        assert row["ratios"]["trainer/ddp"]["median"] > 0 and row["ratios"]["trainer/horovod"]["median"] > 0
+    assert report["rows"][1]["efficiency"]["trainer"] > 0
+    assert len(report["jobs"]) == 2 * len(impls)
+    assert all(len(j["loadavg_before"]) == 3 and "error" not in j for j in report["jobs"])
+    assert any(p.name.startswith("events") for p in out.iterdir())  # TensorBoard
+
+
+@pytest.mark.mpi
+def test_every_implementation_computes_the_same_averaged_gradient(tmp_path):
+    """Equal work: for the same inputs each implementation's averaged gradient is the gradient of
+    the union batch in one process; without the exchange a rank's own gradient is far from it."""
+    grads = {}
+    for impl in ("horovod", "ddp", "trainer"):
+        check(launch(2, ["--impl", impl, "--port", str(free_port()), "--dump-grads", str(tmp_path / f"{impl}-{{rank}}.pt")],
+                     command="bench-rank"))
+        r0 = torch.load(tmp_path / f"{impl}-0.pt", weights_only=True)
+        r1 = torch.load(tmp_path / f"{impl}-1.pt", weights_only=True)
+        assert all(torch.equal(r0[k], r1[k]) for k in r0), f"{impl}: ranks hold different gradients"
+        grads[impl] = r0
+
+    torch.manual_seed(42)
+    model = MODELS["lenet5"].build()
+    x, y = first_batch("lenet5", 128, 6400, 42, rank=0, size=1)  # both ranks' batches of 64 together
+    loss_of(model, x, y).backward()
+    union = {n: p.grad for n, p in model.named_parameters()}
+    for impl, g in grads.items():
+        assert rel_diff(g, union) <= 1e-5, impl
+    model.zero_grad()
+    x0, y0 = first_batch("lenet5", 64, 6400, 42, rank=0, size=2)
+    loss_of(model, x0, y0).backward()
+    assert rel_diff({n: p.grad for n, p in model.named_parameters()}, union) > 1e-2
+
+
+@pytest.mark.mpi
+def test_trainer_refuses_gloo_cpu_operations_under_mpirun(tmp_path):
+    proc = launch(2, ["--dataset", "synthetic", "--steps", "2", "--no-progress", "--run-dir", str(tmp_path)],
+                  env={"HOROVOD_CPU_OPERATIONS": "gloo"}, timeout=120)
+    assert proc.returncode != 0
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("allreduce_train: error:")]
+    assert len(errors) == 1 and "HOROVOD_CPU_OPERATIONS=gloo" in errors[0], proc.stderr
+    assert "Segmentation fault" not in proc.stderr
+
+
+@pytest.mark.parametrize("env, fragment", [
+    ({"HOROVOD_CPU_OPERATIONS": "gloo"}, "HOROVOD_CPU_OPERATIONS=gloo"),
+    ({"HOROVOD_CPU_OPERATIONS": "GLOO", "HOROVOD_CONTROLLER": "mpi"}, "HOROVOD_CPU_OPERATIONS=gloo"),
+    ({"HOROVOD_CONTROLLER": "gloo"}, "MPI_ERR_COMM"),
+    ({"HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo"}, "rendezvous"),
+])
+def test_crashing_horovod_combinations_are_refused(env, fragment):
+    with pytest.raises(UserError, match=fragment):
+        check_horovod_env(env)
+
+
+@pytest.mark.parametrize("env", [
+    {}, {"HOROVOD_CPU_OPERATIONS": "mpi"},
+    {"HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_GLOO_RENDEZVOUS_ADDR": "10.0.0.1"},
+])
+def test_working_horovod_combinations_pass(env):
+    check_horovod_env(env)
+
+
+def test_ratios_pair_jobs_of_the_same_round_and_efficiency_uses_one_rank():
+    def job(impl, np, tag, sps):
+        return {"impl": impl, "model": "lenet5", "np": np, "tag": tag, "samples_per_sec": sps,
+                "loadavg_before": [1.0, 1.0, 1.0]}
+
+    jobs = [job("trainer", 1, "r0", 100), job("ddp", 1, "r0", 100),
+            job("trainer", 2, "r0", 180), job("ddp", 2, "r0", 150),
+            job("trainer", 2, "r1", 90), job("ddp", 2, "r1", 100)]  # a loaded round: both slow
+    rows = summarise(jobs, BenchSpec(nps=[1, 2]), ["trainer", "ddp"])
+    two = rows[1]
+    assert two["ratios"]["trainer/ddp"]["median"] == pytest.approx((1.2 + 0.9) / 2)
+    assert two["impls"]["trainer"]["median"] == 135 and two["efficiency"]["trainer"] == pytest.approx(135 / 200)
+    assert "| lenet5 | 2 | 135 (90-180) | 125 (100-150) | 1.05 (0.90-1.20) |" in table(rows, ["trainer", "ddp"])
+
+
+def test_bench_bad_input_is_one_line():
+    proc = bench("--models", "nope")
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--models: unknown model 'nope'" in lines[0], proc.stderr
