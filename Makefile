@@ -8,12 +8,13 @@ NP      ?= 2
 ARGS    ?=
 INSTALL_INPUTS := pyproject.toml tools/install.sh tools/build_horovod.sh tools/patches/horovod-0.28.1-cxx17.patch
 
-.PHONY: install train train-ptb test test-fast tensorboard clean help scaling commbench scaling-netns
+.PHONY: install train train-ptb test test-fast tensorboard clean help scaling commbench scaling-netns bench
 
 help:
 	@echo "make install      Debian packages, .venv, torch (CPU), patched Horovod (cached wheel)"
 	@echo "make train        LeNet-5 on Fashion-MNIST, $(NP) ranks, ring allreduce -> runs/<name>/"
 	@echo "make train-ptb    Zaremba's small LSTM LM, $(NP) ranks, on the offline corpus (DATA_DIR=<real PTB copy>)"
+	@echo "make bench        trainer vs bare Horovod loop vs torch DDP, 1 and 2 ranks -> runs/bench-<time>/ (~5 min)"
 	@echo "make test         the test suite (unit + real ranks under mpirun)"
 	@echo "make tensorboard  serve runs/ on http://127.0.0.1:6006"
 	@echo "make scaling      allreduce vs PS grid, 1 and 2 workers -> runs/scaling/<time>/report.md (~20 min)"
@@ -36,6 +37,10 @@ DATA_DIR ?=
 train-ptb: install
 	$(PY) -m launch -np $(NP) -- --model ptb-lstm-small --dataset ptb $(if $(DATA_DIR),--data-dir $(DATA_DIR)) \
 		--epochs 2 --eval-every 100 $(ARGS)
+
+# Alternating jobs, medians of 4 rounds; ARGS="--models lenet5,resnet18 --repeats 6" for more.
+bench: install
+	$(PY) -m allreduce_train bench $(ARGS)
 
 scaling: install
 	$(PY) -m allreduce_train scaling $(ARGS)
