@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -61,7 +62,7 @@ def test_sync_ps_ends_where_allreduce_ends(tmp_path, allreduce_params, np, place
     assert m["bytes_pushed_per_step"] >= 4 * sum(p.numel() for p in first.values())
 
 
-def reference_sgd(steps, batch, lr, warmup, workers, momentum, weight_decay, seed=42):
+def reference_sgd(steps, batch, lr, warmup, workers, momentum, weight_decay, clip, seed=42):
     """The same run in one process with plain torch SGD: global batch, the trainer's LR schedule."""
     from allreduce_train.data import ShardedBatches, synthetic
     from models import MODELS
@@ -77,18 +78,22 @@ def reference_sgd(steps, batch, lr, warmup, workers, momentum, weight_decay, see
         opt.param_groups[0]["lr"] = target if step >= warmup else lr + (target - lr) * step / warmup
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
     return {k: v.detach() for k, v in model.state_dict().items()}
 
 
-def test_sync_ps_with_weight_decay_equals_plain_torch_sgd(tmp_path):
-    """Weight decay and momentum are applied on the servers, with the LR of each step."""
-    check(ps_launch(4, QUICK + SMALL_MESSAGES + ["--ps-servers", "2", "--weight-decay", "1e-3"]
+def test_sync_ps_with_weight_decay_and_clipping_equals_plain_torch_sgd(tmp_path):
+    """Weight decay, momentum and clipping by the global norm of the averaged gradient (summed over
+    the servers) are applied on the servers, with the LR of each step."""
+    check(ps_launch(4, QUICK + SMALL_MESSAGES + ["--ps-servers", "2", "--weight-decay", "1e-3", "--grad-clip", "0.3"]
                     + run_args(tmp_path, "wd")))
-    want = reference_sgd(steps=20, batch=16, lr=0.05, warmup=8, workers=2, momentum=0.9, weight_decay=1e-3)
+    want = reference_sgd(steps=20, batch=16, lr=0.05, warmup=8, workers=2, momentum=0.9, weight_decay=1e-3, clip=0.3)
     assert rel_diff(load_params(tmp_path / "wd-2.pt"), want) <= 1e-5
-    # the control: without weight decay the result is measurably different
-    assert rel_diff(want, reference_sgd(20, 16, 0.05, 8, 2, 0.9, 0.0)) > 1e-4
+    # the controls: without weight decay, or without clipping, the result is measurably different
+    assert rel_diff(want, reference_sgd(20, 16, 0.05, 8, 2, 0.9, 0.0, 0.3)) > 1e-4
+    assert rel_diff(want, reference_sgd(20, 16, 0.05, 8, 2, 0.9, 1e-3, 0.0)) > 1e-4
 
 
 def test_tensorboard_tags_and_metrics_fields(tmp_path):
@@ -142,7 +147,7 @@ def test_async_trains_on_fashion_mnist_and_logs_staleness(tmp_path):
     (2, ["--ps-servers", "3"], "--ps-servers 3"),
     (2, ["--ps-servers", "2"], "leaves no worker"),
     (2, ["--ps-placement", "colocated", "--ps-servers", "1"], "--ps-placement colocated"),
-    (2, ["--grad-clip", "1"], "--grad-clip"),
+    (2, ["--compression", "fp16"], "--compression fp16"),
 ])
 def test_bad_config_one_line_nonzero_exit_no_hang(tmp_path, np, args, needle):
     proc = ps_launch(np, ["--dataset", "synthetic", "--run-dir", str(tmp_path), *args], timeout=90)
@@ -172,29 +177,32 @@ def rank_pids(root_pid: int) -> dict[int, int]:
 
 
 def test_a_stuck_worker_ends_the_job_with_an_error_not_a_hang(tmp_path):
-    """SIGSTOP a worker mid-run: Open MPI sees nothing wrong, so only the servers' and the other
-    worker's deadlines (--ps-timeout) can end the job."""
+    """SIGSTOP a worker mid-training: Open MPI sees nothing wrong, so only the servers' and the
+    other worker's deadlines (--ps-timeout) can end the job."""
     cmd = [sys.executable, "-m", "launch", "-np", "3", "--oversubscribe", "--", "--strategy", "ps",
            "--dataset", "synthetic", "--steps", "100000", "--no-progress", "--ps-timeout", "5",
            "--run-dir", str(tmp_path), "--name", "stuck"]
     tag = str(os.getpid())
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PS_TEST_TAG": tag}
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
     stopped = None
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            pids = rank_pids(int(tag))
-            if 2 in pids and (tmp_path / "stuck").is_dir():
-                time.sleep(3)  # let training start
-                stopped = pids[2]
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None and stopped is None:
+            if any(", from step 0" in ln for ln in lines):  # the main worker has entered the training loop
+                time.sleep(2)
+                stopped = rank_pids(int(tag))[2]
                 os.kill(stopped, signal.SIGSTOP)
-                break
-            time.sleep(0.5)
-        assert stopped, "the job did not start"
-        t0 = time.monotonic()
-        _, err = proc.communicate(timeout=120)
-        assert time.monotonic() - t0 < 120
+            time.sleep(0.2)
+        assert stopped, f"the job did not start: {lines}"
+        watchdog = threading.Timer(120, proc.kill)  # a hang fails the test instead of stalling it
+        watchdog.start()
+        err = proc.stderr.read()  # until mpirun exits
+        watchdog.cancel()
+        proc.wait(timeout=10)
     finally:
         if proc.poll() is None:
             proc.kill()

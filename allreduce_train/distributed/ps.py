@@ -99,9 +99,6 @@ def check_config(cfg: Config) -> None:
         raise ConfigError("--compression fp16 is an allreduce option; --strategy ps sends float32 (use --compression none)")
     if x.reduce_op != "average":
         raise ConfigError("--reduce-op adasum is an allreduce option; --strategy ps averages (use --reduce-op average)")
-    if cfg.optim.grad_clip > 0 and x.ps_mode == "sync":
-        raise ConfigError("--grad-clip needs the norm of the averaged gradient, which no single server has with "
-                          "--strategy ps --ps-mode sync; use --grad-clip 0 or --ps-mode async (clips each worker's gradient)")
 
 
 class _Server:
@@ -114,9 +111,15 @@ class _Server:
     """
 
     def __init__(self, MPI, index: int, layout: Layout, payload: dict[str, Any], workers: list[int],
-                 sync: bool, push, pull, timeout: float) -> None:
+                 sync: bool, push, pull, timeout: float, clip: float = 0.0, clip_comm=None) -> None:
         self.MPI, self.push, self.pull, self.timeout = MPI, push, pull, timeout
         self.workers, self.sync = workers, sync
+        # Sync clipping: the averaged gradients of a step wait here until the servers have summed
+        # their squared norms (clip_comm: the servers that own something).
+        self.clip, self.clip_comm = clip, clip_comm
+        self.averaged: dict[int, tuple[torch.Tensor, float]] = {}
+        self.norm = np.zeros(1)
+        self.norm_req = None
         self.hyper = payload["hyper"]
         self.buckets = [b for b in range(len(layout.buckets)) if (b, index) in layout.segments]
         self.segments = {b: layout.segments[(b, index)] for b in self.buckets}
@@ -171,6 +174,10 @@ class _Server:
                     raise RuntimeError(f"rank {src} pushed {self.status.Get_count(MPI.BYTE)} bytes for bucket "
                                        f"{tag}, expected {raw.nbytes}: the ranks disagree about the model")
                 self.receiving.append((msg.Irecv([raw, MPI.BYTE]), tag, src))
+        if self.norm_req is not None and self.norm_req.Test():
+            self.norm_req = None
+            self._clipped_step()
+            did = True
         if self.receiving:
             waiting = []
             for req, b, src in self.receiving:
@@ -194,12 +201,30 @@ class _Server:
             total = self.inbox[(b, self.workers[0])][2]
             for w in self.workers[1:]:
                 total.add_(self.inbox[(b, w)][2])
-            self._sgd(b, total.div_(len(self.workers)), lr)
+            total.div_(len(self.workers))
+            if self.clip:
+                self.averaged[b] = (total, lr)
+                if len(self.averaged) == len(self.buckets):
+                    self.norm[0] = sum(float(g.double().pow(2).sum()) for g, _ in self.averaged.values())
+                    # communication: the global norm of the averaged gradient, over the servers
+                    self.norm_req = self.clip_comm.Iallreduce(self.MPI.IN_PLACE, self.norm, op=self.MPI.SUM)
+                return
+            self._sgd(b, total, lr)
             self._reply(b, b, self.workers, staleness=0)
         else:
             staleness = self.version[b] - int(head[1])  # updates this gradient did not see
             self._sgd(b, grad.div_(len(self.workers)), lr)
             self._reply(b, (b, src), [src], staleness)
+
+    def _clipped_step(self) -> None:
+        """torch.nn.utils.clip_grad_norm_ on the averaged gradient, then the update, every bucket."""
+        coef = self.clip / (float(np.sqrt(self.norm[0])) + 1e-6)
+        for b, (grad, lr) in sorted(self.averaged.items()):
+            if coef < 1.0:
+                grad.mul_(coef)
+            self._sgd(b, grad, lr)
+            self._reply(b, b, self.workers, staleness=0)
+        self.averaged.clear()
 
     def _sgd(self, b: int, grad: torch.Tensor, lr: float) -> None:
         """torch.optim.SGD's update, element for element (``grad`` is scratch and may be changed)."""
@@ -282,8 +307,10 @@ class ParameterServer(GradientExchange):
         self._steps = 0
         self._stale_sum = self._stale_n = 0
         self._stale_max = 0
-        # Async clipping needs the norm of the whole local gradient: all pushes wait for synchronize().
-        self._clip = cfg.optim.grad_clip if x.ps_mode == "async" else 0.0
+        # Clipping: sync clips the averaged gradient on the servers (see _Server); async clips each
+        # worker's own gradient, which needs its whole norm first, so all pushes wait for synchronize().
+        self.clip = cfg.optim.grad_clip
+        self._clip_local = cfg.optim.grad_clip if x.ps_mode == "async" else 0.0
         self._window = [0, 0, 0, 0]  # since the last stats(): steps, staleness sum, count, max
 
     # ------------------------------------------------------------ roles
@@ -323,9 +350,15 @@ class ParameterServer(GradientExchange):
         self.layout = plan(sizes, len(self.server_ranks), max(1, x.ps_split_bytes // ELEM), max(1, x.ps_bucket_bytes // ELEM))
         if len(self.layout.buckets) > MAX_BUCKETS:
             raise UserError(f"{len(self.layout.buckets)} buckets are too many message tags; raise --ps-bucket-bytes")
+        sync_clip = self.clip if x.ps_mode == "sync" else 0.0
+        clip_comm = None
+        if sync_clip:
+            # communication: every rank takes part; the servers that own elements form the group
+            owns = self._server_index is not None and any(s == self._server_index for _, s in self.layout.segments)
+            clip_comm = self.world.Split(0 if owns else self.MPI.UNDEFINED, self.rank)
         if self._server_index is not None:
             self._server = _Server(self.MPI, self._server_index, self.layout, payload, self.worker_ranks,
-                                   x.ps_mode == "sync", self.push, self.pull, x.ps_timeout)
+                                   x.ps_mode == "sync", self.push, self.pull, x.ps_timeout, sync_clip, clip_comm)
         self._started = True
 
     def serve(self) -> None:
@@ -383,7 +416,7 @@ class ParameterServer(GradientExchange):
 
     def _grad_ready(self, b: int) -> None:
         self._missing[b] -= 1
-        if self._missing[b] == 0 and not self._clip:
+        if self._missing[b] == 0 and not self._clip_local:
             self._push(b)
         if self._server is not None:
             self._server.progress()  # serve the other workers between layers of backward
@@ -411,8 +444,8 @@ class ParameterServer(GradientExchange):
         return torch.zeros_like(self._flat[i]) if g is None else g.reshape(-1)
 
     def synchronize(self) -> None:
-        if self._clip:  # async: each worker's own gradient, clipped before it leaves
-            torch.nn.utils.clip_grad_norm_(self.params, self._clip)
+        if self._clip_local:  # async: each worker's own gradient, clipped before it leaves
+            torch.nn.utils.clip_grad_norm_(self.params, self._clip_local)
         for b, done in enumerate(self._pushed):
             if not done:
                 self._push(b)
