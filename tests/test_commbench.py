@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, check
-from allreduce_train.commbench import expected_sum, parse_size, rank_input, shard_bounds
+from allreduce_train.commbench import expected_sum, parse_size, rank_input, shard_bounds, timeline_phases
 
 IMPLS = ("mpi", "ps-colocated", "horovod", "horovod-fp16", "ps-dedicated")
 
@@ -27,6 +27,22 @@ def test_inputs_differ_per_rank_and_are_exact_in_fp16():
     assert not np.array_equal(a, b)
     s = expected_sum(2, 1000)
     assert np.array_equal(s.astype(np.float16).astype(np.float32), s)
+
+
+def test_timeline_phases_pairs_nested_begin_end_per_tensor(tmp_path):
+    # Horovod writes the trace until shutdown: an unterminated array with a trailing comma is normal
+    events = [{"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "allreduce.t"}},
+              {"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 0, "pid": 1}, {"ph": "E", "ts": 300, "pid": 1},
+              {"ph": "B", "name": "ALLREDUCE", "ts": 400, "pid": 1},
+              {"ph": "B", "name": "MPI_ALLREDUCE", "ts": 450, "pid": 1},
+              {"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 460, "pid": 2},  # another tensor, interleaved
+              {"ph": "E", "ts": 1450, "pid": 1}, {"ph": "E", "ts": 1500, "pid": 1}, {"ph": "E", "ts": 560, "pid": 2}]
+    path = tmp_path / "timeline.json"
+    path.write_text("[\n" + ",\n".join(json.dumps(e) for e in events) + ",\n")
+    phases = timeline_phases(str(path))
+    assert phases["MPI_ALLREDUCE"] == {"count": 1, "median_ms": 1.0}
+    assert phases["ALLREDUCE"] == {"count": 1, "median_ms": 1.1}
+    assert phases["NEGOTIATE_ALLREDUCE"] == {"count": 2, "median_ms": pytest.approx(0.2)}
 
 
 @pytest.mark.mpi
