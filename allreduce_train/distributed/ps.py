@@ -303,8 +303,6 @@ class ParameterServer(GradientExchange):
         self._server: _Server | None = None
         self._started = self._closed = False
         self._hooks: list[Any] = []
-        self._sent_bytes = self._recv_bytes = 0
-        self._steps = 0
         self._stale_sum = self._stale_n = 0
         self._stale_max = 0
         # Clipping: sync clips the averaged gradient on the servers (see _Server); async clips each
@@ -455,7 +453,6 @@ class ParameterServer(GradientExchange):
         stale = [int(m[1][1]) for m in self._in.values()]
         for key, m in self._in.items():
             self._version[key] = int(m[1][0])
-        self._steps += 1
         self._stale_sum += sum(stale)
         self._stale_n += len(stale)
         self._stale_max = max(self._stale_max, max(stale))
