@@ -116,13 +116,21 @@ def _gather_errors(ex, err: str | None) -> list[str]:
     return [e for e in ex.allgather_object(err) if e]
 
 
+def _as_flag(name: str, value) -> str:
+    """A config value as the command line would give it: ``--grad-clip 0.25``, ``--no-scale-lr``."""
+    flag = name.replace("_", "-")
+    if isinstance(value, bool):
+        return f"--{flag}" if value else f"--no-{flag}"
+    return f"--{flag} {value:g}" if isinstance(value, float) else f"--{flag} {value}"
+
+
 def cmd_models(args: argparse.Namespace) -> int:
     from models import MODELS, count_parameters
 
     for name, spec in sorted(MODELS.items()):
         print(f"{name:20s} {count_parameters(spec.build()):>12,d} params  input {spec.input_shape}  {spec.description}")
         if spec.defaults:  # what --model NAME sets unless told otherwise
-            print(f"{'':20s} defaults: " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in spec.defaults.items()))
+            print(f"{'':20s} defaults: " + " ".join(_as_flag(k, v) for k, v in spec.defaults.items()))
     return 0
 
 

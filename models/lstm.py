@@ -50,13 +50,22 @@ class LSTMLanguageModel(nn.Module):
         return self.decoder(self.drop(out)), hidden
 
 
-# Recommended settings from the paper, applied unless the file or the command line says otherwise.
-# lr 1.0 without momentum and global-norm clipping at 5 are Zaremba's; the paper then halves the LR
-# every epoch after the 4th (small; medium: divided by 1.2 after the 6th), which this project does
-# not schedule: the LR stays constant. No linear scaling with the worker count: the global-norm
-# clip bounds each step anyway, and lr 2.0 for 2 workers made the early validation perplexity
-# oscillate on the offline corpus where lr 1.0 fell steadily (docs/workloads.md).
-_LM_DEFAULTS = {"dataset": "ptb", "lr": 1.0, "momentum": 0.0, "grad_clip": 5.0, "scale_lr": False, "eval_batch_size": 10}
+
+def zaremba_recipe(bptt: int) -> dict:
+    """The paper's training settings, applied unless the file or the command line says otherwise.
+
+    Zaremba (and TensorFlow's PTB tutorial) minimise the cross-entropy summed over the ``bptt``
+    unrolled steps and averaged over the batch, with SGD at lr 1.0 (no momentum) and the gradient
+    clipped to global norm 5. The trainer averages over all tokens, a gradient ``bptt`` times
+    smaller, so the same updates take lr ``bptt`` and a clip of ``5 / bptt`` (for the small model
+    lr 20, clip 0.25, which is also PyTorch's word_language_model example). Not reproduced: the
+    paper then decays the LR every epoch (small: halved after epoch 4; medium: / 1.2 after epoch 6).
+    The LR is not scaled by the worker count: every step makes the paper's update, on a global
+    batch W times larger.
+    """
+    return {"dataset": "ptb", "batch_size": 20, "lr": 1.0 * bptt, "momentum": 0.0, "grad_clip": 5.0 / bptt,
+            "scale_lr": False, "eval_batch_size": 10}
+
 
 register(ModelSpec(
     name="ptb-lstm-small",
@@ -66,7 +75,7 @@ register(ModelSpec(
     num_classes=PTB_VOCAB,
     description="Zaremba et al. 2014 small LSTM LM: 2x200, 20 steps, 4.65 M parameters with 10 k words (seed paper)",
     task="lm",
-    defaults={**_LM_DEFAULTS, "batch_size": 20},
+    defaults=zaremba_recipe(20),
 ))
 
 register(ModelSpec(
@@ -77,5 +86,5 @@ register(ModelSpec(
     num_classes=PTB_VOCAB,
     description="Zaremba et al. 2014 medium LSTM LM: 2x650, 35 steps, dropout 0.5, 19.8 M parameters",
     task="lm",
-    defaults={**_LM_DEFAULTS, "batch_size": 20},
+    defaults=zaremba_recipe(35),
 ))

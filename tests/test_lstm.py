@@ -23,7 +23,9 @@ def test_parameter_counts_match_the_published_configurations():
     assert count_parameters(get_model("ptb-lstm-medium")) == lstm_lm_params(10_000, 650) == 19_780_400  # "20 M"
     assert 10e6 < count_parameters(get_model("resnet18")) == 11_172_810 < 25e6  # the CIFAR-style ResNet-18, 10 classes
     assert (MODELS["ptb-lstm-small"].bptt, MODELS["ptb-lstm-medium"].bptt) == (20, 35)
-    assert MODELS["ptb-lstm-small"].defaults["batch_size"] == 20 and MODELS["ptb-lstm-small"].defaults["grad_clip"] == 5
+    # Zaremba: batch 20, lr 1 and clip 5 on the loss summed over the unrolled steps = lr 20, clip 0.25 on the mean
+    small = MODELS["ptb-lstm-small"].defaults
+    assert (small["batch_size"], small["lr"], small["grad_clip"]) == (20, 20.0, 0.25)
 
 
 def test_vocabulary_follows_the_data():
@@ -53,6 +55,27 @@ def test_truncated_bptt_carries_the_state_but_not_the_graph():
     assert task.loss(model, x, x, rows).item() == pytest.approx(first.item(), rel=1e-6)  # fresh state
 
 
+def test_evaluation_scores_every_token_once_carrying_the_state():
+    import torch.nn.functional as F
+
+    from allreduce_train.config import Config, DataConfig, ModelConfig
+    from allreduce_train.tasks import LanguageModelTask
+
+    task = LanguageModelTask(Config(model=ModelConfig("ptb-lstm-small"), data=DataConfig(dataset="synthetic")),
+                             MODELS["ptb-lstm-small"])
+    torch.manual_seed(0)
+    model = MODELS["ptb-lstm-small"].build(vocab_size=40).eval()
+    stream = torch.randint(0, 40, (203,))
+    part = ptb.eval_part(stream, 0, 1)
+    with torch.no_grad():
+        whole, _ = model(part.inputs[None])  # one pass over the whole text: what windows with carried state equal
+        expected = F.cross_entropy(whole[0], part.targets, reduction="sum").item()
+        one = task.eval_sums(model, part, "cpu", 1)
+        assert one[1] == 202 and one[0].item() == pytest.approx(expected, rel=1e-5)
+        for rows in (3, 7, 500):  # parallel streams and a ragged tail: still every token exactly once
+            assert task.eval_sums(model, part, "cpu", rows)[1] == 202
+
+
 def test_dropout_masks_are_the_models_own():
     m = MODELS["ptb-lstm-medium"].build(vocab_size=30)
     x = torch.randint(0, 30, (2, 35))
@@ -63,9 +86,26 @@ def test_dropout_masks_are_the_models_own():
     assert torch.equal(m(x)[0], m(x)[0])
 
 
+def test_the_model_brings_its_recipe_unless_told_otherwise(tmp_path):
+    from test_config import parse
+
+    cfg = parse(["--model", "ptb-lstm-small"])
+    assert (cfg.data.dataset, cfg.data.batch_size, cfg.optim.lr, cfg.optim.momentum, cfg.optim.grad_clip,
+            cfg.optim.scale_lr, cfg.data.data_dir) == ("ptb", 20, 20.0, 0.0, 0.25, False, "")
+    cfg = parse(["--model", "ptb-lstm-small", "--lr", "0.5", "--dataset", "synthetic", "--scale-lr"])
+    assert (cfg.optim.lr, cfg.data.dataset, cfg.optim.scale_lr, cfg.data.batch_size) == (0.5, "synthetic", True, 20)
+    f = tmp_path / "run.toml"
+    f.write_text('[model]\nmodel = "ptb-lstm-medium"\n[optim]\ngrad-clip = 1\n')
+    cfg = parse(["--config", str(f)])
+    assert (cfg.optim.grad_clip, cfg.optim.lr) == (1.0, 35.0)
+    plain = parse(["--model", "resnet18"])  # no recipe: the common defaults
+    assert (plain.optim.lr, plain.data.dataset, plain.data.data_dir) == (0.01, "fashion-mnist", parse([]).data.data_dir)
+
+
 # ---------------------------------------------------------------- real ranks
 
-LM = ["--model", "ptb-lstm-small", "--no-progress", "--log-every", "5", "--warmup-steps", "0", "--no-scale-lr"]
+# lr 1 rather than the recipe's 20: unclipped (the PS test) lr 20 is chaotic and amplifies rounding
+LM = ["--model", "ptb-lstm-small", "--no-progress", "--log-every", "5", "--warmup-steps", "0", "--no-scale-lr", "--lr", "1"]
 
 
 @pytest.mark.mpi
@@ -96,6 +136,23 @@ def test_two_ranks_equal_one_process_on_the_same_token_streams(tmp_path):
 
 
 @pytest.mark.mpi
+def test_parameter_server_trains_the_lstm_like_one_process(tmp_path):
+    """The other strategy, same model: 1 dedicated server + 2 workers (sync) equal one process.
+    No clipping: a sync parameter server has no single place that sees the whole averaged gradient."""
+    corpus = str(write_corpus(tmp_path / "corpus", lines=(400, 30, 30)))
+    args = LM + ["--data-dir", corpus, "--steps", "10", "--eval-every", "10", "--grad-clip", "0",
+                 "--run-dir", str(tmp_path)]
+    check(launch(3, args + ["--strategy", "ps", "--batch-size", "4", "--name", "ps",
+                            "--dump-params", str(tmp_path / "ps-{rank}.pt")], oversubscribe=True))
+    check(run_single(args + ["--batch-size", "8", "--name", "one", "--dump-params", str(tmp_path / "one-{rank}.pt")]))
+    single = load_params(tmp_path / "one-0.pt")
+    workers = sorted(tmp_path.glob("ps-*.pt"))
+    assert len(workers) == 2
+    for w in workers:
+        assert rel_diff(load_params(w), single) <= 1e-5, w.name
+
+
+@pytest.mark.mpi
 def test_validation_perplexity_falls_on_the_offline_corpus(tmp_path):
     """The default corpus (built into an empty cache here), 2 ranks, the paper's small LSTM."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -106,7 +163,7 @@ def test_validation_perplexity_falls_on_the_offline_corpus(tmp_path):
     acc = EventAccumulator(str(tmp_path / "lm"))
     acc.Reload()
     ppl = [e.value for e in acc.Scalars("eval/perplexity")]
-    assert len(ppl) == 4 and ppl[-1] < 0.5 * ppl[0] and ppl == sorted(ppl, reverse=True), (ppl, proc.stdout)
+    assert len(ppl) == 4 and ppl[-1] < 0.8 * ppl[0] and ppl == sorted(ppl, reverse=True), (ppl, proc.stdout)
     vocab = len(ptb.load_ptb(ptb.offline_corpus(str(tmp_path / "cache" / "allreduce_train"))).vocab)
     assert ppl[0] < vocab  # already better than uniform over the vocabulary
     assert "perf/words_per_sec" in acc.Tags()["scalars"]
