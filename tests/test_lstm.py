@@ -104,8 +104,10 @@ def test_the_model_brings_its_recipe_unless_told_otherwise(tmp_path):
 
 # ---------------------------------------------------------------- real ranks
 
-# lr 1 rather than the recipe's 20: unclipped (the PS test) lr 20 is chaotic and amplifies rounding
-LM = ["--model", "ptb-lstm-small", "--no-progress", "--log-every", "5", "--warmup-steps", "0", "--no-scale-lr", "--lr", "1"]
+# lr 1 rather than the recipe's 20: gentler steps keep rounding differences from growing; a clip
+# below the gradient norm on this corpus (about 0.12 at the start) so that clipping takes part
+LM = ["--model", "ptb-lstm-small", "--no-progress", "--log-every", "5", "--warmup-steps", "0", "--no-scale-lr",
+      "--lr", "1", "--grad-clip", "0.05"]
 
 
 @pytest.mark.mpi
@@ -126,9 +128,9 @@ def test_two_ranks_equal_one_process_on_the_same_token_streams(tmp_path):
     # ... while training moved the parameters far more than that, and a different split of the
     # stream (not the union of the ranks' rows) gives different parameters
     check(run_single(args + ["--batch-size", "8", "--steps", "1"] + dump("short")))
-    assert rel_diff(load_params(tmp_path / "short-0.pt"), single) > 1e-2
+    assert rel_diff(load_params(tmp_path / "short-0.pt"), single) > 1e-3
     check(run_single(args + ["--batch-size", "4"] + dump("half")))
-    assert rel_diff(load_params(tmp_path / "half-0.pt"), single) > 1e-3
+    assert rel_diff(load_params(tmp_path / "half-0.pt"), single) > 1e-4
     m2 = json.loads((tmp_path / "np2" / "metrics.json").read_text())
     m1 = json.loads((tmp_path / "np1" / "metrics.json").read_text())
     assert m2["final"]["train_loss"] == pytest.approx(m1["final"]["train_loss"], rel=1e-5)  # averaged over ranks
@@ -137,11 +139,10 @@ def test_two_ranks_equal_one_process_on_the_same_token_streams(tmp_path):
 
 @pytest.mark.mpi
 def test_parameter_server_trains_the_lstm_like_one_process(tmp_path):
-    """The other strategy, same model: 1 dedicated server + 2 workers (sync) equal one process.
-    No clipping: a sync parameter server has no single place that sees the whole averaged gradient."""
+    """The other strategy, same model: 1 dedicated server + 2 workers (sync) equal one process,
+    clipping of the averaged gradient included."""
     corpus = str(write_corpus(tmp_path / "corpus", lines=(400, 30, 30)))
-    args = LM + ["--data-dir", corpus, "--steps", "10", "--eval-every", "10", "--grad-clip", "0",
-                 "--run-dir", str(tmp_path)]
+    args = LM + ["--data-dir", corpus, "--steps", "10", "--eval-every", "10", "--run-dir", str(tmp_path)]
     check(launch(3, args + ["--strategy", "ps", "--batch-size", "4", "--name", "ps",
                             "--dump-params", str(tmp_path / "ps-{rank}.pt")], oversubscribe=True))
     check(run_single(args + ["--batch-size", "8", "--name", "one", "--dump-params", str(tmp_path / "one-{rank}.pt")]))
