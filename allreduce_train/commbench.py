@@ -83,11 +83,26 @@ def human_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
-def auto_iters(nbytes: int) -> tuple[int, int]:
-    """(warm-up, timed) iterations: many for small messages, a few for 256 MB. Derived from the
-    size alone, never from a timing, so that every rank runs the same number of exchanges."""
-    iters = max(5, min(200, int(5e8 / nbytes)))
-    return max(2, iters // 10), iters
+MIN_ITERS, MAX_ITERS = 5, 200
+
+
+def _time(exchange, dst, warmup: int, iters: int, budget: float, comm) -> list[float]:
+    """Per-iteration seconds of ``iters`` timed exchanges after ``warmup`` untimed ones. With
+    ``iters`` = 0 the count fills about ``budget`` seconds at the warm-up's pace, as rank 0 judges
+    it: every rank must run the same number of exchanges."""
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        exchange(dst)
+    if not iters:
+        per = (time.perf_counter() - t0) / max(1, warmup)
+        iters = comm.bcast(max(MIN_ITERS, min(MAX_ITERS, int(budget / max(per, 1e-9)))), root=0)  # communication
+    comm.Barrier()  # communication: start together
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        exchange(dst)
+        times.append(time.perf_counter() - t0)
+    return times
 
 
 def rank_input(rank: int, n_elems: int) -> np.ndarray:
@@ -235,16 +250,12 @@ def horovod_allreduce(hvd, src: np.ndarray, shapes, fp16: bool, op) -> Callable[
 
 # ------------------------------------------------------------------------- per-rank benchmark
 
-def _time(exchange, dst, warmup: int, iters: int, comm) -> list[float]:
-    for _ in range(warmup):
-        exchange(dst)
-    comm.Barrier()  # communication: start together
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        exchange(dst)
-        times.append(time.perf_counter() - t0)
-    return times
+def check_numbers(args: argparse.Namespace) -> str | None:
+    for flag, v, ok in (("--iters", args.iters, args.iters >= 0), ("--warmup", args.warmup, args.warmup >= 0),
+                        ("--budget", args.budget, args.budget > 0)):
+        if not ok:
+            return f"{flag} must be {'> 0' if flag == '--budget' else '>= 0'} (got {v})"
+    return None
 
 
 def run_rank(args: argparse.Namespace) -> int:
@@ -254,7 +265,7 @@ def run_rank(args: argparse.Namespace) -> int:
     comm = MPI.COMM_WORLD
     impls = [i.strip() for i in (args.impls or ",".join(RANK_IMPLS)).split(",") if i.strip()]
     bad = [i for i in impls if i not in IMPLS]
-    err = None
+    err = check_numbers(args)
     if bad:
         err = f"--impls: unknown implementation {bad[0]!r}; choose from: {', '.join(IMPLS)}"
     elif "ps-dedicated" in impls and len(impls) > 1:
@@ -302,8 +313,7 @@ def run_rank(args: argparse.Namespace) -> int:
             if args.dump_dir and is_worker:
                 np.save(os.path.join(args.dump_dir, f"{impl}-{w.name}-worker{worker_index}.npy"), dst)
             # 2) timing; Horovod averages as in training (in-place sums would grow without bound)
-            warmup, iters = (args.warmup, args.iters) if args.iters else auto_iters(w.nbytes)
-            times = _time(make(hvd.Average if hvd else None), dst, warmup, iters, comm)
+            times = _time(make(hvd.Average if hvd else None), dst, args.warmup, args.iters, args.budget, comm)
             everyone = comm.gather((times, max_err) if is_worker else None, root=0)  # communication
             if comm.rank == 0:
                 per_iter = [max(col) for col in zip(*(t for t, _ in filter(None, everyone)))]
@@ -454,6 +464,8 @@ def run_front(args: argparse.Namespace, launcher=default_launcher) -> dict[str, 
     """Launch every job, merge the results; returns the merged report (also written to disk)."""
     if args.np < 1:
         raise BenchError(f"--np must be >= 1 (got {args.np})")
+    if check_numbers(args):
+        raise BenchError(check_numbers(args))
     jobs = plan_jobs(args)
     workloads(args.sizes, args.models)  # validate before launching anything
     out_dir = args.out_dir or os.path.join("runs", "commbench", time.strftime("%Y%m%d-%H%M%S"))
@@ -468,7 +480,8 @@ def run_front(args: argparse.Namespace, launcher=default_launcher) -> dict[str, 
         part = os.path.join(out_dir, f"part-{job.label}.json")
         models = args.models if job.models is None else job.models
         rank_args = ["--impls", job.impls, "--sizes", job.sizes or args.sizes, "--models", models, "--out", part,
-                     "--iters", str(args.iters), "--warmup", str(args.warmup), *job.extra]
+                     "--iters", str(args.iters), "--budget", str(args.budget), "--warmup", str(args.warmup),
+                     *job.extra]
         if args.dump_dir:
             rank_args += ["--dump-dir", args.dump_dir]
         print(f"[{job.label}] {job.np} ranks: {job.impls} {' '.join(f'{k}={v}' for k, v in job.env.items())}",
@@ -553,8 +566,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", default=DEFAULT_SIZES, help=f"message sizes to sweep (default: {DEFAULT_SIZES})")
     p.add_argument("--models", default="lenet5",
                    help="comma-separated models whose gradient tensor lists to exchange (default: lenet5)")
-    p.add_argument("--iters", type=int, default=0, help="timed iterations (default: 0 = by size, 200 down to 5)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed iterations when --iters is given (default: 2)")
+    p.add_argument("--iters", type=int, default=0,
+                   help=f"timed iterations (default: 0 = as many as fit --budget, {MIN_ITERS} to {MAX_ITERS})")
+    p.add_argument("--budget", type=float, default=0.5,
+                   help="seconds of timed exchanges per implementation and workload when --iters is 0 (default: 0.5)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed iterations first (default: 3)")
     p.add_argument("--ps-servers", type=int, default=1,
                    help="per rank: the first K ranks are dedicated servers (with --impls ps-dedicated)")
     p.add_argument("--ps-servers-list", default="1", help="front end: K values for the dedicated PS (default: 1)")

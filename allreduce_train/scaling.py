@@ -273,7 +273,8 @@ def aggregate(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         t, s = row["samples_per_sec_mean"], row["samples_per_sec_std"]
         if b and b["repeats"] and row["repeats"]:
             sp = t / b["samples_per_sec_mean"]
-            rel = math.hypot(s / t, b["samples_per_sec_std"] / b["samples_per_sec_mean"])
+            # the baseline against itself is 1 exactly
+            rel = 0.0 if b is row else math.hypot(s / t, b["samples_per_sec_std"] / b["samples_per_sec_mean"])
             row.update(speedup=sp, speedup_std=sp * rel, efficiency=sp / row["workers"],
                        efficiency_std=sp * rel / row["workers"])
         else:
@@ -440,7 +441,7 @@ def plot_measured(path: str, rows: list[dict], models: list[str]) -> None:
         ax.set_ylabel("speedup = throughput(N) / throughput(1)")
         ax.set_xticks(ns)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="best", framealpha=0.6)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -568,7 +569,8 @@ def report_markdown(res: dict[str, Any]) -> str:
 def run_commbench(cfg: GridConfig, vs: list[Variant], out: str, launcher: Launcher) -> str:
     """A short commbench at 2 workers for calibration; returns the path of its commbench.json."""
     impls = sorted({v.commbench_impl for v in vs})
-    args = argparse.Namespace(np=2, impls=",".join(impls), sizes=cfg.commbench_sizes, models="", iters=0, warmup=2,
+    args = argparse.Namespace(np=2, impls=",".join(impls), sizes=cfg.commbench_sizes, models="", iters=0, warmup=3,
+                              budget=0.25,
                               ps_servers=cfg.ps_servers, ps_servers_list=str(cfg.ps_servers),
                               horovod_cycle_ms={"auto": CYCLE_CANDIDATES, "default": ""}.get(cfg.horovod_cycle_ms,
                                                                                               cfg.horovod_cycle_ms),

@@ -26,6 +26,7 @@ def test_aggregate_speedup_efficiency_and_spread_by_hand():
     assert one["samples_per_sec_mean"] == pytest.approx(105.0)
     assert one["samples_per_sec_std"] == pytest.approx(math.sqrt(50.0))  # sample std of 100, 110
     assert one["speedup"] == pytest.approx(1.0) and one["efficiency"] == pytest.approx(1.0)
+    assert one["speedup_std"] == 0  # the baseline against itself
     assert two["repeats"] == 2 and two["failed"] == 1
     assert two["speedup"] == pytest.approx(160.0 / 105.0)
     assert two["efficiency"] == pytest.approx(160.0 / 105.0 / 2)
