@@ -40,13 +40,30 @@ def allreduce_params(tmp_path_factory):
     return load_params(tmp / "ar-0.pt")
 
 
+# 2 servers, 2 workers; checkpoints every 7 steps (which must not change the result): the reference
+# for the resume test as well.
+K2 = ["--ps-placement", "dedicated", "--ps-servers", "2", "--checkpoint-every", "7", *SMALL_MESSAGES]
+
+
+@pytest.fixture(scope="module")
+def ps_k2_dir(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("k2")
+    check(ps_launch(4, QUICK + K2 + run_args(tmp, "ps")))
+    return tmp
+
+
 @pytest.mark.parametrize("np, placement", [
     (3, ["--ps-placement", "dedicated", "--ps-servers", "1"]),
-    (4, ["--ps-placement", "dedicated", "--ps-servers", "2", *SMALL_MESSAGES]),
+    (4, K2),
     (2, ["--ps-placement", "colocated", *SMALL_MESSAGES]),
 ], ids=["dedicated-K1", "dedicated-K2", "colocated"])
-def test_sync_ps_ends_where_allreduce_ends(tmp_path, allreduce_params, np, placement):
-    check(ps_launch(np, QUICK + placement + run_args(tmp_path, "ps")))
+def test_sync_ps_ends_where_allreduce_ends(request, tmp_path, allreduce_params, np, placement):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    if placement is K2:
+        tmp_path = request.getfixturevalue("ps_k2_dir")
+    else:
+        check(ps_launch(np, QUICK + placement + run_args(tmp_path, "ps")))
     m = json.loads((tmp_path / "ps" / "metrics.json").read_text())
     workers = range(np - 2, np)  # dedicated servers are the first ranks
     dumps = sorted(p.name for p in tmp_path.glob("ps-*.pt"))
@@ -59,7 +76,19 @@ def test_sync_ps_ends_where_allreduce_ends(tmp_path, allreduce_params, np, place
     assert rel_diff(first, allreduce_params) <= 1e-5
     assert (m["strategy"], m["workers"], m["world_size"], m["global_batch"]) == ("ps", 2, np, 32)
     assert m["ps_mode"] == "sync" and m["staleness_max"] == 0
-    assert m["bytes_pushed_per_step"] >= 4 * sum(p.numel() for p in first.values())
+    assert m["ps_servers"] == (np if "colocated" in placement else np - 2)
+    assert m["bytes_pushed_per_step"] == m["bytes_pulled_per_step"] >= 4 * sum(p.numel() for p in first.values())
+    assert m["samples_per_sec"] > 0 and m["comm_wait_ms"] >= 0
+    # the allreduce tags, the PS's own, one TensorBoard writer (the first worker's), in the run directory
+    acc = EventAccumulator(str(tmp_path / "ps"))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    for tag in ("train/loss", "train/lr", "perf/samples_per_sec", "perf/step_ms", "comm/wait_ms", "eval/loss",
+                "eval/accuracy", "comm/bytes_pushed_per_step", "comm/bytes_pulled_per_step",
+                "comm/staleness_mean", "comm/staleness_max"):
+        assert tag in tags, tag
+    assert list((tmp_path / "ps").glob("events*"))
+    assert not any(p.name.startswith("events") for p in tmp_path.iterdir())
 
 
 def reference_sgd(steps, batch, lr, warmup, workers, momentum, weight_decay, clip, seed=42):
@@ -96,42 +125,24 @@ def test_sync_ps_with_weight_decay_and_clipping_equals_plain_torch_sgd(tmp_path)
     assert rel_diff(want, reference_sgd(20, 16, 0.05, 8, 2, 0.9, 1e-3, 0.0)) > 1e-4
 
 
-def test_tensorboard_tags_and_metrics_fields(tmp_path):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    check(ps_launch(3, QUICK + ["--run-dir", str(tmp_path), "--name", "tb", "--eval-every", "10"]))
-    acc = EventAccumulator(str(tmp_path / "tb"))
-    acc.Reload()
-    tags = set(acc.Tags()["scalars"])
-    for tag in ("train/loss", "train/lr", "perf/samples_per_sec", "perf/step_ms", "comm/wait_ms", "eval/loss",
-                "eval/accuracy", "comm/bytes_pushed_per_step", "comm/bytes_pulled_per_step",
-                "comm/staleness_mean", "comm/staleness_max"):
-        assert tag in tags, tag
-    m = json.loads((tmp_path / "tb" / "metrics.json").read_text())
-    assert (m["ps_servers"], m["ps_placement"], m["ps_mode"], m["world_size"], m["workers"]) == (1, "dedicated", "sync", 3, 2)
-    assert m["bytes_pushed_per_step"] == m["bytes_pulled_per_step"] > 0
-    assert m["samples_per_sec"] > 0 and m["comm_wait_ms"] >= 0
-    assert not any(p.name.startswith("events") for p in tmp_path.iterdir())  # one writer, in the run dir
-
-
-def test_resume_continues_exactly_with_momentum_from_the_servers(tmp_path):
-    args = QUICK + SMALL_MESSAGES + ["--ps-servers", "2", "--checkpoint-every", "7"]
-    check(ps_launch(4, args + run_args(tmp_path, "full")))
-    check(ps_launch(4, args + run_args(tmp_path, "cut", "--exit-after-steps", "9")))
+def test_resume_continues_exactly_with_momentum_from_the_servers(tmp_path, ps_k2_dir):
+    check(ps_launch(4, QUICK + K2 + run_args(tmp_path, "cut", "--exit-after-steps", "9")))
     saved = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)
     assert saved["step"] == 9 and saved["optimizer"]["state"]  # the servers' momentum, gathered
-    check(ps_launch(4, args + run_args(tmp_path, "cut", "--resume", "auto")))
-    full, resumed = load_params(tmp_path / "full-2.pt"), load_params(tmp_path / "cut-2.pt")
+    check(ps_launch(4, QUICK + K2 + run_args(tmp_path, "cut", "--resume", "auto")))
+    full, resumed = load_params(ps_k2_dir / "ps-2.pt"), load_params(tmp_path / "cut-2.pt")
     for k in full:
         assert torch.equal(full[k], resumed[k]), k
 
 
 @needs_fashion_mnist
-def test_async_trains_on_fashion_mnist_and_logs_staleness(tmp_path):
+@pytest.mark.parametrize("np, placement", [(3, "dedicated"), (2, "colocated")])
+def test_async_trains_on_fashion_mnist_and_logs_staleness(tmp_path, np, placement):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    check(ps_launch(3, ["--ps-mode", "async", "--run-dir", str(tmp_path), "--name", "async", "--steps", "150",
-                        "--no-progress", "--log-every", "10", "--eval-every", "150", "--data-dir", FASHION_MNIST_DIR]))
+    check(ps_launch(np, ["--ps-mode", "async", "--ps-placement", placement, "--run-dir", str(tmp_path),
+                         "--name", "async", "--steps", "150", "--no-progress", "--log-every", "10",
+                         "--eval-every", "150", "--data-dir", FASHION_MNIST_DIR]))
     acc = EventAccumulator(str(tmp_path / "async"))
     acc.Reload()
     losses = [e.value for e in acc.Scalars("train/loss")]
@@ -139,8 +150,9 @@ def test_async_trains_on_fashion_mnist_and_logs_staleness(tmp_path):
     staleness = [e.value for e in acc.Scalars("comm/staleness_mean")]
     assert len(staleness) == 15 and all(s >= 0 for s in staleness)
     m = json.loads((tmp_path / "async" / "metrics.json").read_text())
-    assert m["ps_mode"] == "async" and m["final"]["eval_accuracy"] > 0.7
-    assert m["staleness_mean"] >= 0 and m["staleness_max"] >= 0
+    assert m["ps_mode"] == "async" and m["final"]["eval_accuracy"] > 0.5  # 10 classes
+    # the other worker's updates landed between this worker's pull and push: not lock-step sync
+    assert m["staleness_max"] >= 1 and m["staleness_mean"] > 0
 
 
 @pytest.mark.parametrize("np, args, needle", [
