@@ -9,7 +9,7 @@ The real PTB is licensed by the LDC and cannot be shipped, so ``--data-dir`` tak
 as it is. Without one, :func:`offline_corpus` writes a corpus in the same format from English text
 that every Python installation has (the documentation in ``pydoc_data`` and the standard
 library's docstrings), capped to 10,000 words. Its perplexities are NOT comparable with the
-paper's: different text, a third of PTB's size.
+paper's: different text, a quarter of PTB's size.
 
 Sharding for data parallelism (as in Zaremba's ``batchify``): the training stream is cut into
 ``W*B`` equal rows and rank ``r`` takes rows ``[r*B, (r+1)*B)``, a disjoint contiguous part of the
