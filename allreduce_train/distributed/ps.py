@@ -29,6 +29,7 @@ makes mpirun end the job by itself.
 from __future__ import annotations
 
 import os
+import pickle
 import sys
 import time
 from typing import Any, Callable
@@ -361,7 +362,7 @@ class ParameterServer(GradientExchange):
 
     def serve(self) -> None:
         # communication: the main worker's parameters and optimizer state (from prepare()).
-        self._start(self.world.bcast(None, root=self.main_rank))
+        self._start(self._bcast(self.world, None, self.main_rank, "the main worker's parameters"))
         server = self._server
         poll(lambda: server.finished, self.xcfg.ps_timeout, "pushes from the workers", server.progress)
         server.flush()
@@ -384,7 +385,7 @@ class ParameterServer(GradientExchange):
                 "hyper": {k: group[k] for k in ("momentum", "dampening", "weight_decay", "nesterov", "maximize")},
             }
         # communication: to every rank, dedicated servers included (they receive it in serve()).
-        payload = self.world.bcast(payload, root=self.main_rank)
+        payload = self._bcast(self.world, payload, self.main_rank, "the main worker's parameters")
         self._start(payload)
         with torch.no_grad():  # every worker starts from the main worker's model, as with allreduce
             for p, src in zip(params, payload["params"]):
@@ -505,11 +506,31 @@ class ParameterServer(GradientExchange):
         """``root`` is a worker index (0 = the main worker). Before the servers start, every rank
         takes part (the command line agrees on the run directory); afterwards only workers do."""
         if self._started:
-            return self.workers_comm.bcast(obj, root=root)  # communication
-        return self.world.bcast(obj, root=self.worker_ranks[root])  # communication
+            return self._bcast(self.workers_comm, obj, root, "the other workers")
+        return self._bcast(self.world, obj, self.worker_ranks[root], "every rank's set-up")
 
     def allgather_object(self, obj: Any) -> list[Any]:
-        return self.world.allgather(obj)  # communication
+        MPI, world = self.MPI, self.world
+        data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy()
+        sizes = np.zeros(self.size, dtype=np.int64)
+        # communication: the sizes, then the pickles (non-blocking, so that a stuck rank times out)
+        self._poll(world.Iallgather(np.array([data.size], dtype=np.int64), sizes).Test, "every rank's set-up")
+        counts = [int(n) for n in sizes]
+        displs = [sum(counts[:i]) for i in range(len(counts))]
+        out = np.empty(sum(counts), dtype=np.uint8)
+        self._poll(world.Iallgatherv([data, MPI.BYTE], [out, (counts, displs), MPI.BYTE]).Test, "every rank's set-up")
+        return [pickle.loads(out[d:d + n].tobytes()) for d, n in zip(displs, counts)]
+
+    def _bcast(self, comm, obj: Any, root: int, what: str) -> Any:
+        """``comm.bcast`` of a picklable object, non-blocking underneath: it times out like every
+        other wait, and a colocated rank keeps serving while it waits."""
+        mine = comm.Get_rank() == root
+        data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy() if mine else None
+        size = np.array([data.size if mine else 0], dtype=np.int64)
+        self._poll(comm.Ibcast(size, root=root).Test, what)  # communication
+        buf = data if mine else np.empty(int(size[0]), dtype=np.uint8)
+        self._poll(comm.Ibcast([buf, self.MPI.BYTE], root=root).Test, what)  # communication
+        return obj if mine else pickle.loads(buf.tobytes())
 
     # ------------------------------------------------------------ reporting and shutdown
     def describe(self) -> dict[str, Any]:
