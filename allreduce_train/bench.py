@@ -116,6 +116,7 @@ def run_job(impl: str, model: str, np: int, spec: BenchSpec, out: str, tag: str)
         # The trainer's wall-clock figure includes its logging and data between steps.
         record["samples_per_sec"] = m.get("wall_samples_per_sec", m["samples_per_sec"])
         record["workers"] = m.get("workers", np)
+        record["cpu_ms_per_step"] = m.get("cpu_ms_per_step")
     else:
         said = [ln for ln in tail.splitlines() if "error" in ln.lower()]
         record["error"] = (said or [f"exit {rc}"])[0].strip()
@@ -135,8 +136,10 @@ def summarise(jobs: list[dict[str, Any]], spec: BenchSpec, impls: list[str]) -> 
                 v = [j["samples_per_sec"] for j in mine if j["impl"] == impl and "samples_per_sec" in j]
                 if v:
                     med = statistics.median(v)
+                    cpu = [j["cpu_ms_per_step"] for j in mine if j["impl"] == impl and j.get("cpu_ms_per_step")]
                     row["impls"][impl] = {"median": med, "min": min(v), "max": max(v),
-                                          "spread": (max(v) - min(v)) / med, "n": len(v)}
+                                          "spread": (max(v) - min(v)) / med, "n": len(v),
+                                          "cpu_ms_per_step": statistics.median(cpu) if cpu else None}
             by_tag = {}
             for j in mine:
                 by_tag.setdefault(j["tag"], {})[j["impl"]] = j.get("samples_per_sec")
@@ -174,6 +177,12 @@ def table(rows: list[dict[str, Any]], impls: list[str]) -> str:
         lo_hi = r["loadavg_1min"]
         cells.append(f"{lo_hi[0]:.1f}-{lo_hi[1]:.1f}" if lo_hi else "-")
         lines.append("| " + " | ".join(cells) + " |")
+    # CPU time hardly depends on what else the machine runs, so it shows busy-polling even under load
+    lines += ["", "CPU ms per step, all ranks together (median):", "",
+              "| model | ranks | " + " | ".join(impls) + " |", "|" + "---|" * (len(impls) + 2)]
+    for r in rows:
+        cpu = [r["impls"].get(i, {}).get("cpu_ms_per_step") for i in impls]
+        lines.append(f"| {r['model']} | {r['np']} | " + " | ".join(f"{c:.1f}" if c else "-" for c in cpu) + " |")
     return "\n".join(lines)
 
 
@@ -237,6 +246,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     unknown = [m for m in models if m not in MODELS]
     if unknown:
         return fail(f"--models: unknown model {unknown[0]!r}; choose from: {', '.join(sorted(MODELS))}")
+    lm = [m for m in models if MODELS[m].task != "classify"]
+    if lm:
+        return fail(f"--models {lm[0]}: the bare Horovod and DDP loops time classification models only "
+                    f"(cross-entropy over classes); choose from: "
+                    f"{', '.join(sorted(n for n, s in MODELS.items() if s.task == 'classify'))}")
     try:
         nps = _int_list(args.np)
     except ValueError:

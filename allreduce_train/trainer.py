@@ -167,6 +167,7 @@ class Trainer:
         model.train()
         warm = cfg.train.perf_warmup_steps
         wall_from = wall_to = time.perf_counter()  # wall clock over the measured steps, bookkeeping included
+        cpu_from = cpu_to = time.process_time()  # CPU time of every thread of this rank (Horovod's included)
         while step < stop_at:
             epoch, in_epoch = divmod(step, spe)
             self.task.start_epoch()
@@ -180,10 +181,10 @@ class Trainer:
                 if device.type == "cuda":
                     torch.cuda.synchronize()  # honest step times
                 step += 1
-                wall_to = time.perf_counter()
+                wall_to, cpu_to = time.perf_counter(), time.process_time()
                 step_times.append(wall_to - t0)
                 if len(step_times) == warm:
-                    wall_from = wall_to
+                    wall_from, cpu_from = wall_to, cpu_to
                 waits.append(wait)
                 loss_acc += loss
                 n_acc += 1
@@ -217,6 +218,8 @@ class Trainer:
             last_eval = self.evaluate(model, s.eval_set, device)
             log.scalars(step, last_eval)
         measured = step_times[cfg.train.perf_warmup_steps:] or step_times
+        # communication: CPU seconds of all workers; a busy-polling exchange shows up here
+        cpu_s = ex.sum_over_workers(torch.tensor([cpu_to - cpu_from], dtype=torch.float64))[0].item()
         result = {
             "strategy": ex.name,
             "world_size": ex.size,
@@ -233,6 +236,7 @@ class Trainer:
             # everything between the end of warm-up and the end of the last step: what `bench` compares
             "wall_samples_per_sec": (workers * per_step * (len(step_times) - warm) / (wall_to - wall_from)
                                      if len(step_times) > warm else 0.0),
+            "cpu_ms_per_step": 1e3 * cpu_s / (len(step_times) - warm) if len(step_times) > warm else 0.0,
             "comm_wait_ms": 1e3 * statistics.median(waits[cfg.train.perf_warmup_steps:] or waits) if waits else 0.0,
             **{k_.split("/")[1]: v for k_, v in words_per_sec(
                 self.task, workers * per_step * len(measured) / sum(measured) if measured else 0.0).items()},

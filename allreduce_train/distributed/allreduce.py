@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import socket
+import threading
+import time
 from typing import Any
 
 import torch
@@ -10,6 +13,9 @@ import torch
 from ..config import ExchangeConfig
 from ..errors import UserError
 from .base import GradientExchange
+
+
+POLL_S = 1e-4  # sleep between polls of an in-flight allreduce: ~1 % of a LeNet-5 step
 
 
 def _import_horovod():
@@ -52,6 +58,52 @@ def check_horovod_env(environ) -> None:
                         "mpirun, or launch with `horovodrun --gloo`")
 
 
+def gloo_under_mpirun(environ) -> Any:
+    """Let Horovod run Gloo for control and data under mpirun on one host, as ``horovodrun --gloo`` does.
+
+    Gloo ranks find each other through an HTTP rendezvous that horovodrun normally serves: rank 0
+    serves it here on the loopback interface, MPI tells the others its port, and each rank gets the
+    variables horovodrun would have set. Returns rank 0's server (None elsewhere).
+    """
+    from horovod.runner.common.util.hosts import SlotInfo
+    from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+    from mpi4py import MPI
+
+    rank, size = int(environ["OMPI_COMM_WORLD_RANK"]), int(environ["OMPI_COMM_WORLD_SIZE"])
+    host, server, port = socket.gethostname(), None, None
+    if rank == 0:
+        server = RendezvousHTTPServer(("127.0.0.1", 0), RendezvousHandler, 0)
+        port = server.server_address[1]
+        server.init([SlotInfo(hostname=host, rank=r, local_rank=r, cross_rank=0, size=size, local_size=size,
+                              cross_size=1) for r in range(size)])
+        threading.Thread(target=server.serve_forever, daemon=True, name="gloo-rendezvous").start()
+    port = MPI.COMM_WORLD.bcast(port, root=0)  # communication: the rendezvous port, from rank 0
+    environ.update({
+        "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_GLOO_IFACE": "lo",
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1", "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
+        "HOROVOD_HOSTNAME": host, "HOROVOD_RANK": str(rank), "HOROVOD_SIZE": str(size),
+        "HOROVOD_LOCAL_RANK": str(rank), "HOROVOD_LOCAL_SIZE": str(size),
+        "HOROVOD_CROSS_RANK": "0", "HOROVOD_CROSS_SIZE": "1",
+    })
+    return server
+
+
+def wants_gloo(cfg: ExchangeConfig, environ) -> bool:
+    """Whether to start Gloo under mpirun: asked for, or ``auto`` with every rank on this host.
+
+    Horovod's own variables (HOROVOD_CONTROLLER, HOROVOD_CPU_OPERATIONS) and a rendezvous that
+    horovodrun already set up take precedence; outside mpirun Horovod forms a world of one.
+    """
+    if "OMPI_COMM_WORLD_SIZE" not in environ or any(
+            v in environ for v in ("HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS", "HOROVOD_GLOO_RENDEZVOUS_ADDR")):
+        return False
+    one_host = environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") == environ["OMPI_COMM_WORLD_SIZE"]
+    if cfg.horovod_backend == "gloo" and not one_host:
+        raise UserError("--horovod-backend gloo under mpirun needs every rank on one host (its rendezvous listens on "
+                        "127.0.0.1); use --horovod-backend mpi, or launch with `horovodrun --gloo`")
+    return cfg.horovod_backend == "gloo" or (cfg.horovod_backend == "auto" and one_host)
+
+
 class HorovodAllreduce(GradientExchange):
     """Every worker holds all parameters; gradients are averaged with Horovod's ring allreduce.
 
@@ -64,9 +116,13 @@ class HorovodAllreduce(GradientExchange):
 
     def __init__(self, cfg: ExchangeConfig) -> None:
         self.cfg = cfg
-        check_horovod_env(os.environ)
         self.hvd = hvd = _import_horovod()
-        hvd.init()  # communication: forms the process group (MPI_Init under mpirun)
+        self._rendezvous = gloo_under_mpirun(os.environ) if wants_gloo(cfg, os.environ) else None
+        check_horovod_env(os.environ)
+        # With MPI: a rank waiting in a collective yields its core instead of spinning on it, which
+        # on a host without a spare core would slow the peer it waits for (docs/performance.md).
+        os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+        hvd.init()  # communication: forms the process group (MPI_Init under mpirun, or Gloo's rendezvous)
         self.rank, self.size = hvd.rank(), hvd.size()
         self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
         self._optimizer = None
@@ -101,6 +157,15 @@ class HorovodAllreduce(GradientExchange):
         return wrapped
 
     def synchronize(self) -> None:
+        # Horovod's own wait spins on sched_yield; on a host without a spare core the spinning thread
+        # takes CPU from the background thread that does the allreduce and from the other ranks'
+        # backward pass. Sleep until every handle is done, so the wait below returns at once.
+        # (_handles: {param: (handle, ctx)} in Horovod 0.28; None/callable handles are not in flight.)
+        for handle, _ in list(getattr(self._optimizer, "_handles", {}).values()):
+            if handle is None or callable(handle):
+                continue
+            while not self.hvd.poll(handle):
+                time.sleep(POLL_S)
         self._optimizer.synchronize()  # communication: wait for the in-flight allreduces
 
     def apply(self, optimizer) -> None:
@@ -118,6 +183,8 @@ class HorovodAllreduce(GradientExchange):
 
     def close(self) -> None:
         self.hvd.shutdown()
+        if self._rendezvous is not None:
+            self._rendezvous.shutdown()
 
     def abort(self, code: int) -> None:
         if self.size > 1:
