@@ -159,7 +159,6 @@ def test_async_trains_on_fashion_mnist_and_logs_staleness(tmp_path, np, placemen
     (2, ["--ps-servers", "3"], "--ps-servers 3"),
     (2, ["--ps-servers", "2"], "leaves no worker"),
     (2, ["--ps-placement", "colocated", "--ps-servers", "1"], "--ps-placement colocated"),
-    (2, ["--compression", "fp16"], "--compression fp16"),
 ])
 def test_bad_config_one_line_nonzero_exit_no_hang(tmp_path, np, args, needle):
     proc = ps_launch(np, ["--dataset", "synthetic", "--run-dir", str(tmp_path), *args], timeout=90)
