@@ -474,6 +474,18 @@ def plot_predicted(path: str, curves: dict, given_label: str) -> None:
     plt.close(fig)
 
 
+def code_version() -> str:
+    """The checkout's commit, marked when the working tree differs from it (figures depend on the code)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (head + (" with uncommitted changes" if dirty else "")) if head else "unknown"
+
+
 def _load_summary(records: list[dict]) -> str:
     loads = [r["loadavg_before"] for r in records]
     return f"median {statistics.median(loads):.1f}, max {max(loads):.1f}" if loads else "–"
@@ -488,7 +500,7 @@ def report_markdown(res: dict[str, Any]) -> str:
     L = [f"# Scaling: ring allreduce vs parameter server ({res['started']})", "",
          f"Command: `{' '.join(res['command'])}`  ",
          f"Machine: {res['machine']['cores']} cores, {res['machine']['platform']}; every rank runs one thread; "
-         f"grid took {res['seconds'] / 60:.1f} min.  ",
+         f"grid took {res['seconds'] / 60:.1f} min. Code: {res['code']}.  ",
          f"Data: {cfg['data']}; {cfg['repeats']} repeat(s) per point (repeats are the outer loop); worker counts "
          f"{', '.join(map(str, cfg['workers']))}. HOROVOD_CYCLE_TIME of the allreduce jobs: "
          f"{res['horovod_cycle']['knob']} (`--horovod-cycle-ms {cfg['horovod_cycle_ms']}`). "
@@ -586,7 +598,7 @@ def run_commbench(cfg: GridConfig, vs: list[Variant], out: str, launcher: Launch
 
 def run(cfg: GridConfig, launcher: Launcher = default_launcher) -> dict[str, Any]:
     """Run the grid and write every output; returns the results (as in results.json)."""
-    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    started, code = time.strftime("%Y-%m-%d %H:%M:%S"), code_version()
     t_start = time.perf_counter()
     vs, models, notes = available(cfg)
     if not vs or not models:
@@ -643,7 +655,7 @@ def run(cfg: GridConfig, launcher: Launcher = default_launcher) -> dict[str, Any
     compute, curves = predictions(rows, vs, models, plans, calib, given, sizes)
 
     res = {"started": started, "seconds": time.perf_counter() - t_start,
-           "command": ["python", "-m", "allreduce_train", *sys.argv[1:]], "out_dir": out,
+           "command": ["python", "-m", "allreduce_train", *sys.argv[1:]], "out_dir": out, "code": code,
            "machine": {"cores": os.cpu_count(), "platform": platform.platform()},
            "config": asdict(cfg), "models": models, "strategies": [v.name for v in vs],
            "plans": {m: asdict(p) for m, p in plans.items()}, "gradient_bytes": sizes,
