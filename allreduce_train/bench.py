@@ -26,7 +26,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 # Timed steps per model when --steps is not given: about the same seconds per job.
-DEFAULT_STEPS = {"lenet5": 400, "resnet18": 12, "ptb-lstm-small": 60}
+DEFAULT_STEPS = {"lenet5": 400, "resnet18": 12}
+DEFAULT_WARMUP = {"lenet5": 30, "resnet18": 3}
 BASELINES = ("horovod", "ddp")
 
 
@@ -37,7 +38,7 @@ class BenchSpec:
     impls: list[str] = field(default_factory=list)  # default: every strategy of the trainer + the baselines
     repeats: int = 4
     steps: int = 0  # 0: DEFAULT_STEPS of the model
-    warmup: int = 30
+    warmup: int = -1  # -1: DEFAULT_WARMUP of the model
     batch_size: int = 64
     threads: int = 1
     synthetic_samples: int = 6400
@@ -47,6 +48,9 @@ class BenchSpec:
 
     def steps_for(self, model: str) -> int:
         return self.steps or DEFAULT_STEPS.get(model, 50)
+
+    def warmup_for(self, model: str) -> int:
+        return self.warmup if self.warmup >= 0 else DEFAULT_WARMUP.get(model, 5)
 
 
 def default_impls() -> list[str]:
@@ -72,7 +76,7 @@ def loadavg() -> list[float]:
 
 def job_args(impl: str, model: str, spec: BenchSpec, result: str, run_dir: str, name: str) -> tuple[str, list[str]]:
     """(allreduce_train subcommand, its arguments) for one measurement."""
-    steps, warmup = spec.steps_for(model), spec.warmup
+    steps, warmup = spec.steps_for(model), spec.warmup_for(model)
     common = ["--model", model, "--batch-size", str(spec.batch_size), "--threads", str(spec.threads),
               "--synthetic-samples", str(spec.synthetic_samples)]
     if impl.startswith("trainer"):
@@ -264,8 +268,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for flag, v in (("--repeats", args.repeats), ("--batch-size", args.batch_size), ("--threads", args.threads)):
         if v < 1:
             return fail(f"{flag} must be >= 1 (got {v})")
-    if args.steps < 0 or args.warmup < 0:
-        return fail("--steps and --warmup must be >= 0")
+    if args.steps < 0 or args.warmup < -1:
+        return fail("--steps must be >= 0 and --warmup >= 0 (or -1 for the model's default)")
     spec = BenchSpec(models=models, nps=nps, impls=impls, repeats=args.repeats, steps=args.steps, warmup=args.warmup,
                      batch_size=args.batch_size, threads=args.threads, synthetic_samples=args.synthetic_samples,
                      out=args.out, timeout=args.timeout, oversubscribe=args.oversubscribe)
@@ -288,7 +292,8 @@ def add_bench_parsers(sub) -> None:
     b.add_argument("--repeats", type=int, default=4, help="rounds of alternating jobs (default: 4)")
     b.add_argument("--steps", type=int, default=0,
                    help=f"timed steps per job (default per model: {DEFAULT_STEPS}, else 50)")
-    b.add_argument("--warmup", type=int, default=30, help="untimed steps at the start of every job (default: 30)")
+    b.add_argument("--warmup", type=int, default=-1,
+                   help=f"untimed steps at the start of every job (default per model: {DEFAULT_WARMUP}, else 5)")
     b.add_argument("--batch-size", type=int, default=64, help="per rank (default: 64)")
     b.add_argument("--threads", type=int, default=1, help="torch/OpenMP/MKL threads per rank (default: 1)")
     b.add_argument("--synthetic-samples", type=int, default=6400, help="synthetic dataset size (default: 6400)")

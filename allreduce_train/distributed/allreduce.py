@@ -136,6 +136,10 @@ class HorovodAllreduce(GradientExchange):
         }
 
     def prepare(self, model, optimizer):
+        if self.size == 1:
+            # The average over one worker is its own gradient: skip Horovod's hooks, copies and
+            # background-thread round trips altogether (no fp16 round trip either: nothing is sent).
+            return optimizer
         hvd = self.hvd
         compression = hvd.Compression.fp16 if self.cfg.compression == "fp16" else hvd.Compression.none
         op = hvd.Adasum if self.cfg.reduce_op == "adasum" else hvd.Average
@@ -150,13 +154,20 @@ class HorovodAllreduce(GradientExchange):
         # The wrapper is a new optimizer over the same parameters with empty state: carry over
         # what was loaded from a checkpoint (momentum buffers), or a resumed run would diverge.
         wrapped.load_state_dict(optimizer.state_dict())
-        # communication: rank 0's parameters and optimizer state (fresh or from a checkpoint) to all.
+        # communication: rank 0's optimizer state, only when it has one (a resumed run). Horovod
+        # fills an empty state by one step() with zero gradients, which with weight decay would
+        # decay the parameters before training; a fresh run has identical (empty) state anyway.
+        if hvd.broadcast_object(bool(wrapped.state_dict()["state"]), root_rank=0, name="has_optimizer_state"):
+            hvd.broadcast_optimizer_state(wrapped, root_rank=0)
+        # communication: rank 0's parameters to all, after the state: the zero-gradient step above
+        # may have touched the other ranks' parameters.
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        hvd.broadcast_optimizer_state(wrapped, root_rank=0)
         self._optimizer = wrapped
         return wrapped
 
     def synchronize(self) -> None:
+        if self._optimizer is None:  # one worker: nothing to exchange
+            return
         # Horovod's own wait spins on sched_yield; on a host without a spare core the spinning thread
         # takes CPU from the background thread that does the allreduce and from the other ranks'
         # backward pass. Sleep until every handle is done, so the wait below returns at once.
@@ -169,6 +180,9 @@ class HorovodAllreduce(GradientExchange):
         self._optimizer.synchronize()  # communication: wait for the in-flight allreduces
 
     def apply(self, optimizer) -> None:
+        if self._optimizer is None:
+            optimizer.step()
+            return
         with optimizer.skip_synchronize():
             optimizer.step()
 
