@@ -97,13 +97,14 @@ def setup_ddp(model: torch.nn.Module, lr: float, port: int):
 
 def trainer_grads(args: argparse.Namespace) -> tuple[dict[str, torch.Tensor], int]:
     """One step of the real trainer through its exchange; the averaged gradients stay in ``.grad``."""
-    from .config import Config, DataConfig, ModelConfig, RunConfig, TrainConfig
+    from .config import Config, DataConfig, ExchangeConfig, ModelConfig, RunConfig, TrainConfig
     from .distributed import create_exchange
     from .trainer import Trainer
 
     cfg = Config(model=ModelConfig(args.model),
                  data=DataConfig(dataset="synthetic", batch_size=args.batch_size,
                                  synthetic_samples=args.synthetic_samples),
+                 exchange=ExchangeConfig(horovod_backend=args.horovod_backend),
                  train=TrainConfig(seed=args.seed, threads=args.threads, device="cpu"),
                  run=RunConfig(tensorboard=False, progress=False))
     ex = create_exchange(cfg)
@@ -165,6 +166,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=0.01, help="for one worker; scaled by the world size")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--synthetic-samples", type=int, default=6400)
+    p.add_argument("--horovod-backend", default="mpi", choices=("mpi", "gloo"), help="the trainer's (--impl trainer)")
     p.add_argument("--port", type=int, default=0, help="rendezvous port on 127.0.0.1 (ddp)")
     p.add_argument("--result", default="", help="rank 0 writes the throughput here as JSON")
     p.add_argument("--dump-grads", default="", help="take one step, save the averaged gradients to this file "

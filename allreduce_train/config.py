@@ -109,9 +109,9 @@ class ExchangeConfig:
     compression: str = _f("none", "gradient compression on the wire (allreduce)", ("none", "fp16"))
     backward_passes_per_step: int = _f(1, "local gradient accumulation steps per exchange (allreduce)")
     reduce_op: str = _f("average", "allreduce reduction", ("average", "adasum"))
-    horovod_backend: str = _f("auto", "allreduce: Horovod's controller and CPU collectives; gloo waits in blocking "
-                                      "sockets, mpi busy-polls; auto = gloo when every rank is on one host "
-                                      "(docs/performance.md), else mpi", ("auto", "mpi", "gloo"))
+    horovod_backend: str = _f("mpi", "allreduce: Horovod's controller and CPU collectives; gloo (one host only under "
+                                     "mpirun) waits in blocking sockets, which helps on an oversubscribed host "
+                                     "(docs/performance.md)", ("mpi", "gloo"))
     ps_placement: str = _f("dedicated", "ps: dedicated = the first --ps-servers ranks only serve (TensorFlow-style); "
                                         "colocated = every rank trains and serves 1/N (MXNet-style)",
                            ("dedicated", "colocated"))
@@ -131,8 +131,7 @@ class ExchangeConfig:
         _check(self.compression in ("none", "fp16"), "compression", "must be none or fp16", self.compression)
         _check(self.backward_passes_per_step >= 1, "backward_passes_per_step", "must be >= 1", self.backward_passes_per_step)
         _check(self.reduce_op in ("average", "adasum"), "reduce_op", "must be average or adasum", self.reduce_op)
-        _check(self.horovod_backend in ("auto", "mpi", "gloo"), "horovod_backend", "must be auto, mpi or gloo",
-               self.horovod_backend)
+        _check(self.horovod_backend in ("mpi", "gloo"), "horovod_backend", "must be mpi or gloo", self.horovod_backend)
         _check(self.ps_placement in ("dedicated", "colocated"), "ps_placement", "must be dedicated or colocated",
                self.ps_placement)
         _check(self.ps_servers >= 0, "ps_servers", "must be >= 0", self.ps_servers)

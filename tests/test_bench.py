@@ -49,9 +49,9 @@ def test_every_implementation_computes_the_same_averaged_gradient(tmp_path):
     """Equal work: for the same inputs each implementation's averaged gradient is the gradient of
     the union batch in one process; without the exchange a rank's own gradient is far from it."""
     grads = {}
-    for impl in ("horovod", "ddp", "trainer"):
-        check(launch(2, ["--impl", impl, "--port", str(free_port()), "--dump-grads", str(tmp_path / f"{impl}-{{rank}}.pt")],
-                     command="bench-rank"))
+    for impl, extra in (("horovod", []), ("ddp", []), ("trainer", []), ("trainer-gloo", ["--horovod-backend", "gloo"])):
+        check(launch(2, ["--impl", impl.split("-")[0], *extra, "--port", str(free_port()),
+                         "--dump-grads", str(tmp_path / f"{impl}-{{rank}}.pt")], command="bench-rank"))
         r0 = torch.load(tmp_path / f"{impl}-0.pt", weights_only=True)
         r1 = torch.load(tmp_path / f"{impl}-1.pt", weights_only=True)
         assert all(torch.equal(r0[k], r1[k]) for k in r0), f"{impl}: ranks hold different gradients"

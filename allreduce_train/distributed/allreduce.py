@@ -89,7 +89,7 @@ def gloo_under_mpirun(environ) -> Any:
 
 
 def wants_gloo(cfg: ExchangeConfig, environ) -> bool:
-    """Whether to start Gloo under mpirun: asked for, or ``auto`` with every rank on this host.
+    """Whether to start Gloo under mpirun (``--horovod-backend gloo``, every rank on this host).
 
     Horovod's own variables (HOROVOD_CONTROLLER, HOROVOD_CPU_OPERATIONS) and a rendezvous that
     horovodrun already set up take precedence; outside mpirun Horovod forms a world of one.
@@ -101,7 +101,7 @@ def wants_gloo(cfg: ExchangeConfig, environ) -> bool:
     if cfg.horovod_backend == "gloo" and not one_host:
         raise UserError("--horovod-backend gloo under mpirun needs every rank on one host (its rendezvous listens on "
                         "127.0.0.1); use --horovod-backend mpi, or launch with `horovodrun --gloo`")
-    return cfg.horovod_backend == "gloo" or (cfg.horovod_backend == "auto" and one_host)
+    return cfg.horovod_backend == "gloo"
 
 
 class HorovodAllreduce(GradientExchange):
@@ -122,6 +122,9 @@ class HorovodAllreduce(GradientExchange):
         # With MPI: a rank waiting in a collective yields its core instead of spinning on it, which
         # on a host without a spare core would slow the peer it waits for (docs/performance.md).
         os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+        # Every cycle the background thread runs a coordination collective; 3 ms instead of Horovod's
+        # 1 ms leaves that CPU to the backward pass, at most 3 ms later exchange (docs/performance.md).
+        os.environ.setdefault("HOROVOD_CYCLE_TIME", "3")
         hvd.init()  # communication: forms the process group (MPI_Init under mpirun, or Gloo's rendezvous)
         self.rank, self.size = hvd.rank(), hvd.size()
         self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
