@@ -30,6 +30,18 @@ def env_rank() -> int:
     return 0
 
 
+def fail_before_init(msg: str) -> int:
+    """An error every rank hits alike before any process group exists: rank 0 says it once.
+
+    The other ranks linger a moment before exiting: mpirun ends the whole job as soon as one rank
+    exits non-zero, and rank 0 must have printed the line by then.
+    """
+    if env_rank() == 0:
+        return fail(msg)
+    time.sleep(2.0)
+    return EXIT_USAGE
+
+
 def fail(msg: str) -> int:
     print(f"allreduce_train: error: {msg}", file=sys.stderr, flush=True)
     return EXIT_USAGE
@@ -43,14 +55,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         cfg = build_config(args)
     except UserError as e:
-        return fail(str(e)) if env_rank() == 0 else EXIT_USAGE
+        return fail_before_init(str(e))
 
     from .distributed import create_exchange
 
     try:
         ex = create_exchange(cfg)
     except UserError as e:
-        return fail(str(e)) if env_rank() == 0 else EXIT_USAGE
+        return fail_before_init(str(e))
 
     from .trainer import Trainer, config_text, flat_hparams
     from .logging import NullLogger, RunLogger
@@ -141,6 +153,8 @@ class _Parser(argparse.ArgumentParser):
         if env_rank() == 0:
             self.print_usage(sys.stderr)
             print(f"{self.prog}: error: {message}", file=sys.stderr)
+        else:
+            time.sleep(2.0)  # see fail_before_init
         raise SystemExit(EXIT_USAGE)
 
 
