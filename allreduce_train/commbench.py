@@ -409,24 +409,24 @@ def plan_jobs(args: argparse.Namespace) -> list[Job]:
     return jobs
 
 
-def _floats(text: str, flag: str) -> list[float]:
+def _numbers(text: str, flag: str, kind: type, minimum: float) -> list:
+    """A comma-separated list of ``kind`` values, each >= ``minimum``, for ``flag``."""
+    noun = "integers" if kind is int else "numbers"
     try:
-        vals = [float(v) for v in text.split(",") if v.strip()]
+        vals = [kind(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise BenchError(f"{flag}: expected comma-separated numbers (got {text!r})") from None
-    if any(v < 0 for v in vals):
-        raise BenchError(f"{flag}: values must be >= 0 (got {text!r})")
+        raise BenchError(f"{flag}: expected comma-separated {noun} (got {text!r})") from None
+    if any(v < minimum for v in vals):
+        raise BenchError(f"{flag}: values must be >= {minimum:g} (got {text!r})")
     return vals
+
+
+def _floats(text: str, flag: str) -> list[float]:
+    return _numbers(text, flag, float, 0)
 
 
 def _ints(text: str, flag: str) -> list[int]:
-    try:
-        vals = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise BenchError(f"{flag}: expected comma-separated integers (got {text!r})") from None
-    if any(v < 1 for v in vals):
-        raise BenchError(f"{flag}: values must be >= 1 (got {text!r})")
-    return vals
+    return _numbers(text, flag, int, 1)
 
 
 TIMELINE_NAME = "horovod-timeline.json"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import statistics
 import time
@@ -24,8 +23,8 @@ from . import checkpoint
 from .config import Config
 from .data import ShardedBatches
 from .distributed.base import GradientExchange
-from .errors import ConfigError, UserError
-from .logging import NullLogger, RunLogger
+from .errors import ConfigError
+from .logging import NullLogger
 from .tasks import make_task
 
 
@@ -194,10 +193,10 @@ class Trainer:
                     mean_loss = (ex.sum_over_workers(torch.stack([loss_acc.cpu() / n_acc]).double())[0] / workers).item()
                     last_train_loss = mean_loss
                     recent = step_times[-n_acc:]
+                    rate = workers * per_step * len(recent) / sum(recent)
                     values = {"train/loss": mean_loss, "train/lr": lr, "train/epoch": step / spe,
                               "perf/step_ms": 1e3 * statistics.median(recent),
-                              "perf/samples_per_sec": workers * per_step * len(recent) / sum(recent),
-                              **words_per_sec(self.task, workers * per_step * len(recent) / sum(recent)),
+                              "perf/samples_per_sec": rate, **words_per_sec(self.task, rate),
                               "comm/wait_ms": 1e3 * statistics.median(waits[-n_acc:])}
                     values.update({f"comm/{k_}": v for k_, v in ex.stats().items()})
                     log.scalars(step, values)
@@ -260,7 +259,3 @@ def config_text(cfg: Config) -> str:
 
 def flat_hparams(cfg: Config) -> dict[str, Any]:
     return {f"{sec}.{k}": v for sec, d in dataclasses.asdict(cfg).items() for k, v in d.items()}
-
-
-def finite(x: float) -> bool:
-    return isinstance(x, float) and math.isfinite(x)
