@@ -6,7 +6,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.install-stamp
 NP      ?= 2
 ARGS    ?=
-INSTALL_INPUTS := pyproject.toml tools/install.sh tools/build_horovod.sh tools/patches/horovod-0.28.1-cxx17.patch
+INSTALL_INPUTS := pyproject.toml tools/install.sh tools/build_horovod.sh $(wildcard tools/patches/*.patch)
 
 .PHONY: install train train-ptb test test-fast tensorboard clean help scaling commbench scaling-netns train-ps train-ps-colocated bench
 

@@ -2,7 +2,9 @@
 # Build (once) and install Horovod 0.28.1 into the project venv, patched for PyTorch >= 2.1.
 #
 # Horovod's last PyPI release is an sdist that compiles as C++14; PyTorch >= 2.1 headers need
-# C++17. We apply tools/patches/horovod-0.28.1-cxx17.patch and cache the resulting wheel under
+# C++17. We apply every tools/patches/horovod-0.28.1-*.patch in name order (cxx17: the build fix;
+# cycle-phase: keeps the ranks' background threads in phase, docs/performance.md) and cache the
+# resulting wheel under
 # $ALLREDUCE_TRAIN_CACHE (default ~/.cache/allreduce_train/wheels), keyed by the Horovod, torch
 # and Python versions plus the patch and build flags, so a repeated install takes seconds.
 #
@@ -12,14 +14,14 @@ set -euo pipefail
 
 HOROVOD_VERSION=0.28.1
 here=$(cd "$(dirname "$0")" && pwd)
-patch_file="$here/patches/horovod-${HOROVOD_VERSION}-cxx17.patch"
+patch_files=("$here"/patches/horovod-"${HOROVOD_VERSION}"-*.patch)  # name order
 PY=${PY:-.venv/bin/python}
 
 # The build must see the exact venv torch; its version and the python tag are part of the key.
 torch_ver=$("$PY" -c 'import torch; print(torch.__version__)')
 py_tag=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
 gpu_ops=${HOROVOD_GPU_OPERATIONS:-}
-patch_sum=$(sha256sum "$patch_file" | cut -c1-12)
+patch_sum=$(cat "${patch_files[@]}" | sha256sum | cut -c1-12)
 key="horovod-${HOROVOD_VERSION}_torch-${torch_ver}_${py_tag}_gpu-${gpu_ops:-none}_patch-${patch_sum}"
 cache_root=${ALLREDUCE_TRAIN_CACHE:-$HOME/.cache/allreduce_train}/wheels
 cache_dir="$cache_root/$key"
@@ -44,7 +46,9 @@ if ! ls "$cache_dir"/horovod-*.whl >/dev/null 2>&1; then
     trap 'rm -rf "$work"' EXIT
     "$PY" -m pip download --no-deps --no-binary :all: "horovod==${HOROVOD_VERSION}" -d "$work" -q
     tar -xzf "$work/horovod-${HOROVOD_VERSION}.tar.gz" -C "$work"
-    (cd "$work/horovod-${HOROVOD_VERSION}" && patch -p1 --forward < "$patch_file")
+    for p in "${patch_files[@]}"; do
+        (cd "$work/horovod-${HOROVOD_VERSION}" && patch -p1 --forward < "$p")
+    done
     # --no-build-isolation: the build imports the venv's torch (a fresh isolated env would pull
     # a multi-GB CUDA torch) plus cloudpickle, psutil, pyyaml, packaging installed beforehand.
     export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
