@@ -25,10 +25,23 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-# Timed steps per model when --steps is not given: about the same seconds per job.
-DEFAULT_STEPS = {"lenet5": 400, "resnet18": 12}
-DEFAULT_WARMUP = {"lenet5": 30, "resnet18": 3}
+# Timed steps per model when --steps is not given: a few seconds per job on one core.
+DEFAULT_STEPS = {"lenet5": 400, "resnet18": 12, "ptb-lstm-small": 60, "ptb-lstm-medium": 12}
+DEFAULT_WARMUP = {"lenet5": 30, "resnet18": 3, "ptb-lstm-small": 5, "ptb-lstm-medium": 2}
 BASELINES = ("horovod", "ddp")
+# The optimizer every implementation runs, so that the update costs the same everywhere (the
+# trainer would otherwise take a model's recipe, e.g. the LSTM's clipping and no momentum).
+SAME_OPTIMIZER = ["--momentum", "0.9", "--weight-decay", "0", "--grad-clip", "0"]
+
+
+@dataclass
+class Variant:
+    """An implementation run with other settings: ``--variant "NAME=BASE [KEY=VALUE ...] [--flag ...]"``."""
+
+    name: str
+    base: str  # trainer, horovod, ddp or trainer-<strategy>
+    env: dict[str, str] = field(default_factory=dict)
+    args: list[str] = field(default_factory=list)  # extra `train` flags (trainer bases only)
 
 
 @dataclass
@@ -39,18 +52,57 @@ class BenchSpec:
     repeats: int = 4
     steps: int = 0  # 0: DEFAULT_STEPS of the model
     warmup: int = -1  # -1: DEFAULT_WARMUP of the model
-    batch_size: int = 64
+    batch_size: int = 0  # 0: the model's own batch (ModelSpec.defaults), else 64
     threads: int = 1
     synthetic_samples: int = 6400
     out: str = ""
     timeout: float = 600.0
     oversubscribe: bool = False
+    variants: list[Variant] = field(default_factory=list)
 
     def steps_for(self, model: str) -> int:
         return self.steps or DEFAULT_STEPS.get(model, 50)
 
     def warmup_for(self, model: str) -> int:
         return self.warmup if self.warmup >= 0 else DEFAULT_WARMUP.get(model, 5)
+
+    def batch_for(self, model: str) -> int:
+        from models import MODELS
+
+        return self.batch_size or int(MODELS[model].defaults.get("batch_size", 64))
+
+    def variant(self, impl: str) -> Variant:
+        """The settings an implementation runs with (a plain one: none)."""
+        return next((v for v in self.variants if v.name == impl), Variant(impl, impl))
+
+
+def parse_variant(text: str, known: list[str]) -> Variant:
+    """``NAME=BASE [KEY=VALUE ...] [--flag value ...]`` -> a Variant; ValueError says what is wrong."""
+    import re
+    import shlex
+
+    name, eq, rest = text.partition("=")
+    name = name.strip()
+    if not eq or not re.fullmatch(r"[A-Za-z0-9_.+-]+", name):
+        raise ValueError(f"expected NAME=BASE [KEY=VALUE ...] [--flag ...], e.g. "
+                         f"\"cycle1=trainer HOROVOD_CYCLE_TIME=1\" (got {text!r})")
+    if name in known:
+        raise ValueError(f"name {name!r} is taken by an implementation; pick another")
+    words = shlex.split(rest)
+    if not words or words[0] not in known:
+        raise ValueError(f"{name}: the first word must be the implementation to vary, one of: {', '.join(known)}")
+    v = Variant(name, words[0])
+    flags_from = next((i for i, w in enumerate(words[1:], 1) if w.startswith("-")), len(words))
+    for w in words[1:flags_from]:
+        key, eq, value = w.partition("=")
+        if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise ValueError(f"{name}: {w!r} is not an environment setting KEY=VALUE (flags come after them)")
+        v.env[key] = value
+    v.args = words[flags_from:]
+    if v.args and not v.base.startswith("trainer"):
+        raise ValueError(f"{name}: flags ({' '.join(v.args)}) only apply to the trainer; {v.base} takes "
+                         "environment settings only")
+    return v
 
 
 def default_impls() -> list[str]:
@@ -77,8 +129,10 @@ def loadavg() -> list[float]:
 def job_args(impl: str, model: str, spec: BenchSpec, result: str, run_dir: str, name: str) -> tuple[str, list[str]]:
     """(allreduce_train subcommand, its arguments) for one measurement."""
     steps, warmup = spec.steps_for(model), spec.warmup_for(model)
-    common = ["--model", model, "--batch-size", str(spec.batch_size), "--threads", str(spec.threads),
+    common = ["--model", model, "--batch-size", str(spec.batch_for(model)), "--threads", str(spec.threads),
               "--synthetic-samples", str(spec.synthetic_samples)]
+    variant = spec.variant(impl)
+    impl = variant.base
     if impl.startswith("trainer"):
         strategy = impl.partition("-")[2] or "allreduce"
         # every rank trains, as with allreduce: the same number of workers computing
@@ -87,7 +141,7 @@ def job_args(impl: str, model: str, spec: BenchSpec, result: str, run_dir: str, 
         return "train", [*common, "--dataset", "synthetic", "--strategy", strategy, *placement,
                          "--steps", str(warmup + steps), "--perf-warmup-steps", str(warmup),
                          "--eval-every", never, "--checkpoint-every", never,
-                         "--run-dir", run_dir, "--name", name, "--no-progress"]
+                         *SAME_OPTIMIZER, "--run-dir", run_dir, "--name", name, "--no-progress", *variant.args]
     return "bench-rank", [*common, "--impl", impl, "--steps", str(steps), "--warmup-steps", str(warmup),
                           "--port", str(free_port()), "--result", result]
 
@@ -101,7 +155,7 @@ def run_job(impl: str, model: str, np: int, spec: BenchSpec, out: str, tag: str)
     command, args = job_args(impl, model, spec, result, run_dir, name)
     threads = str(spec.threads)
     # Same thread settings for every implementation: torch intra-op, OpenMP and MKL pools.
-    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, **spec.variant(impl).env}
     cmd = build_command(LaunchSpec(np=np, oversubscribe=spec.oversubscribe, module_args=[command],
                                    trainer_args=args), environ=env)
     record: dict[str, Any] = {"impl": impl, "model": model, "np": np, "tag": tag, "command": cmd,
@@ -250,29 +304,33 @@ def cmd_bench(args: argparse.Namespace) -> int:
     unknown = [m for m in models if m not in MODELS]
     if unknown:
         return fail(f"--models: unknown model {unknown[0]!r}; choose from: {', '.join(sorted(MODELS))}")
-    lm = [m for m in models if MODELS[m].task != "classify"]
-    if lm:
-        return fail(f"--models {lm[0]}: the bare Horovod and DDP loops time classification models only "
-                    f"(cross-entropy over classes); choose from: "
-                    f"{', '.join(sorted(n for n, s in MODELS.items() if s.task == 'classify'))}")
     try:
         nps = _int_list(args.np)
     except ValueError:
         return fail(f"--np {args.np!r}: expected a comma-separated list of rank counts, e.g. 1,2")
     if not nps or min(nps) < 1:
         return fail(f"--np {args.np!r}: rank counts must be >= 1")
-    impls = [i for i in args.impls.split(",") if i] if args.impls else default_impls()
-    bad = [i for i in impls if i not in default_impls()]
+    variants = []
+    for text in args.variant:
+        try:
+            variants.append(parse_variant(text, default_impls() + [v.name for v in variants]))
+        except ValueError as e:
+            return fail(f"--variant: {e}")
+    known = default_impls() + [v.name for v in variants]
+    impls = [i for i in args.impls.split(",") if i] if args.impls else known
+    bad = [i for i in impls if i not in known]
     if bad:
-        return fail(f"--impls: unknown implementation {bad[0]!r}; choose from: {', '.join(default_impls())}")
-    for flag, v in (("--repeats", args.repeats), ("--batch-size", args.batch_size), ("--threads", args.threads)):
+        return fail(f"--impls: unknown implementation {bad[0]!r}; choose from: {', '.join(known)}")
+    for flag, v in (("--repeats", args.repeats), ("--threads", args.threads)):
         if v < 1:
             return fail(f"{flag} must be >= 1 (got {v})")
+    if args.batch_size < 0:
+        return fail(f"--batch-size must be >= 1, or 0 for each model's own (got {args.batch_size})")
     if args.steps < 0 or args.warmup < -1:
         return fail("--steps must be >= 0 and --warmup >= 0 (or -1 for the model's default)")
     spec = BenchSpec(models=models, nps=nps, impls=impls, repeats=args.repeats, steps=args.steps, warmup=args.warmup,
                      batch_size=args.batch_size, threads=args.threads, synthetic_samples=args.synthetic_samples,
-                     out=args.out, timeout=args.timeout, oversubscribe=args.oversubscribe)
+                     out=args.out, timeout=args.timeout, oversubscribe=args.oversubscribe, variants=variants)
     return run_bench(spec)
 
 
@@ -294,12 +352,17 @@ def add_bench_parsers(sub) -> None:
                    help=f"timed steps per job (default per model: {DEFAULT_STEPS}, else 50)")
     b.add_argument("--warmup", type=int, default=-1,
                    help=f"untimed steps at the start of every job (default per model: {DEFAULT_WARMUP}, else 5)")
-    b.add_argument("--batch-size", type=int, default=64, help="per rank (default: 64)")
+    b.add_argument("--batch-size", type=int, default=0,
+                   help="per rank (default 0: the model's own, e.g. 64 for lenet5, 20 for ptb-lstm-small)")
     b.add_argument("--threads", type=int, default=1, help="torch/OpenMP/MKL threads per rank (default: 1)")
     b.add_argument("--synthetic-samples", type=int, default=6400, help="synthetic dataset size (default: 6400)")
     b.add_argument("--out", default="", help="output directory (default: runs/bench-<time>)")
     b.add_argument("--timeout", type=float, default=600.0, help="seconds before a job counts as hung (default: 600)")
     b.add_argument("--oversubscribe", action="store_true", help="allow more ranks than cores")
+    b.add_argument("--variant", action="append", default=[], metavar='"NAME=BASE [KEY=VALUE ...] [--flag ...]"',
+                   help="also time implementation BASE with these environment settings and (trainer only) flags, "
+                        "as column NAME; repeatable. E.g. --variant \"cycle1=trainer HOROVOD_CYCLE_TIME=1\" "
+                        "--variant \"fp16=trainer --compression fp16\"")
     b.set_defaults(func=cmd_bench)
     r = sub.add_parser("bench-rank", help="(internal) one rank of a bench baseline loop")
     from .bench_loops import add_arguments

@@ -11,7 +11,9 @@
 Every loop trains on the same batch the trainer's first step sees on this rank (same seed,
 same synthetic data, same shard), from the same initial parameters, so ``--dump-grads`` can
 check that all of them compute the same averaged gradient: the speed comparison is between
-equal work.
+equal work. Language models (``ptb-lstm-*``) run the same way on the first window of tokens;
+the bare loops restart the hidden state at zero every step, the trainer carries it (detached),
+which costs the same.
 """
 
 from __future__ import annotations
@@ -37,14 +39,23 @@ def launcher_rank() -> tuple[int, int]:
 def first_batch(model: str, batch_size: int, synthetic_samples: int, seed: int, rank: int, size: int):
     """This rank's share of the trainer's first global batch on the synthetic dataset."""
     from .data import ShardedBatches, synthetic
+    from .ptb import LMBatches, synthetic_lm
 
     spec = MODELS[model]
+    if spec.task == "lm":  # the first window of bptt tokens of this rank's rows of the stream
+        corpus = synthetic_lm(spec.num_classes, spec.bptt, synthetic_samples, seed)
+        return next(LMBatches(corpus.train, batch_size, spec.bptt, rank, size).batches(0))
     train_set, _ = synthetic(spec.input_shape, spec.num_classes, synthetic_samples, seed)
     return next(ShardedBatches(train_set, batch_size, rank, size, seed).batches(0))
 
 
 def loss_of(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(model(x), y)  # the trainer's loss
+    """The trainer's loss on its first step: cross-entropy over classes, or over every next token
+    of a window for a language model (whose hidden state starts at zero)."""
+    out = model(x)
+    if isinstance(out, tuple):  # language model: (logits (B, T, V), hidden)
+        return F.cross_entropy(out[0].flatten(0, 1), y.flatten())
+    return F.cross_entropy(out, y)
 
 
 def grads_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:

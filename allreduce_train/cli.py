@@ -52,6 +52,9 @@ def default_run_name(cfg, world: int) -> str:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from .memory import keep_freed_memory
+
+    keep_freed_memory()  # before the data and the model are allocated (docs/performance.md)
     try:
         cfg = build_config(args)
     except UserError as e:

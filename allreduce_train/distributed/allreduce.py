@@ -16,6 +16,7 @@ from .base import GradientExchange
 
 
 POLL_S = 1e-4  # sleep between polls of an in-flight allreduce: ~1 % of a LeNet-5 step
+ONE_HOST_CYCLE_MS = "0.25"  # HOROVOD_CYCLE_TIME when every rank is on this host (measured: docs/performance.md)
 
 
 def _import_horovod():
@@ -119,12 +120,25 @@ class HorovodAllreduce(GradientExchange):
         self.hvd = hvd = _import_horovod()
         self._rendezvous = gloo_under_mpirun(os.environ) if wants_gloo(cfg, os.environ) else None
         check_horovod_env(os.environ)
+        wait = os.environ.get("ALLREDUCE_TRAIN_WAIT", "sleep")
+        if wait not in ("sleep", "horovod"):
+            raise UserError(f"ALLREDUCE_TRAIN_WAIT={wait!r}: use sleep (the default) or horovod")
+        self._sleep_wait = wait == "sleep"
         # With MPI: a rank waiting in a collective yields its core instead of spinning on it, which
         # on a host without a spare core would slow the peer it waits for (docs/performance.md).
         os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
-        # Every cycle the background thread runs a coordination collective; 3 ms instead of Horovod's
-        # 1 ms leaves that CPU to the backward pass, at most 3 ms later exchange (docs/performance.md).
-        os.environ.setdefault("HOROVOD_CYCLE_TIME", "3")
+        # The background thread looks for ready gradients every HOROVOD_CYCLE_TIME ms; the last ones
+        # of a step wait for the next cycle. With the cycle-phase patch an idle cycle costs little,
+        # so on one host a short cycle wins (LeNet-5, 2 ranks: 0.25 ms ~10 % faster than Horovod's
+        # 1 ms, 3 ms ~20 % slower; docs/performance.md). Across hosts every cycle is a network
+        # round trip: Horovod's default stays.
+        # One process exchanges nothing (prepare() skips Horovod): a slow cycle keeps the idle
+        # thread's CPU (~11 % of a core at 0.25 ms) for training.
+        world = os.environ.get("OMPI_COMM_WORLD_SIZE", "1")
+        if world == "1":
+            os.environ.setdefault("HOROVOD_CYCLE_TIME", "5")
+        elif os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") == world:
+            os.environ.setdefault("HOROVOD_CYCLE_TIME", ONE_HOST_CYCLE_MS)
         hvd.init()  # communication: forms the process group (MPI_Init under mpirun, or Gloo's rendezvous)
         self.rank, self.size = hvd.rank(), hvd.size()
         self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
@@ -174,12 +188,14 @@ class HorovodAllreduce(GradientExchange):
         # Horovod's own wait spins on sched_yield; on a host without a spare core the spinning thread
         # takes CPU from the background thread that does the allreduce and from the other ranks'
         # backward pass. Sleep until every handle is done, so the wait below returns at once.
+        # ALLREDUCE_TRAIN_WAIT=horovod keeps Horovod's wait (for comparison: docs/performance.md).
         # (_handles: {param: (handle, ctx)} in Horovod 0.28; None/callable handles are not in flight.)
-        for handle, _ in list(getattr(self._optimizer, "_handles", {}).values()):
-            if handle is None or callable(handle):
-                continue
-            while not self.hvd.poll(handle):
-                time.sleep(POLL_S)
+        if self._sleep_wait:
+            for handle, _ in list(getattr(self._optimizer, "_handles", {}).values()):
+                if handle is None or callable(handle):
+                    continue
+                while not self.hvd.poll(handle):
+                    time.sleep(POLL_S)
         self._optimizer.synchronize()  # communication: wait for the in-flight allreduces
 
     def apply(self, optimizer) -> None:
@@ -190,12 +206,18 @@ class HorovodAllreduce(GradientExchange):
             optimizer.step()
 
     def sum_over_workers(self, values: torch.Tensor) -> torch.Tensor:
+        if self.size == 1:  # nothing to add: no round trip through the background thread
+            return values
         return self.hvd.allreduce(values, op=self.hvd.Sum, name="metrics")  # communication
 
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:
+        if self.size == 1:
+            return obj
         return self.hvd.broadcast_object(obj, root_rank=root)  # communication
 
     def allgather_object(self, obj: Any) -> list[Any]:
+        if self.size == 1:
+            return [obj]
         return self.hvd.allgather_object(obj, name="allgather_object")  # communication
 
     def close(self) -> None:
