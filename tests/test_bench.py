@@ -3,6 +3,7 @@ Horovod settings that crash."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -11,7 +12,7 @@ import torch
 
 from conftest import ROOT, check, launch, rel_diff
 
-from allreduce_train.bench import BenchSpec, free_port, summarise, table
+from allreduce_train.bench import BenchSpec, free_port, parse_variant, summarise, table
 from allreduce_train.bench_loops import first_batch, loss_of
 from allreduce_train.distributed.allreduce import check_horovod_env
 from allreduce_train.errors import UserError
@@ -45,12 +46,14 @@ def test_bench_tiny_setting_prints_table_and_writes_json_for_every_implementatio
 
 
 @pytest.mark.mpi
-def test_every_implementation_computes_the_same_averaged_gradient(tmp_path):
+@pytest.mark.parametrize("model_name", ["lenet5", "ptb-lstm-small"])
+def test_every_implementation_computes_the_same_averaged_gradient(tmp_path, model_name):
     """Equal work: for the same inputs each implementation's averaged gradient is the gradient of
     the union batch in one process; without the exchange a rank's own gradient is far from it."""
     grads = {}
-    for impl, extra in (("horovod", []), ("ddp", []), ("trainer", []), ("trainer-gloo", ["--horovod-backend", "gloo"])):
-        check(launch(2, ["--impl", impl.split("-")[0], *extra, "--port", str(free_port()),
+    impls = (("horovod", []), ("ddp", []), ("trainer", []), ("trainer-gloo", ["--horovod-backend", "gloo"]))
+    for impl, extra in impls if model_name == "lenet5" else impls[:3]:
+        check(launch(2, ["--impl", impl.split("-")[0], "--model", model_name, *extra, "--port", str(free_port()),
                          "--dump-grads", str(tmp_path / f"{impl}-{{rank}}.pt")], command="bench-rank"))
         r0 = torch.load(tmp_path / f"{impl}-0.pt", weights_only=True)
         r1 = torch.load(tmp_path / f"{impl}-1.pt", weights_only=True)
@@ -58,16 +61,52 @@ def test_every_implementation_computes_the_same_averaged_gradient(tmp_path):
         grads[impl] = r0
 
     torch.manual_seed(42)
-    model = MODELS["lenet5"].build()
-    x, y = first_batch("lenet5", 128, 6400, 42, rank=0, size=1)  # both ranks' batches of 64 together
+    model = MODELS[model_name].build()
+    x, y = first_batch(model_name, 128, 6400, 42, rank=0, size=1)  # both ranks' batches of 64 together
     loss_of(model, x, y).backward()
     union = {n: p.grad for n, p in model.named_parameters()}
     for impl, g in grads.items():
         assert rel_diff(g, union) <= 1e-5, impl
     model.zero_grad()
-    x0, y0 = first_batch("lenet5", 64, 6400, 42, rank=0, size=2)
+    x0, y0 = first_batch(model_name, 64, 6400, 42, rank=0, size=2)
     loss_of(model, x0, y0).backward()
     assert rel_diff({n: p.grad for n, p in model.named_parameters()}, union) > 1e-2
+
+
+@pytest.mark.mpi
+def test_bench_times_a_language_model_and_variants(tmp_path):
+    out = tmp_path / "bench"
+    proc = check(bench("--models", "ptb-lstm-small", "--np", "2", "--impls", "trainer,horovod,ddp,cycle1",
+                       "--variant", "cycle1=trainer HOROVOD_CYCLE_TIME=1", "--repeats", "1", "--steps", "2",
+                       "--warmup", "1", "--out", str(out)))
+    report = json.loads((out / "bench.json").read_text())
+    assert report["impls"] == ["trainer", "horovod", "ddp", "cycle1"]
+    (row,) = report["rows"]
+    assert row["model"] == "ptb-lstm-small" and set(row["impls"]) == set(report["impls"])
+    assert "trainer/cycle1" in proc.stdout
+    # the variant ran the trainer with its own setting, the plain trainer with the default
+    runs = out / "runs"
+    variant = json.loads((runs / "ptb-lstm-small-cycle1-np2-r0" / "metrics.json").read_text())
+    plain = json.loads((runs / "ptb-lstm-small-trainer-np2-r0" / "metrics.json").read_text())
+    assert variant["horovod_cycle_time_ms"] == 1.0 and plain["horovod_cycle_time_ms"] == 0.25
+    assert variant["model"] == "ptb-lstm-small" and variant["batch_size"] == 20 and variant["workers"] == 2
+
+
+def test_variant_parsing():
+    known = ["trainer", "horovod", "ddp", "trainer-ps"]
+    v = parse_variant("fp16=trainer HOROVOD_CYCLE_TIME=1 OMPI_MCA_mpi_yield_when_idle=0 --compression fp16", known)
+    assert (v.name, v.base) == ("fp16", "trainer")
+    assert v.env == {"HOROVOD_CYCLE_TIME": "1", "OMPI_MCA_mpi_yield_when_idle": "0"}
+    assert v.args == ["--compression", "fp16"]
+    assert parse_variant("h1=horovod HOROVOD_CYCLE_TIME=1", known).env == {"HOROVOD_CYCLE_TIME": "1"}
+    for bad, says in (("noequals", "NAME=BASE"), ("x=nosuch", "first word"), ("trainer=trainer", "taken"),
+                      ("x=ddp --threads 2", "only apply to the trainer"),
+                      ("x=trainer --compression fp16 K=V", None), ("x=trainer lower", "KEY=VALUE")):
+        if says is None:  # after the first flag everything is a flag argument
+            assert parse_variant(bad, known).args == ["--compression", "fp16", "K=V"]
+            continue
+        with pytest.raises(ValueError, match=says):
+            parse_variant(bad, known)
 
 
 @pytest.mark.mpi
@@ -131,8 +170,10 @@ def test_horovod_background_threads_do_not_spin_while_idle():
     env = {**os.environ, "PYTHONPATH": str(ROOT / "tests"), "HOROVOD_CYCLE_TIME": "1"}  # Horovod's default
     cmd = build_command(LaunchSpec(np=2, module="horovod_idle_rank", module_args=["2"]), environ=env)
     proc = check(subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120))
-    ranks = [dict(zip(line.split()[::2], line.split()[1::2])) for line in proc.stdout.splitlines()
-             if line.startswith("rank ")]
+    # the ranks' lines may arrive interleaved on one line of mpirun's output
+    ranks = [m.groupdict() for m in re.finditer(r"rank (?P<rank>\d+) size (?P<size>\d+) sum (?P<sum>\S+) "
+                                                 r"idle_s (?P<idle_s>[\d.]+) background_cpu_s (?P<background_cpu_s>[\d.]+)",
+                                                 proc.stdout)]
     assert len(ranks) == 2 and all(r["size"] == "2" and r["sum"] == "3" for r in ranks), proc.stdout
     for r in ranks:
         assert float(r["background_cpu_s"]) < 0.3 * float(r["idle_s"]), r

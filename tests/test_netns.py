@@ -176,7 +176,9 @@ def test_failing_rank_ends_the_job_and_the_cluster_is_removed(capfd, namespaces_
 @pytest.mark.mpi
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm", "timeout"])
 def test_interrupted_or_overdue_run_removes_the_cluster(tmp_path, namespaces_permitted, how):
-    cmd = [sys.executable, "-m", "launch", "-np", "2", "--emulate-hosts", "2", "--timeout", "20", "--",
+    # the signal cases must not race the timeout when a loaded machine starts the job slowly
+    timeout = "20" if how == "timeout" else "90"
+    cmd = [sys.executable, "-m", "launch", "-np", "2", "--emulate-hosts", "2", "--timeout", timeout, "--",
            *QUICK, "--steps", "100000", "--run-dir", str(tmp_path)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})

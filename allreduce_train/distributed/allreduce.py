@@ -150,6 +150,7 @@ class HorovodAllreduce(GradientExchange):
             "backward_passes_per_step": self.cfg.backward_passes_per_step,
             "reduce_op": self.cfg.reduce_op,
             "horovod_controller": "mpi" if self.hvd.mpi_enabled() else "gloo",
+            "horovod_cycle_time_ms": float(os.environ.get("HOROVOD_CYCLE_TIME", 1.0)),  # Horovod's default: 1
         }
 
     def prepare(self, model, optimizer):
