@@ -16,7 +16,7 @@ help:
 	@echo "make train-ps     the same with a parameter server: 1 dedicated server rank + 2 workers (sync)"
 	@echo "make train-ps-colocated  the same with a server shard on each of 2 training ranks (sync)"
 	@echo "make train-ptb    Zaremba's small LSTM LM, $(NP) ranks, on the offline corpus (DATA_DIR=<real PTB copy>)"
-	@echo "make bench        trainer vs bare Horovod loop vs torch DDP, 1 and 2 ranks -> runs/bench-<time>/ (~5 min)"
+	@echo "make bench        trainer vs bare Horovod loop vs torch DDP vs PS, LeNet-5/LSTM/ResNet-18, 1 and 2 ranks -> runs/bench-<time>/ (~20 min)"
 	@echo "make test         the test suite (unit + real ranks under mpirun)"
 	@echo "make tensorboard  serve runs/ on http://127.0.0.1:6006"
 	@echo "make scaling      allreduce vs PS grid, 1 and 2 workers -> runs/scaling/<time>/report.md (~20 min)"
@@ -50,8 +50,9 @@ train-ps-colocated: install
 		--strategy ps --ps-placement colocated $(ARGS)
 
 # Alternating jobs, medians of 4 rounds; ARGS="--models lenet5,resnet18 --repeats 6" for more.
+BENCH_MODELS ?= lenet5,ptb-lstm-small,resnet18
 bench: install
-	$(PY) -m allreduce_train bench $(ARGS)
+	$(PY) -m allreduce_train bench --models $(BENCH_MODELS) --repeats 3 $(ARGS)
 
 scaling: install
 	$(PY) -m allreduce_train scaling $(ARGS)
