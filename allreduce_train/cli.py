@@ -54,8 +54,8 @@ def default_run_name(cfg, world: int) -> str:
 def cmd_train(args: argparse.Namespace) -> int:
     from .memory import keep_freed_memory
 
-    keep_freed_memory()  # before the data and the model are allocated (docs/performance.md)
     try:
+        keep_freed_memory()  # before the data and the model are allocated (docs/performance.md)
         cfg = build_config(args)
     except UserError as e:
         return fail_before_init(str(e))

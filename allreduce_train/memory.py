@@ -5,6 +5,8 @@ from __future__ import annotations
 import ctypes
 import os
 
+from .errors import UserError
+
 # glibc's mallopt() parameters (malloc.h) and the values the trainer sets, by their environment
 # variable: a variable the user set wins (glibc has already read it).
 _MALLOPT = {
@@ -22,8 +24,14 @@ def keep_freed_memory(environ=os.environ) -> dict[str, int]:
     the heap once 128 kB are free, so each step returns its memory to the kernel and faults it back
     in, page by page, zeroed: measured with 2 ranks of LeNet-5 on 2 cores, 2 s of system time per
     1000 steps and 20 % lower throughput (docs/performance.md). Returns what was set; a no-op
-    without glibc.
+    without glibc, and with ALLREDUCE_TRAIN_MALLOC=glibc (glibc's own behaviour, for comparison
+    or to return memory to the system between steps).
     """
+    mode = environ.get("ALLREDUCE_TRAIN_MALLOC", "keep")
+    if mode not in ("keep", "glibc"):
+        raise UserError(f"ALLREDUCE_TRAIN_MALLOC={mode!r}: use keep (the default) or glibc")
+    if mode == "glibc":
+        return {}
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):

@@ -105,6 +105,14 @@ def wants_gloo(cfg: ExchangeConfig, environ) -> bool:
     return cfg.horovod_backend == "gloo"
 
 
+def _cycle_ms(environ) -> float | None:
+    """The HOROVOD_CYCLE_TIME Horovod runs with (its default: 1 ms); None if it is not a number."""
+    try:
+        return float(environ.get("HOROVOD_CYCLE_TIME", 1.0))
+    except ValueError:
+        return None
+
+
 class HorovodAllreduce(GradientExchange):
     """Every worker holds all parameters; gradients are averaged with Horovod's ring allreduce.
 
@@ -150,7 +158,7 @@ class HorovodAllreduce(GradientExchange):
             "backward_passes_per_step": self.cfg.backward_passes_per_step,
             "reduce_op": self.cfg.reduce_op,
             "horovod_controller": "mpi" if self.hvd.mpi_enabled() else "gloo",
-            "horovod_cycle_time_ms": float(os.environ.get("HOROVOD_CYCLE_TIME", 1.0)),  # Horovod's default: 1
+            "horovod_cycle_time_ms": _cycle_ms(os.environ),
         }
 
     def prepare(self, model, optimizer):
