@@ -8,7 +8,7 @@ NP      ?= 2
 ARGS    ?=
 INSTALL_INPUTS := pyproject.toml tools/install.sh tools/build_horovod.sh $(wildcard tools/patches/*.patch)
 
-.PHONY: install train train-ptb test test-fast tensorboard clean help scaling commbench scaling-netns train-ps train-ps-colocated bench
+.PHONY: install train train-ptb test test-fast tensorboard clean help scaling commbench scaling-netns train-ps train-ps-colocated bench bench-tuning
 
 help:
 	@echo "make install      Debian packages, .venv, torch (CPU), patched Horovod (cached wheel)"
@@ -17,6 +17,7 @@ help:
 	@echo "make train-ps-colocated  the same with a server shard on each of 2 training ranks (sync)"
 	@echo "make train-ptb    Zaremba's small LSTM LM, $(NP) ranks, on the offline corpus (DATA_DIR=<real PTB copy>)"
 	@echo "make bench        trainer vs bare Horovod loop vs torch DDP vs PS, LeNet-5/LSTM/ResNet-18, 1 and 2 ranks -> runs/bench-<time>/ (~20 min)"
+	@echo "make bench-tuning the trainer's defaults vs one change each (cycle time, waits, allocator, gloo, fp16, ...), 2 ranks (~12 min)"
 	@echo "make test         the test suite (unit + real ranks under mpirun)"
 	@echo "make tensorboard  serve runs/ on http://127.0.0.1:6006"
 	@echo "make scaling      allreduce vs PS grid, 1 and 2 workers -> runs/scaling/<time>/report.md (~20 min)"
@@ -53,6 +54,18 @@ train-ps-colocated: install
 BENCH_MODELS ?= lenet5,ptb-lstm-small,resnet18
 bench: install
 	$(PY) -m allreduce_train bench --models $(BENCH_MODELS) --repeats 3 $(ARGS)
+
+# The tuning table of docs/performance.md: the trainer's defaults against one change each, 2 ranks.
+MALLOC_KEEP := MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_TOP_PAD_=67108864
+TUNING_MODELS ?= lenet5,ptb-lstm-small
+bench-tuning: install
+	$(PY) -m allreduce_train bench --models $(TUNING_MODELS) --np 2 --repeats 3 \
+	    --variant "cycle1=trainer HOROVOD_CYCLE_TIME=1" --variant "cycle3=trainer HOROVOD_CYCLE_TIME=3" \
+	    --variant "yield0=trainer OMPI_MCA_mpi_yield_when_idle=0" --variant "hvdwait=trainer ALLREDUCE_TRAIN_WAIT=horovod" \
+	    --variant "glibc=trainer ALLREDUCE_TRAIN_MALLOC=glibc" --variant "fusion128mb=trainer HOROVOD_FUSION_THRESHOLD=134217728" \
+	    --variant "gloo=trainer --horovod-backend gloo" --variant "fp16=trainer --compression fp16" \
+	    --variant "k2=trainer --backward-passes-per-step 2" --variant "ddp+malloc=ddp $(MALLOC_KEEP)" \
+	    --impls trainer,cycle1,cycle3,yield0,hvdwait,glibc,fusion128mb,gloo,fp16,k2,horovod,ddp,ddp+malloc $(ARGS)
 
 scaling: install
 	$(PY) -m allreduce_train scaling $(ARGS)

@@ -178,6 +178,7 @@ def run_job(impl: str, model: str, np: int, spec: BenchSpec, out: str, tag: str)
     else:
         said = [ln for ln in tail.splitlines() if "error" in ln.lower()]
         record["error"] = (said or [f"exit {rc}"])[0].strip()
+        record["output_tail"] = tail  # what the job printed last, to see why
     return record
 
 
@@ -187,7 +188,8 @@ def summarise(jobs: list[dict[str, Any]], spec: BenchSpec, impls: list[str]) -> 
     for model in spec.models:
         for np in spec.nps:
             mine = [j for j in jobs if j["model"] == model and j["np"] == np]
-            row: dict[str, Any] = {"model": model, "np": np, "impls": {}, "ratios": {}, "efficiency": {}}
+            row: dict[str, Any] = {"model": model, "np": np, "impls": {}, "ratios": {}, "efficiency": {},
+                                   "rounds": len({j["tag"] for j in mine})}
             loads = [j["loadavg_before"][0] for j in mine if j["loadavg_before"]]
             row["loadavg_1min"] = [min(loads), max(loads)] if loads else []
             for impl in impls:
@@ -215,8 +217,36 @@ def summarise(jobs: list[dict[str, Any]], spec: BenchSpec, impls: list[str]) -> 
     return rows
 
 
+WIDE_MAX = 5  # more implementations than this: one line per implementation instead of one per row
+
+
+def long_table(rows: list[dict[str, Any]], impls: list[str]) -> str:
+    """The same figures, one line per (model, ranks, implementation): readable with many variants."""
+    lines = ["| model | ranks | implementation | samples/s | trainer/it | efficiency | CPU ms/step |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        for i in impls:
+            s = r["impls"].get(i)
+            q = r["ratios"].get(f"trainer/{i}")
+            e = r["efficiency"].get(i)
+            cells = [r["model"], str(r["np"]), i,
+                     f"{s['median']:.0f} ({s['min']:.0f}-{s['max']:.0f})" + ("" if s["n"] == r["rounds"] else
+                                                                             f" [{s['n']} of {r['rounds']}]")
+                     if s else "failed",
+                     "1" if i == "trainer" else f"{q['median']:.2f} ({q['min']:.2f}-{q['max']:.2f})" if q else "-",
+                     f"{e:.2f}" if e is not None and r["np"] > 1 else "-",
+                     f"{s['cpu_ms_per_step']:.1f}" if s and s.get("cpu_ms_per_step") else "-"]
+            lines.append("| " + " | ".join(cells) + " |")
+    loads = [v for r in rows for v in r["loadavg_1min"]]
+    if loads:
+        lines += ["", f"1-minute load when the jobs started: {min(loads):.1f}-{max(loads):.1f}"]
+    return "\n".join(lines)
+
+
 def table(rows: list[dict[str, Any]], impls: list[str]) -> str:
     """A Markdown table: samples/s as median (min-max), ratios as median of same-round pairs."""
+    if len(impls) > WIDE_MAX:
+        return long_table(rows, impls)
     ratio_keys = [f"trainer/{b}" for b in impls if b != "trainer"]
     head = ["model", "ranks", *(f"{i} samples/s" for i in impls), *ratio_keys,
             *(f"eff. {i}" for i in impls), "load 1 min"]
