@@ -180,8 +180,11 @@ def test_interrupted_or_overdue_run_removes_the_cluster(tmp_path, namespaces_per
     timeout = "20" if how == "timeout" else "90"
     cmd = [sys.executable, "-m", "launch", "-np", "2", "--emulate-hosts", "2", "--timeout", timeout, "--",
            *QUICK, "--steps", "100000", "--run-dir", str(tmp_path)]
+    # As from a terminal: a test suite started in the background (`make test &`, nohup) has SIGINT
+    # ignored, and a child would inherit that and never see the Ctrl-C this test sends.
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+                            env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     prefix = f"art-{proc.pid}-0"
     try:
         inodes: set[int] = set()
