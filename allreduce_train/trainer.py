@@ -25,7 +25,6 @@ from .data import ShardedBatches
 from .distributed.base import GradientExchange
 from .errors import ConfigError
 from .logging import NullLogger
-from .memory import keep_freed_memory
 from .tasks import make_task
 
 
@@ -80,7 +79,6 @@ class Trainer:
     def build(self) -> Setup:
         cfg, ex = self.cfg, self.ex
         device = pick_device(cfg, ex.local_rank)
-        keep_freed_memory()
         torch.set_num_threads(cfg.train.threads or max(1, local_cores() // ex.local_size))
         torch.manual_seed(cfg.train.seed)  # same seed everywhere: identical initial parameters
 
