@@ -367,7 +367,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_bench_rank(args: argparse.Namespace) -> int:
     from .bench_loops import run_rank
 
-    return run_rank(args)
+    rc = run_rank(args)
+    if args.impl == "ddp":
+        # Results are written and the process group is gone: skip the interpreter's teardown, where
+        # torch's gloo threads can still abort the process (a baseline's exit, not what is timed).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    return rc
 
 
 def add_bench_parsers(sub) -> None:

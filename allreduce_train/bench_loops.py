@@ -103,7 +103,13 @@ def setup_ddp(model: torch.nn.Module, lr: float, port: int):
         dist.all_reduce(t)  # communication: sum
         return t
 
-    return step, total, dist.destroy_process_group
+    def close():
+        # Both ranks finish before either tears gloo down: a rank whose peer has already closed its
+        # sockets aborted now and then ("terminate called without an active exception", exit 134).
+        dist.barrier()  # communication
+        dist.destroy_process_group()
+
+    return step, total, close
 
 
 def trainer_grads(args: argparse.Namespace) -> tuple[dict[str, torch.Tensor], int]:
