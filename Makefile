@@ -53,13 +53,13 @@ train-ps-colocated: install
 # Alternating jobs, medians of 4 rounds; ARGS="--models lenet5,resnet18 --repeats 6" for more.
 BENCH_MODELS ?= lenet5,ptb-lstm-small,resnet18
 bench: install
-	$(PY) -m allreduce_train bench --models $(BENCH_MODELS) --repeats 3 $(ARGS)
+	$(PY) -m allreduce_train.experiments bench --models $(BENCH_MODELS) --repeats 3 $(ARGS)
 
 # The tuning table of docs/performance.md: the trainer's defaults against one change each, 2 ranks.
 MALLOC_KEEP := MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_TOP_PAD_=67108864
 TUNING_MODELS ?= lenet5,ptb-lstm-small
 bench-tuning: install
-	$(PY) -m allreduce_train bench --models $(TUNING_MODELS) --np 2 --repeats 3 \
+	$(PY) -m allreduce_train.experiments bench --models $(TUNING_MODELS) --np 2 --repeats 3 \
 	    --variant "cycle1=trainer HOROVOD_CYCLE_TIME=1" --variant "cycle3=trainer HOROVOD_CYCLE_TIME=3" \
 	    --variant "yield0=trainer OMPI_MCA_mpi_yield_when_idle=0" --variant "hvdwait=trainer ALLREDUCE_TRAIN_WAIT=horovod" \
 	    --variant "glibc=trainer ALLREDUCE_TRAIN_MALLOC=glibc" --variant "fusion128mb=trainer HOROVOD_FUSION_THRESHOLD=134217728" \
@@ -68,13 +68,13 @@ bench-tuning: install
 	    --impls trainer,cycle1,cycle3,yield0,hvdwait,glibc,fusion128mb,gloo,fp16,k2,horovod,ddp,ddp+malloc $(ARGS)
 
 scaling: install
-	$(PY) -m allreduce_train scaling $(ARGS)
+	$(PY) -m allreduce_train.experiments scaling $(ARGS)
 
 scaling-netns: install
-	$(PY) -m allreduce_train.netns_scaling $(ARGS)
+	$(PY) -m allreduce_train.experiments scaling-netns $(ARGS)
 
 commbench: install
-	$(PY) -m allreduce_train commbench --np $(NP) --models lenet5,ptb-lstm-small,resnet18 $(ARGS)
+	$(PY) -m allreduce_train.experiments commbench --np $(NP) --models lenet5,ptb-lstm-small,resnet18 $(ARGS)
 
 test: install
 	$(PY) -m pytest -q tests $(ARGS)

@@ -68,7 +68,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return fail_before_init(str(e))
 
     from .trainer import Trainer, config_text, flat_hparams
-    from .logging import NullLogger, RunLogger
+    from .run_logger import NullLogger, RunLogger
 
     log = NullLogger()
     try:
@@ -164,8 +164,9 @@ class _Parser(argparse.ArgumentParser):
 def make_parser() -> "_Parser":
     parser = _Parser(
         prog="allreduce_train",
-        description="Data-parallel PyTorch training with Horovod ring allreduce. Launch with "
-                    "`python -m launch -np N -- ARGS` or mpirun.",
+        description="Data-parallel PyTorch training: ring allreduce (Horovod) or a parameter server behind "
+                    "one trainer. Launch with `python -m launch -np N -- ARGS` or mpirun. Experiments (bench, "
+                    "scaling, commbench): `python -m allreduce_train.experiments --help`.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -174,19 +175,6 @@ def make_parser() -> "_Parser":
     train.set_defaults(func=cmd_train)
     models = sub.add_parser("models", help="list the registered models")
     models.set_defaults(func=cmd_models)
-    from . import commbench, scaling
-
-    bench_comm = sub.add_parser("commbench", help="time the gradient exchange alone: Horovod, raw MPI, PS "
-                                                  "(with --np N it launches the jobs; under mpirun it is one rank)")
-    commbench.add_arguments(bench_comm)
-    bench_comm.set_defaults(func=commbench.main)
-    grid = sub.add_parser("scaling", help="scaling grid: strategies x models x worker counts -> report, plot, "
-                                          "TensorBoard, cost model")
-    scaling.add_arguments(grid)
-    grid.set_defaults(func=scaling.main)
-    from .bench import add_bench_parsers
-
-    add_bench_parsers(sub)
     return parser
 
 

@@ -25,6 +25,7 @@ from .errors import ConfigError
 
 DEFAULT_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 DATASETS = ("fashion-mnist", "ptb", "synthetic")
+STRATEGIES = ("allreduce", "ps")  # distributed.create_exchange builds each
 
 
 def _f(default: Any, help: str, choices: tuple | None = None) -> Any:
@@ -42,6 +43,15 @@ def flag(name: str) -> str:
 def _check(cond: bool, name: str, what: str, value: Any) -> None:
     if not cond:
         raise ConfigError(f"{flag(name)} {what} (got {value!r})")
+
+
+def _check_choices(section: Any) -> None:
+    """Every field with ``choices`` in its metadata holds one of them (a TOML file bypasses argparse)."""
+    for f in dataclasses.fields(section):
+        choices = f.metadata.get("choices")
+        value = getattr(section, f.name)
+        if choices and value not in choices:
+            raise ConfigError(f"{flag(f.name)}: unknown value {value!r}; choose one of: {', '.join(choices)}")
 
 
 @dataclass
@@ -73,7 +83,7 @@ class DataConfig:
     synthetic_samples: int = _f(6400, "samples in the synthetic dataset (fixed-shape random data, no I/O)")
 
     def __post_init__(self) -> None:
-        _check(self.dataset in DATASETS, "dataset", f"must be one of {', '.join(DATASETS)}", self.dataset)
+        _check_choices(self)
         if not self.data_dir and self.dataset == "fashion-mnist":
             self.data_dir = DEFAULT_FASHION_MNIST_DIR
         _check(self.batch_size >= 1, "batch_size", "must be >= 1", self.batch_size)
@@ -105,7 +115,7 @@ class ExchangeConfig:
     """How gradients travel between workers."""
 
     strategy: str = _f("allreduce", "gradient exchange: ring allreduce (Horovod) or parameter servers (ps)",
-                       ("allreduce", "ps"))
+                       STRATEGIES)
     compression: str = _f("none", "gradient compression on the wire (allreduce)", ("none", "fp16"))
     backward_passes_per_step: int = _f(1, "local gradient accumulation steps per exchange (allreduce)")
     reduce_op: str = _f("average", "allreduce reduction", ("average", "adasum"))
@@ -124,18 +134,9 @@ class ExchangeConfig:
     ps_timeout: float = _f(300.0, "ps: seconds without progress after which a waiting rank ends the job with an error")
 
     def __post_init__(self) -> None:
-        from .distributed import STRATEGIES
-
-        if self.strategy not in STRATEGIES:
-            raise ConfigError(f"--strategy: unknown strategy {self.strategy!r}; choose one of: {', '.join(STRATEGIES)}")
-        _check(self.compression in ("none", "fp16"), "compression", "must be none or fp16", self.compression)
+        _check_choices(self)
         _check(self.backward_passes_per_step >= 1, "backward_passes_per_step", "must be >= 1", self.backward_passes_per_step)
-        _check(self.reduce_op in ("average", "adasum"), "reduce_op", "must be average or adasum", self.reduce_op)
-        _check(self.horovod_backend in ("mpi", "gloo"), "horovod_backend", "must be mpi or gloo", self.horovod_backend)
-        _check(self.ps_placement in ("dedicated", "colocated"), "ps_placement", "must be dedicated or colocated",
-               self.ps_placement)
         _check(self.ps_servers >= 0, "ps_servers", "must be >= 0", self.ps_servers)
-        _check(self.ps_mode in ("sync", "async"), "ps_mode", "must be sync or async", self.ps_mode)
         _check(self.ps_bucket_bytes >= 4, "ps_bucket_bytes", "must be >= 4 (one float32)", self.ps_bucket_bytes)
         _check(self.ps_split_bytes >= 4, "ps_split_bytes", "must be >= 4 (one float32)", self.ps_split_bytes)
         _check(self.ps_timeout > 0, "ps_timeout", "must be > 0", self.ps_timeout)
@@ -163,7 +164,7 @@ class TrainConfig:
         _check(self.eval_every >= 0, "eval_every", "must be >= 0", self.eval_every)
         _check(self.perf_warmup_steps >= 0, "perf_warmup_steps", "must be >= 0", self.perf_warmup_steps)
         _check(self.threads >= 0, "threads", "must be >= 0", self.threads)
-        _check(self.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda", self.device)
+        _check_choices(self)
 
 
 @dataclass
@@ -218,9 +219,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             if typ is bool:
                 group.add_argument(flag(f.name), action=argparse.BooleanOptionalAction, **kwargs)
             else:
-                if "choices" in f.metadata:
+                metavar = f.name.upper()
+                if "choices" in f.metadata:  # shown in --help as {a,b}
                     kwargs["choices"] = f.metadata["choices"]
-                group.add_argument(flag(f.name), type=typ, metavar=f.name.upper(), **kwargs)
+                    metavar = "{" + ",".join(f.metadata["choices"]) + "}"
+                group.add_argument(flag(f.name), type=typ, metavar=metavar, **kwargs)
 
 
 def _apply_model_defaults(values: dict[str, dict[str, Any]]) -> None:

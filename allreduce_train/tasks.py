@@ -17,9 +17,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from . import ptb
+from .data import ptb
 from .config import Config
-from .data import ShardedBatches, TensorDataset, eval_shard, fashion_mnist, synthetic
+from .data.images import ShardedBatches, TensorDataset, eval_shard, fashion_mnist, synthetic
 from .errors import ConfigError
 
 from models import MODELS, ModelSpec

@@ -21,10 +21,10 @@ import torch
 
 from . import checkpoint
 from .config import Config
-from .data import ShardedBatches
+from .data.images import ShardedBatches
 from .distributed.base import GradientExchange
 from .errors import ConfigError
-from .logging import NullLogger
+from .run_logger import NullLogger
 from .tasks import make_task
 
 

@@ -32,9 +32,20 @@ if TYPE_CHECKING:  # launch.netns is imported only when a cluster is emulated
     from .netns import ClusterSpec
 
 # Forwarded to every rank when set here (plus every HOROVOD_* and NCCL_* variable).
-FORWARD_VARS = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+FORWARD_VARS = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "HWLOC_COMPONENTS",
                 "ALLREDUCE_TRAIN_PROGRESS", "ALLREDUCE_TRAIN_TRACEBACK", "CUDA_VISIBLE_DEVICES")
 FORWARD_PREFIXES = ("HOROVOD_", "NCCL_")
+TRAINER = "allreduce_train"
+
+
+def no_gl_probe(environ: dict[str, str]) -> dict[str, str]:
+    """``environ`` with ``HWLOC_COMPONENTS=-gl`` unless the user chose hwloc's components.
+
+    Why: Open MPI's hwloc (Debian's libhwloc-plugins) probes X displays through its GL plugin;
+    without a local X socket Xlib tries TCP 127.0.0.1:6000+N, and display :6 is port 6006 --
+    TensorBoard's default. mpirun then waits forever for an X handshake and no rank starts.
+    """
+    return environ if "HWLOC_COMPONENTS" in environ else {**environ, "HWLOC_COMPONENTS": "-gl"}
 EMULATED_TIMEOUT = 3600.0  # seconds; an emulated cluster is never left running unattended
 
 
@@ -47,7 +58,7 @@ class LaunchSpec:
     hostfile: str = ""
     oversubscribe: bool = False
     mca: list[tuple[str, str]] = field(default_factory=list)  # extra -mca key value pairs
-    module: str = "allreduce_train"
+    module: str = TRAINER  # every rank runs ``python -m module *module_args *trainer_args``
     module_args: list[str] = field(default_factory=lambda: ["train"])
     trainer_args: list[str] = field(default_factory=list)
     python: str = sys.executable
@@ -121,6 +132,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=0, metavar="SECONDS",
                    help=f"stop the job after this long (default: none; {EMULATED_TIMEOUT:g} with --emulate-hosts)")
     p.add_argument("--command", default="train", help="allreduce_train subcommand to run on every rank (default: train)")
+    p.add_argument("--module", default=TRAINER,
+                   help="run `python -m MODULE ARGS` on every rank instead of the trainer (experiments' rank programs)")
     p.add_argument("--dry-run", action="store_true", help="print the mpirun line and exit")
     p.add_argument("trainer_args", nargs=argparse.REMAINDER, help="arguments for the trainer, after --")
     return p
@@ -138,11 +151,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.timeout < 0:
             raise ValueError(f"--timeout must be >= 0 (got {args.timeout:g})")
         spec = LaunchSpec(np=args.np, hosts=args.hosts, hostfile=args.hostfile, oversubscribe=args.oversubscribe,
-                          mca=[tuple(kv) for kv in args.mca], module_args=[args.command], trainer_args=trainer_args,
+                          mca=[tuple(kv) for kv in args.mca], module=args.module,
+                          module_args=[args.command] if args.module == TRAINER else [], trainer_args=trainer_args,
                           cluster=cluster)
         if spec.hostfile and not os.path.isfile(spec.hostfile):
             raise ValueError(f"--hostfile {spec.hostfile}: file not found")
-        cmd = build_command(spec)
+        env = no_gl_probe(dict(os.environ))
+        cmd = build_command(spec, environ=env)
     except ValueError as e:
         print(f"launch: error: {e}", file=sys.stderr)
         return 2
@@ -163,7 +178,6 @@ def main(argv: list[str] | None = None) -> int:
     print("+ " + shlex.join(cmd), flush=True)
     if args.dry_run:
         return 0
-    env = dict(os.environ)
     if sys.stderr.isatty() and "ALLREDUCE_TRAIN_PROGRESS" not in env:
         # Under mpirun every rank writes into a pipe, so the trainer cannot see that a person is
         # watching; tell it, so rank 0 draws its progress bar.

@@ -397,13 +397,15 @@ class EmulatedCluster:
 
 
 def emulated_launcher(link_rate: str, timeout: float = 0):
-    """A drop-in for the benchmark runners' ``launcher(np, args, command) -> argv`` hook: the same
+    """A drop-in for the benchmark runners' ``launcher(np, args, module) -> argv`` hook: the same
     job on ``np`` emulated hosts, one rank each, every link at ``link_rate``."""
     parse_rate(link_rate)
 
-    def argv(np_: int, args: list[str], command: str = "train") -> list[str]:
+    def argv(np_: int, args: list[str], module: str = "allreduce_train") -> list[str]:
         cmd = [sys.executable, "-m", "launch", "-np", str(np_), "--emulate-hosts", str(np_),
-               "--link-rate", link_rate, "--command", command]
+               "--link-rate", link_rate]
+        if module != "allreduce_train":
+            cmd += ["--module", module]
         if timeout:
             cmd += ["--timeout", f"{timeout:g}"]
         return [*cmd, "--", *args]

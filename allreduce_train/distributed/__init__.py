@@ -8,17 +8,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..config import STRATEGIES
+
 if TYPE_CHECKING:
     from ..config import Config
     from .base import GradientExchange
 
-STRATEGIES = ("allreduce", "ps")
+__all__ = ["STRATEGIES", "create_exchange"]
 
 
 def create_exchange(cfg: "Config") -> "GradientExchange":
     """Initialise the communication backend of ``cfg.exchange.strategy`` and return the exchange."""
     if cfg.exchange.strategy == "allreduce":
-        from .allreduce import HorovodAllreduce
+        from .horovod import HorovodAllreduce
 
         return HorovodAllreduce(cfg.exchange)
     if cfg.exchange.strategy == "ps":

@@ -1,0 +1,600 @@
+"""The parameter-server strategy on MPI point-to-point messages (mpi4py).
+
+Servers hold the parameters and the optimizer state (SGD momentum); workers compute gradients,
+push them to the servers that own them and pull the updated parameters back. Two placements,
+after the two designs the seed paper compared:
+
+* ``dedicated`` (TensorFlow-style, centralized): the first K ranks only serve; the others train.
+* ``colocated`` (MXNet-style, decentralized): every rank trains and also serves 1/N of the
+  parameters. A rank's server part runs whenever its worker part waits on the exchange (in the
+  gradient hooks and while waiting for replies), so no second thread competes for the GIL.
+
+And two modes: ``sync`` (a server waits for every worker's gradient of a bucket, averages, applies
+SGD once and sends the same parameters to all: the mathematics of allreduce + SGD) and ``async``
+(a server applies each worker's gradient on arrival, scaled by 1/workers so that one gradient per
+worker moves the parameters as far as one synchronous step, and answers that worker alone).
+
+Engineering that a fair comparison needs (BytePS, OSDI'20, traced the slowness of the parameter
+servers of that era to its absence): gradients are fused into one message per (bucket, server)
+instead of one per tensor; a bucket is pushed from a gradient hook as soon as backward has
+produced it, so the transfer overlaps the rest of backward; big tensors are split across servers
+so no server is a hot spot (see :mod:`.ps_sharding`); all transfers are non-blocking and receive
+buffers are posted before the message that they answer is sent.
+
+Failure is bounded: every wait polls with a deadline (``--ps-timeout`` seconds without progress)
+and then raises, which the command line turns into MPI_Abort of the whole job; a rank that dies
+makes mpirun end the job by itself.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import time
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from ...config import Config
+from ...errors import ConfigError, UserError
+from ..base import GradientExchange
+from .sharding import Layout, plan
+
+HEADER_BYTES = 16  # two float64. Push: (lr, server version the gradient was computed from); reply: (version, staleness)
+TAG_DONE = 32766  # worker -> server: this worker has finished
+TAG_STATE = 32765  # worker -> server: send me your optimizer state (checkpoint); the reply uses the same tag
+MAX_BUCKETS = 32000  # bucket indices are the message tags; MPI guarantees tags up to 32767
+ELEM = 4  # bytes per float32 element
+
+
+def _import_mpi():
+    if "mpi4py.MPI" not in sys.modules:
+        import mpi4py
+
+        # Only the main thread calls MPI; MPI_THREAD_MULTIPLE would add locking to every call.
+        mpi4py.rc.thread_level = "funneled"
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise UserError(f"mpi4py cannot be imported ({e}); run `make install`") from None
+    return MPI
+
+
+def _message(numel: int) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
+    """One contiguous buffer for MPI: the raw bytes, the 2-float64 header, the float32 payload."""
+    raw = np.zeros(HEADER_BYTES + ELEM * numel, dtype=np.uint8)
+    return raw, raw[:HEADER_BYTES].view(np.float64), torch.from_numpy(raw[HEADER_BYTES:].view(np.float32))
+
+
+class PSTimeout(RuntimeError):
+    pass
+
+
+def poll(test: Callable[[], bool], timeout: float, what: str, idle: Callable[[], bool] | None = None) -> None:
+    """Call ``test`` until it returns True, running ``idle`` (a colocated server's work) between.
+
+    Raises :class:`PSTimeout` after ``timeout`` seconds in which neither completed anything. The
+    pause between tests grows from nothing to 0.5 ms while nothing happens: a spinning rank would
+    take the core from the very process it waits for when ranks outnumber cores.
+    """
+    last = time.monotonic()
+    pause = 0.0
+    while not test():
+        if idle is not None and idle():
+            last, pause = time.monotonic(), 0.0
+            continue
+        if time.monotonic() - last > timeout:
+            raise PSTimeout(f"no progress for {timeout:g} s waiting for {what}; a rank is stuck or dead "
+                            "(raise --ps-timeout if it is only slow)")
+        if pause:
+            time.sleep(pause)
+        pause = min(2 * pause or 1e-5, 5e-4)
+
+
+def check_config(cfg: Config) -> None:
+    """What ``--strategy ps`` cannot do, checked before MPI starts (every rank fails alike)."""
+    x = cfg.exchange
+    if x.compression != "none":
+        raise ConfigError("--compression fp16 is an allreduce option; --strategy ps sends float32 (use --compression none)")
+    if x.reduce_op != "average":
+        raise ConfigError("--reduce-op adasum is an allreduce option; --strategy ps averages (use --reduce-op average)")
+
+
+class _Server:
+    """One server's shard: its parameter elements and momentum per bucket, and the message handling.
+
+    Dedicated server ranks run :meth:`progress` in a loop; colocated ranks run it whenever their
+    worker part waits. ``workers`` are global ranks; messages arrive on ``push`` and replies leave
+    on ``pull`` (separate communicators, so a server can probe for any message on ``push`` without
+    taking a reply meant for the worker part of the same rank).
+    """
+
+    def __init__(self, MPI, index: int, layout: Layout, payload: dict[str, Any], workers: list[int],
+                 sync: bool, push, pull, timeout: float, clip: float = 0.0, clip_comm=None) -> None:
+        self.MPI, self.push, self.pull, self.timeout = MPI, push, pull, timeout
+        self.workers, self.sync = workers, sync
+        # Sync clipping: the averaged gradients of a step wait here until the servers have summed
+        # their squared norms (clip_comm: the servers that own something).
+        self.clip, self.clip_comm = clip, clip_comm
+        self.averaged: dict[int, tuple[torch.Tensor, float]] = {}
+        self.norm = np.zeros(1)
+        self.norm_req = None
+        self.hyper = payload["hyper"]
+        self.buckets = [b for b in range(len(layout.buckets)) if (b, index) in layout.segments]
+        self.segments = {b: layout.segments[(b, index)] for b in self.buckets}
+        flat = [p.reshape(-1) for p in payload["params"]]
+        momentum = payload["momentum"]
+
+        def gather(tensors):
+            return {b: torch.cat([tensors[p][lo:hi] for p, lo, hi in segs]).float().clone()
+                    for b, segs in self.segments.items()}
+
+        self.param = gather(flat)
+        # A resumed run brings momentum buffers; SGD's first step otherwise creates them. A missing
+        # buffer next to present ones (never the case with the trainer) is zero, which with
+        # dampening 0 gives the same update as SGD creating it.
+        self.momentum: dict[int, torch.Tensor | None] = (
+            gather([momentum[i].reshape(-1) if i in momentum else torch.zeros_like(f) for i, f in enumerate(flat)])
+            if momentum else dict.fromkeys(self.buckets))
+        self.version = dict.fromkeys(self.buckets, 0)  # updates applied to each bucket
+        self.inbox = {(b, w): _message(len(self.param[b])) for b in self.buckets for w in workers}
+        self.arrived: dict[int, set[int]] = {b: set() for b in self.buckets}
+        self.outbox = ({b: _message(len(self.param[b])) for b in self.buckets} if sync else
+                       {(b, w): _message(len(self.param[b])) for b in self.buckets for w in workers})
+        self.out_reqs: dict[Any, list] = {}  # outbox key -> its sends in flight
+        self.state_out = _message(sum(len(p) for p in self.param.values()))
+        self.receiving: list[tuple[Any, int, int]] = []
+        self.done: set[int] = set()
+        self.status = MPI.Status()
+        self.empty = np.zeros(0, dtype=np.uint8)
+
+    @property
+    def finished(self) -> bool:
+        return len(self.done) == len(self.workers)
+
+    def progress(self) -> bool:
+        """Take what has arrived, handle complete messages; True if anything happened."""
+        MPI, did = self.MPI, False
+        while True:
+            msg = self.push.improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, self.status)
+            if msg is None:
+                break
+            did = True
+            src, tag = self.status.Get_source(), self.status.Get_tag()
+            if tag == TAG_DONE:
+                msg.Recv([self.empty, MPI.BYTE])
+                self.done.add(src)
+            elif tag == TAG_STATE:
+                msg.Recv([self.empty, MPI.BYTE])
+                self._send_state(src)
+            else:
+                raw = self.inbox[(tag, src)][0]
+                if self.status.Get_count(MPI.BYTE) != raw.nbytes:
+                    raise RuntimeError(f"rank {src} pushed {self.status.Get_count(MPI.BYTE)} bytes for bucket "
+                                       f"{tag}, expected {raw.nbytes}: the ranks disagree about the model")
+                self.receiving.append((msg.Irecv([raw, MPI.BYTE]), tag, src))
+        if self.norm_req is not None and self.norm_req.Test():
+            self.norm_req = None
+            self._clipped_step()
+            did = True
+        if self.receiving:
+            waiting = []
+            for req, b, src in self.receiving:
+                if req.Test():
+                    self._on_push(b, src)
+                    did = True
+                else:
+                    waiting.append((req, b, src))
+            self.receiving = waiting
+        return did
+
+    def _on_push(self, b: int, src: int) -> None:
+        _, head, grad = self.inbox[(b, src)]
+        lr = float(head[0])
+        if self.sync:
+            self.arrived[b].add(src)
+            if len(self.arrived[b]) < len(self.workers):
+                return
+            self.arrived[b].clear()
+            # Sum in worker order, not arrival order: the result does not depend on timing.
+            total = self.inbox[(b, self.workers[0])][2]
+            for w in self.workers[1:]:
+                total.add_(self.inbox[(b, w)][2])
+            total.div_(len(self.workers))
+            if self.clip:
+                self.averaged[b] = (total, lr)
+                if len(self.averaged) == len(self.buckets):
+                    self.norm[0] = sum(float(g.double().pow(2).sum()) for g, _ in self.averaged.values())
+                    # communication: the global norm of the averaged gradient, over the servers
+                    self.norm_req = self.clip_comm.Iallreduce(self.MPI.IN_PLACE, self.norm, op=self.MPI.SUM)
+                return
+            self._sgd(b, total, lr)
+            self._reply(b, b, self.workers, staleness=0)
+        else:
+            staleness = self.version[b] - int(head[1])  # updates this gradient did not see
+            self._sgd(b, grad.div_(len(self.workers)), lr)
+            self._reply(b, (b, src), [src], staleness)
+
+    def _clipped_step(self) -> None:
+        """torch.nn.utils.clip_grad_norm_ on the averaged gradient, then the update, every bucket."""
+        coef = self.clip / (float(np.sqrt(self.norm[0])) + 1e-6)
+        for b, (grad, lr) in sorted(self.averaged.items()):
+            if coef < 1.0:
+                grad.mul_(coef)
+            self._sgd(b, grad, lr)
+            self._reply(b, b, self.workers, staleness=0)
+        self.averaged.clear()
+
+    def _sgd(self, b: int, grad: torch.Tensor, lr: float) -> None:
+        """torch.optim.SGD's update, element for element (``grad`` is scratch and may be changed)."""
+        h, p = self.hyper, self.param[b]
+        if h["maximize"]:
+            grad.neg_()
+        if h["weight_decay"]:
+            grad = grad.add(p, alpha=h["weight_decay"])
+        if h["momentum"]:
+            buf = self.momentum[b]
+            if buf is None:
+                buf = self.momentum[b] = grad.clone()
+            else:
+                buf.mul_(h["momentum"]).add_(grad, alpha=1 - h["dampening"])
+            grad = grad.add(buf, alpha=h["momentum"]) if h["nesterov"] else buf
+        p.add_(grad, alpha=-lr)
+        self.version[b] += 1
+
+    def _wait_sends(self, key) -> None:
+        reqs = self.out_reqs.pop(key, [])
+        poll(lambda: self.MPI.Request.Testall(reqs), self.timeout, "a worker to take its parameters")
+
+    def _reply(self, b: int, key, dests: list[int], staleness: int) -> None:
+        self._wait_sends(key)  # the buffer is ours again once its previous sends completed
+        raw, head, data = self.outbox[key]
+        head[0], head[1] = self.version[b], staleness
+        data.copy_(self.param[b])
+        self.out_reqs[key] = [self.pull.Isend([raw, self.MPI.BYTE], dest=w, tag=b) for w in dests]
+
+    def _send_state(self, dest: int) -> None:
+        self._wait_sends("state")
+        raw, head, data = self.state_out
+        off = 0
+        for b in self.buckets:
+            n, buf = len(self.param[b]), self.momentum[b]
+            data[off:off + n].copy_(buf) if buf is not None else data[off:off + n].zero_()
+            off += n
+        head[0] = float(any(self.momentum[b] is not None for b in self.buckets))
+        self.out_reqs["state"] = [self.pull.Isend([raw, self.MPI.BYTE], dest=dest, tag=TAG_STATE)]
+
+    def flush(self) -> None:
+        for key in list(self.out_reqs):
+            self._wait_sends(key)
+
+
+class ParameterServer(GradientExchange):
+    """``--strategy ps``: see the module docstring."""
+
+    name = "ps"
+
+    def __init__(self, cfg: Config) -> None:
+        check_config(cfg)
+        x = self.xcfg = cfg.exchange
+        self.MPI = MPI = _import_mpi()
+        world = self.world = MPI.COMM_WORLD
+        self.rank, self.size = world.Get_rank(), world.Get_size()
+        n = self.size
+        if x.ps_placement == "dedicated":
+            k = x.ps_servers or 1
+            if k >= n:
+                raise ConfigError(f"--ps-servers {k} with {n} ranks leaves no worker: dedicated servers are the first "
+                                  f"--ps-servers ranks; launch more ranks (-np {k + 1} or more) or use fewer servers")
+            self.server_ranks, self.worker_ranks = list(range(k)), list(range(k, n))
+        else:
+            if x.ps_servers not in (0, n):
+                raise ConfigError(f"--ps-servers {x.ps_servers}: --ps-placement colocated puts one server on every "
+                                  f"rank ({n}); leave --ps-servers at 0 or use --ps-placement dedicated")
+            self.server_ranks = self.worker_ranks = list(range(n))
+        self.main_rank = self.worker_ranks[0]
+        # communication: collectives over every rank, in the same order everywhere
+        node = world.Split_type(MPI.COMM_TYPE_SHARED)
+        self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
+        node.Free()
+        self.workers_comm = world.Split(0 if self.is_worker else MPI.UNDEFINED, self.rank)
+        self.push, self.pull = world.Dup(), world.Dup()
+        self._server: _Server | None = None
+        self._started = self._closed = False
+        self._hooks: list[Any] = []
+        self._stale_sum = self._stale_n = 0
+        self._stale_max = 0
+        # Clipping: sync clips the averaged gradient on the servers (see _Server); async clips each
+        # worker's own gradient, which needs its whole norm first, so all pushes wait for synchronize().
+        self.clip = cfg.optim.grad_clip
+        self._clip_local = cfg.optim.grad_clip if x.ps_mode == "async" else 0.0
+        self._window = [0, 0, 0, 0]  # since the last stats(): steps, staleness sum, count, max
+
+    # ------------------------------------------------------------ roles
+    @property
+    def is_main(self) -> bool:
+        """The first *worker* writes logs, metrics and checkpoints: with dedicated servers, rank 0
+        serves and never runs the training loop."""
+        return self.rank == self.main_rank
+
+    @property
+    def is_worker(self) -> bool:
+        return self.rank in self.worker_ranks
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.worker_ranks)
+
+    @property
+    def worker_index(self) -> int:
+        return self.worker_ranks.index(self.rank) if self.is_worker else 0
+
+    @property
+    def _server_index(self) -> int | None:
+        return self.server_ranks.index(self.rank) if self.rank in self.server_ranks else None
+
+    @property
+    def _idle(self):
+        return self._server.progress if self._server is not None else None
+
+    def _poll(self, test, what: str) -> None:
+        poll(test, self.xcfg.ps_timeout, what, self._idle)
+
+    # ------------------------------------------------------------ set-up
+    def _start(self, payload: dict[str, Any]) -> None:
+        x = self.xcfg
+        sizes = [p.numel() for p in payload["params"]]
+        self.layout = plan(sizes, len(self.server_ranks), max(1, x.ps_split_bytes // ELEM), max(1, x.ps_bucket_bytes // ELEM))
+        if len(self.layout.buckets) > MAX_BUCKETS:
+            raise UserError(f"{len(self.layout.buckets)} buckets are too many message tags; raise --ps-bucket-bytes")
+        sync_clip = self.clip if x.ps_mode == "sync" else 0.0
+        clip_comm = None
+        if sync_clip:
+            # communication: every rank takes part; the servers that own elements form the group
+            owns = self._server_index is not None and any(s == self._server_index for _, s in self.layout.segments)
+            clip_comm = self.world.Split(0 if owns else self.MPI.UNDEFINED, self.rank)
+        if self._server_index is not None:
+            self._server = _Server(self.MPI, self._server_index, self.layout, payload, self.worker_ranks,
+                                   x.ps_mode == "sync", self.push, self.pull, x.ps_timeout, sync_clip, clip_comm)
+        self._started = True
+
+    def serve(self) -> None:
+        # communication: the main worker's parameters and optimizer state (from prepare()).
+        self._start(self._bcast(self.world, None, self.main_rank, "the main worker's parameters"))
+        server = self._server
+        poll(lambda: server.finished, self.xcfg.ps_timeout, "pushes from the workers", server.progress)
+        server.flush()
+
+    def prepare(self, model, optimizer):
+        if type(optimizer) is not torch.optim.SGD or len(optimizer.param_groups) != 1:
+            raise UserError("--strategy ps runs torch.optim.SGD with one parameter group on the servers")
+        params = list(model.parameters())
+        for p in params:
+            if p.dtype != torch.float32 or not p.is_contiguous():
+                raise UserError(f"--strategy ps moves contiguous float32 parameters; got {p.dtype} {tuple(p.shape)}")
+        group = optimizer.param_groups[0]
+        payload = None
+        if self.is_main:  # fresh, or as loaded from a checkpoint
+            payload = {
+                "params": [p.detach().cpu() for p in params],
+                "buffers": {n: b.detach().cpu() for n, b in model.named_buffers()},
+                "momentum": {i: optimizer.state[p]["momentum_buffer"].detach().cpu() for i, p in enumerate(params)
+                             if optimizer.state.get(p, {}).get("momentum_buffer") is not None},
+                "hyper": {k: group[k] for k in ("momentum", "dampening", "weight_decay", "nesterov", "maximize")},
+            }
+        # communication: to every rank, dedicated servers included (they receive it in serve()).
+        payload = self._bcast(self.world, payload, self.main_rank, "the main worker's parameters")
+        self._start(payload)
+        with torch.no_grad():  # every worker starts from the main worker's model, as with allreduce
+            for p, src in zip(params, payload["params"]):
+                p.copy_(src)
+            for name, b in model.named_buffers():
+                b.copy_(payload["buffers"][name])
+        self.params = params
+        self._flat = [p.data.view(-1) for p in params]
+        lay = self.layout
+        self._out = {key: _message(lay.segment_numel(*key)) for key in lay.segments}
+        self._in = {key: _message(lay.segment_numel(*key)) for key in lay.segments}
+        self._version = dict.fromkeys(lay.segments, 0)
+        self._step_bytes = (sum(m[0].nbytes for m in self._out.values()), sum(m[0].nbytes for m in self._in.values()))
+        self._k = self.xcfg.backward_passes_per_step
+        self._reqs: list[Any] = []
+        self._reset_step()
+        for b, members in enumerate(lay.buckets):
+            for i in members:
+                self._hooks.append(params[i].register_post_accumulate_grad_hook(lambda _p, b=b: self._grad_ready(b)))
+        self._optimizer = _ServerSideSGD(self, params, group)
+        return self._optimizer
+
+    # ------------------------------------------------------------ one step
+    def _reset_step(self) -> None:
+        self._missing = [len(m) * self._k for m in self.layout.buckets]
+        self._pushed = [False] * len(self.layout.buckets)
+
+    def _grad_ready(self, b: int) -> None:
+        self._missing[b] -= 1
+        if self._missing[b] == 0 and not self._clip_local:
+            self._push(b)
+        if self._server is not None:
+            self._server.progress()  # serve the other workers between layers of backward
+
+    def _push(self, b: int) -> None:
+        MPI, lay = self.MPI, self.layout
+        lr = self._optimizer.param_groups[0]["lr"]
+        for s in lay.servers_of(b):
+            raw, head, data = self._out[(b, s)]
+            head[0], head[1] = lr, self._version[(b, s)]
+            views = [self._grad(p)[lo:hi] for p, lo, hi in lay.segments[(b, s)]]
+            if views[0].device.type == "cpu":
+                torch.cat(views, out=data)
+            else:
+                data.copy_(torch.cat(views))
+            dest = self.server_ranks[s]
+            # communication: the reply's receive is posted before the push that causes it
+            self._reqs.append(self.pull.Irecv([self._in[(b, s)][0], MPI.BYTE], source=dest, tag=b))
+            self._reqs.append(self.push.Isend([raw, MPI.BYTE], dest=dest, tag=b))
+        self._pushed[b] = True
+
+    def _grad(self, i: int) -> torch.Tensor:
+        g = self.params[i].grad
+        # A parameter that took no part in this step's loss pushes zeros, as Horovod allreduces zeros for it.
+        return torch.zeros_like(self._flat[i]) if g is None else g.reshape(-1)
+
+    def synchronize(self) -> None:
+        if self._clip_local:  # async: each worker's own gradient, clipped before it leaves
+            torch.nn.utils.clip_grad_norm_(self.params, self._clip_local)
+        for b, done in enumerate(self._pushed):
+            if not done:
+                self._push(b)
+        reqs = self._reqs
+        self._poll(lambda: self.MPI.Request.Testall(reqs), "the servers' replies")  # communication
+        self._reqs = []
+        stale = [int(m[1][1]) for m in self._in.values()]
+        for key, m in self._in.items():
+            self._version[key] = int(m[1][0])
+        self._stale_sum += sum(stale)
+        self._stale_n += len(stale)
+        self._stale_max = max(self._stale_max, max(stale))
+        w = self._window
+        w[0] += 1
+        w[1] += sum(stale)
+        w[2] += len(stale)
+        w[3] = max(w[3], max(stale))
+
+    def apply(self, optimizer) -> None:
+        with torch.no_grad():
+            for key, ranges in self.layout.segments.items():
+                data, off = self._in[key][2], 0
+                for p, lo, hi in ranges:
+                    self._flat[p][lo:hi].copy_(data[off:off + hi - lo])
+                    off += hi - lo
+        self._reset_step()
+
+    def fetch_momentum(self) -> dict[int, dict[str, torch.Tensor]]:
+        """Every server's momentum, assembled per parameter (for a checkpoint in SGD's format)."""
+        MPI, lay = self.MPI, self.layout
+        totals = [sum(lay.segment_numel(b, s) for b in range(len(lay.buckets))) for s in range(lay.num_servers)]
+        inbox = [_message(n) for n in totals]
+        reqs = []
+        for s, dest in enumerate(self.server_ranks):
+            reqs.append(self.pull.Irecv([inbox[s][0], MPI.BYTE], source=dest, tag=TAG_STATE))
+            reqs.append(self.push.Isend([np.zeros(0, np.uint8), MPI.BYTE], dest=dest, tag=TAG_STATE))
+        self._poll(lambda: MPI.Request.Testall(reqs), "the servers' optimizer state")  # communication
+        if not any(m[1][0] for m in inbox):
+            return {}  # no momentum (momentum 0, or no step taken yet)
+        bufs = [torch.zeros_like(f) for f in self._flat]
+        for s in range(lay.num_servers):
+            data, off = inbox[s][2], 0
+            for b in range(len(lay.buckets)):
+                for p, lo, hi in lay.segments.get((b, s), ()):
+                    bufs[p][lo:hi].copy_(data[off:off + hi - lo])
+                    off += hi - lo
+        return {i: {"momentum_buffer": buf.view_as(self.params[i]).to(self.params[i].device)}
+                for i, buf in enumerate(bufs)}
+
+    # ------------------------------------------------------------ collectives for the trainer
+    def sum_over_workers(self, values: torch.Tensor) -> torch.Tensor:
+        arr = values.detach().cpu().numpy().copy()
+        # communication: non-blocking, so that a colocated rank keeps serving while it waits
+        req = self.workers_comm.Iallreduce(self.MPI.IN_PLACE, arr, op=self.MPI.SUM)
+        self._poll(req.Test, "the other workers (metrics)")
+        return torch.from_numpy(arr)
+
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
+        """``root`` is a worker index (0 = the main worker). Before the servers start, every rank
+        takes part (the command line agrees on the run directory); afterwards only workers do."""
+        if self._started:
+            return self._bcast(self.workers_comm, obj, root, "the other workers")
+        return self._bcast(self.world, obj, self.worker_ranks[root], "every rank's set-up")
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        MPI, world = self.MPI, self.world
+        data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy()
+        sizes = np.zeros(self.size, dtype=np.int64)
+        # communication: the sizes, then the pickles (non-blocking, so that a stuck rank times out)
+        self._poll(world.Iallgather(np.array([data.size], dtype=np.int64), sizes).Test, "every rank's set-up")
+        counts = [int(n) for n in sizes]
+        displs = [sum(counts[:i]) for i in range(len(counts))]
+        out = np.empty(sum(counts), dtype=np.uint8)
+        self._poll(world.Iallgatherv([data, MPI.BYTE], [out, (counts, displs), MPI.BYTE]).Test, "every rank's set-up")
+        return [pickle.loads(out[d:d + n].tobytes()) for d, n in zip(displs, counts)]
+
+    def _bcast(self, comm, obj: Any, root: int, what: str) -> Any:
+        """``comm.bcast`` of a picklable object, non-blocking underneath: it times out like every
+        other wait, and a colocated rank keeps serving while it waits."""
+        mine = comm.Get_rank() == root
+        data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy() if mine else None
+        size = np.array([data.size if mine else 0], dtype=np.int64)
+        self._poll(comm.Ibcast(size, root=root).Test, what)  # communication
+        buf = data if mine else np.empty(int(size[0]), dtype=np.uint8)
+        self._poll(comm.Ibcast([buf, self.MPI.BYTE], root=root).Test, what)  # communication
+        return obj if mine else pickle.loads(buf.tobytes())
+
+    # ------------------------------------------------------------ reporting and shutdown
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"ps_servers": len(self.server_ranks), "ps_placement": self.xcfg.ps_placement,
+                               "ps_mode": self.xcfg.ps_mode, "ps_bucket_bytes": self.xcfg.ps_bucket_bytes,
+                               "ps_split_bytes": self.xcfg.ps_split_bytes}
+        if self._started:
+            out["ps_buckets"] = len(self.layout.buckets)
+            out["ps_server_bytes"] = [ELEM * n for n in self.layout.server_numel()]
+        if self._started and self.is_worker:
+            out["bytes_pushed_per_step"], out["bytes_pulled_per_step"] = self._step_bytes
+            out["staleness_mean"] = self._stale_sum / max(1, self._stale_n)
+            out["staleness_max"] = self._stale_max
+        return out
+
+    def stats(self) -> dict[str, float]:
+        """This worker's figures since the last call: bytes per step and how stale its gradients were."""
+        steps, total, count, worst = self._window
+        self._window = [0, 0, 0, 0]
+        if not steps:
+            return {}
+        return {"bytes_pushed_per_step": float(self._step_bytes[0]), "bytes_pulled_per_step": float(self._step_bytes[1]),
+                "staleness_mean": total / max(1, count), "staleness_max": float(worst)}
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for h in self._hooks:
+            h.remove()
+        if not self._started:
+            return  # set-up failed before any server started: nothing to shut down
+        MPI = self.MPI
+        if self.is_worker:
+            # communication: tell every server that this worker has finished
+            reqs = [self.push.Isend([np.zeros(0, np.uint8), MPI.BYTE], dest=r, tag=TAG_DONE) for r in self.server_ranks]
+            self._poll(lambda: MPI.Request.Testall(reqs), "the servers to take the end-of-run message")
+            if self._server is not None:  # colocated: keep serving until every worker has finished
+                server = self._server
+                self._poll(lambda: server.finished, "the other workers to finish")
+                server.flush()
+
+    def abort(self, code: int) -> None:
+        if self.size > 1:
+            # MPI_Abort makes mpirun end every rank at once: servers waiting for this worker's
+            # gradients, and workers waiting for this server's parameters, would otherwise wait.
+            self.world.Abort(code)
+        os._exit(code)
+
+
+class _ServerSideSGD(torch.optim.SGD):
+    """The optimizer the trainer holds on a worker: the same hyperparameters and the LR schedule
+    (the trainer sets ``param_groups[0]["lr"]`` each step and it travels with every push), while
+    the state (momentum) lives on the servers and is fetched for checkpoints."""
+
+    def __init__(self, exchange: ParameterServer, params, group: dict[str, Any]) -> None:
+        super().__init__(params, lr=group["lr"], momentum=group["momentum"], dampening=group["dampening"],
+                         weight_decay=group["weight_decay"], nesterov=group["nesterov"], maximize=group["maximize"])
+        self._exchange = exchange
+
+    def step(self, closure=None):
+        raise RuntimeError("with --strategy ps the servers update the parameters (the exchange's apply())")
+
+    def state_dict(self) -> dict[str, Any]:
+        sd = super().state_dict()
+        sd["state"] = self._exchange.fetch_momentum()  # communication: from every server
+        return sd

@@ -1,0 +1,190 @@
+"""The loops that ``bench`` times next to the trainer, run on every rank (``bench-rank``).
+
+* ``horovod``: a bare Horovod loop, as in Horovod's ``examples/pytorch/pytorch_synthetic_benchmark.py``:
+  one fixed batch, ``hvd.DistributedOptimizer`` with Horovod's defaults, nothing else.
+* ``ddp``: the same loop on ``torch.nn.parallel.DistributedDataParallel`` over gloo, the
+  obvious alternative to Horovod.
+* ``trainer``: only for ``--dump-grads``: one step of the project's own :class:`Trainer` through
+  its gradient exchange, so the gradient check covers the code the benchmark times (the
+  benchmark itself times the real ``train`` command).
+
+Every loop trains on the same batch the trainer's first step sees on this rank (same seed,
+same synthetic data, same shard), from the same initial parameters, so ``--dump-grads`` can
+check that all of them compute the same averaged gradient: the speed comparison is between
+equal work. Language models (``ptb-lstm-*``) run the same way on the first window of tokens;
+the bare loops restart the hidden state at zero every step, the trainer carries it (detached),
+which costs the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+
+from models import MODELS
+
+IMPLS = ("horovod", "ddp", "trainer")
+
+
+def launcher_rank() -> tuple[int, int]:
+    """(rank, size) from Open MPI's environment; (0, 1) outside mpirun."""
+    return int(os.environ.get("OMPI_COMM_WORLD_RANK", 0)), int(os.environ.get("OMPI_COMM_WORLD_SIZE", 1))
+
+
+def first_batch(model: str, batch_size: int, synthetic_samples: int, seed: int, rank: int, size: int):
+    """This rank's share of the trainer's first global batch on the synthetic dataset."""
+    from allreduce_train.data.images import ShardedBatches, synthetic
+    from allreduce_train.data.ptb import LMBatches, synthetic_lm
+
+    spec = MODELS[model]
+    if spec.task == "lm":  # the first window of bptt tokens of this rank's rows of the stream
+        corpus = synthetic_lm(spec.num_classes, spec.bptt, synthetic_samples, seed)
+        return next(LMBatches(corpus.train, batch_size, spec.bptt, rank, size).batches(0))
+    train_set, _ = synthetic(spec.input_shape, spec.num_classes, synthetic_samples, seed)
+    return next(ShardedBatches(train_set, batch_size, rank, size, seed).batches(0))
+
+
+def loss_of(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The trainer's loss on its first step: cross-entropy over classes, or over every next token
+    of a window for a language model (whose hidden state starts at zero)."""
+    out = model(x)
+    if isinstance(out, tuple):  # language model: (logits (B, T, V), hidden)
+        return F.cross_entropy(out[0].flatten(0, 1), y.flatten())
+    return F.cross_entropy(out, y)
+
+
+def grads_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+
+
+def setup_horovod(model: torch.nn.Module, lr: float):
+    import horovod.torch as hvd
+
+    hvd.init()  # communication: forms the process group (MPI_Init under mpirun)
+    opt = torch.optim.SGD(model.parameters(), lr=lr * hvd.size(), momentum=0.9)
+    # communication: gradients are allreduced from backward hooks (Horovod's defaults throughout)
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # communication
+    hvd.broadcast_optimizer_state(opt, root_rank=0)  # communication
+
+    def step(x, y):
+        opt.zero_grad()
+        loss_of(model, x, y).backward()
+        opt.step()  # waits for the allreduces, then updates
+
+    def total(t):
+        return hvd.allreduce(t, op=hvd.Sum, name="total")  # communication
+
+    return step, total, hvd.shutdown
+
+
+def setup_ddp(model: torch.nn.Module, lr: float, port: int):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    rank, size = launcher_rank()
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one host: loopback only
+    # communication: rank 0 listens on the port the orchestrator picked, the others connect
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
+    ddp = DistributedDataParallel(model)  # broadcasts rank 0's parameters; buckets allreduce in backward
+    opt = torch.optim.SGD(ddp.parameters(), lr=lr * size, momentum=0.9)
+
+    def step(x, y):
+        opt.zero_grad()
+        loss_of(ddp, x, y).backward()  # the bucket allreduces run inside backward
+        opt.step()
+
+    def total(t):
+        dist.all_reduce(t)  # communication: sum
+        return t
+
+    def close():
+        # Both ranks finish before either tears gloo down: a rank whose peer has already closed its
+        # sockets aborted now and then ("terminate called without an active exception", exit 134).
+        dist.barrier()  # communication
+        dist.destroy_process_group()
+
+    return step, total, close
+
+
+def trainer_grads(args: argparse.Namespace) -> tuple[dict[str, torch.Tensor], int]:
+    """One step of the real trainer through its exchange; the averaged gradients stay in ``.grad``."""
+    from allreduce_train.config import Config, DataConfig, ExchangeConfig, ModelConfig, RunConfig, TrainConfig
+    from allreduce_train.distributed import create_exchange
+    from allreduce_train.trainer import Trainer
+
+    cfg = Config(model=ModelConfig(args.model),
+                 data=DataConfig(dataset="synthetic", batch_size=args.batch_size,
+                                 synthetic_samples=args.synthetic_samples),
+                 exchange=ExchangeConfig(horovod_backend=args.horovod_backend),
+                 train=TrainConfig(seed=args.seed, threads=args.threads, device="cpu"),
+                 run=RunConfig(tensorboard=False, progress=False))
+    ex = create_exchange(cfg)
+    try:
+        trainer = Trainer(cfg, ex, run_dir="")
+        s = trainer.build()
+        opt = ex.prepare(s.model, s.optimizer)
+        x, y = next(s.batches.batches(0))
+        trainer.train_step(s.model, opt, x, y, k=1)  # the optimizer step leaves the averaged .grad in place
+        return grads_of(s.model), ex.rank
+    finally:
+        ex.close()
+
+
+def run_rank(args: argparse.Namespace) -> int:
+    torch.set_num_threads(args.threads)
+    rank, size = launcher_rank()
+    if args.impl == "trainer":
+        grads, rank = trainer_grads(args)
+        torch.save(grads, args.dump_grads.replace("{rank}", str(rank)))
+        return 0
+
+    torch.manual_seed(args.seed)  # the trainer's seed: identical initial parameters
+    model = MODELS[args.model].build()
+    x, y = first_batch(args.model, args.batch_size, args.synthetic_samples, args.seed, rank, size)
+    if args.impl == "horovod":
+        step, total, close = setup_horovod(model, args.lr)
+    else:
+        step, total, close = setup_ddp(model, args.lr, args.port)
+    try:
+        if args.dump_grads:
+            step(x, y)
+            torch.save(grads_of(model), args.dump_grads.replace("{rank}", str(rank)))
+            return 0
+        for _ in range(args.warmup_steps):
+            step(x, y)
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(args.steps):
+            step(x, y)
+        elapsed = time.perf_counter() - t0  # every step ends in a collective: all ranks agree
+        cpu_s = total(torch.tensor([time.process_time() - c0], dtype=torch.float64))[0].item()
+        if rank == 0 and args.result:
+            with open(args.result, "w") as fh:
+                json.dump({"samples_per_sec": size * args.batch_size * args.steps / elapsed,
+                           "step_ms": 1e3 * elapsed / args.steps, "cpu_ms_per_step": 1e3 * cpu_s / args.steps,
+                           "world_size": size}, fh)
+        return 0
+    finally:
+        close()
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--impl", choices=IMPLS, required=True)
+    p.add_argument("--model", default="lenet5", choices=sorted(MODELS))
+    p.add_argument("--batch-size", type=int, default=64, help="per rank")
+    p.add_argument("--steps", type=int, default=400, help="timed steps")
+    p.add_argument("--warmup-steps", type=int, default=50, help="untimed steps first")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+    p.add_argument("--lr", type=float, default=0.01, help="for one worker; scaled by the world size")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--synthetic-samples", type=int, default=6400)
+    p.add_argument("--horovod-backend", default="mpi", choices=("mpi", "gloo"), help="the trainer's (--impl trainer)")
+    p.add_argument("--port", type=int, default=0, help="rendezvous port on 127.0.0.1 (ddp)")
+    p.add_argument("--result", default="", help="rank 0 writes the throughput here as JSON")
+    p.add_argument("--dump-grads", default="", help="take one step, save the averaged gradients to this file "
+                                                    "({rank} replaced) and exit")

@@ -1,0 +1,48 @@
+"""make scaling-netns: the scaling grid through the emulated cluster, beside the cost model."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from launch import netns
+
+from helpers import ROOT, check
+
+
+def run_grid(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "allreduce_train.experiments", "scaling-netns", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--rates", "fast"], "--rates"),
+    (["--strategies", "gossip"], "--strategies"),
+    (["--hosts", "0"], "--hosts"),
+])
+def test_bad_input_is_one_line(args, needle):
+    proc = run_grid(*args, timeout=60)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr, proc.stderr
+
+
+@pytest.mark.mpi
+def test_grid_measures_over_the_links_and_predicts_the_configured_bandwidth(tmp_path):
+    reason = netns.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    check(run_grid("--hosts", "2", "--rates", "100mbit", "--models", "lenet5", "--strategies", "allreduce",
+                   "--steps", "5", "--out-dir", str(tmp_path)))
+    (row,) = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert row["ok"] and row["workers"] == 2 and row["strategy"] == "allreduce"
+    # 2 workers: the ring moves 2(N-1)/N x S = S through each link; at 100 Mbit/s that takes S / 12.5 MB/s
+    nbytes = 4 * 61_706
+    assert row["model_bytes_per_step"] == nbytes
+    assert row["pred_exchange_ms"] == pytest.approx(1e3 * nbytes / 12.5e6)
+    assert row["pred_step_ms"] == pytest.approx(row["compute_ms"] + row["pred_exchange_ms"])
+    # the bytes really went over the emulated links: at least the model's share in every step
+    assert set(row["traffic"]) == {"h1", "h2"} and row["link_bytes_per_step"] >= nbytes
+    report = (tmp_path / "report.md").read_text()
+    assert "### 100mbit per link" in report and "| lenet5 | allreduce | 2 |" in report
+    assert (tmp_path / "100mbit" / "report.md").exists()  # the grid's own report for the rate
+    assert netns.leftovers() == []

@@ -1,0 +1,125 @@
+"""The scaling runner: aggregation by hand, and a tiny real grid end to end."""
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from allreduce_train.experiments import costmodel
+from allreduce_train.experiments.scaling.calibrate import choose_cycle
+from allreduce_train.experiments.scaling.grid import available
+from allreduce_train.experiments.scaling.report import aggregate
+from allreduce_train.experiments.scaling.spec import GridConfig, variants
+from helpers import ROOT, check
+
+
+def rec(strategy, n, thr, ok=True):
+    return {"model": "m", "strategy": strategy, "workers": n, "servers": 0, "world_size": n, "repeat": 1,
+            "ok": ok, "samples_per_sec": thr, "step_ms": 10.0, "comm_wait_ms": 1.0}
+
+
+def test_aggregate_speedup_efficiency_and_spread_by_hand():
+    rows = aggregate([rec("allreduce", 1, 100.0), rec("allreduce", 1, 110.0),
+                      rec("allreduce", 2, 150.0), rec("allreduce", 2, 170.0), rec("allreduce", 2, 0.0, ok=False)])
+    one, two = rows
+    assert one["samples_per_sec_mean"] == pytest.approx(105.0)
+    assert one["samples_per_sec_std"] == pytest.approx(math.sqrt(50.0))  # sample std of 100, 110
+    assert one["speedup"] == pytest.approx(1.0) and one["efficiency"] == pytest.approx(1.0)
+    assert one["speedup_std"] == 0  # the baseline against itself
+    assert two["repeats"] == 2 and two["failed"] == 1
+    assert two["speedup"] == pytest.approx(160.0 / 105.0)
+    assert two["efficiency"] == pytest.approx(160.0 / 105.0 / 2)
+    rel = math.hypot(math.sqrt(200.0) / 160.0, math.sqrt(50.0) / 105.0)
+    assert two["speedup_std"] == pytest.approx(160.0 / 105.0 * rel)
+
+
+def test_missing_models_and_strategies_are_skipped_with_a_note():
+    vs, models, notes = available(GridConfig(models=["lenet5", "no-such-model"]))
+    assert models == ["lenet5"]
+    assert any("no-such-model" in n for n in notes)
+    assert "allreduce" in [v.name for v in vs]
+
+
+def test_choose_cycle_picks_the_fastest_over_the_sizes_all_configurations_measured():
+    def row(job, size, t):
+        return {"impl": "horovod", "workload_kind": "size", "bytes": size, "time_s": t, "job": job}
+
+    report = {"results": [row("default", 1, 1.0), row("default", 2, 1.0), row("cycle=0.2ms", 1, 0.5),
+                          row("cycle=0.2ms", 2, 1.5), row("cycle=5ms", 1, 2.0), row("cycle=5ms", 2, 2.0),
+                          row("cycle=5ms", 3, 1e-9)]}
+    assert choose_cycle(report) == (0.2, "cycle=0.2ms")  # geometric mean 0.87 < 1 < 2; size 3 not shared
+    report["results"][2]["time_s"] = 0.8
+    report["results"][3]["time_s"] = 1.3
+    assert choose_cycle(report) == (None, "default")  # 1.04 > 1: Horovod's default stays
+
+
+def fake_commbench(path, nets):
+    """A commbench.json whose size sweep follows the cost model exactly for the given networks."""
+    results = []
+    for impl, kind, servers, job in (("horovod", costmodel.ALLREDUCE, 0, "default"),
+                                     ("ps-colocated", costmodel.PS_COLOCATED, 0, "default"),
+                                     ("ps-dedicated", costmodel.PS_DEDICATED, 1, "K=1")):
+        for size in (4096, 65536, 1 << 20, 16 << 20):
+            t = costmodel.exchange_time(kind, 2, size, nets[impl], servers=max(1, servers))
+            results.append({"impl": impl, "workload": str(size), "workload_kind": "size", "bytes": size,
+                            "workers": 2, "servers": servers, "time_s": t, "job": job})
+    path.write_text(json.dumps({"np": 2, "results": results, "failures": []}))
+
+
+@pytest.mark.mpi
+def test_tiny_grid_writes_report_plot_csv_and_tensorboard(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    nets = {"horovod": costmodel.Network(200e-6, 2e9), "ps-colocated": costmodel.Network(20e-6, 4e9),
+            "ps-dedicated": costmodel.Network(30e-6, 3e9)}
+    fake_commbench(tmp_path / "cb.json", nets)
+    out = tmp_path / "grid"
+    cmd = [sys.executable, "-m", "allreduce_train.experiments", "scaling", "--models", "lenet5", "--workers", "1,2",
+           "--repeats", "1", "--steps", "4", "--warmup-steps", "1", "--calibration", str(tmp_path / "cb.json"),
+           "--out-dir", str(out)]
+    proc = check(subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"}))
+    strategies = [v.name for v in available(GridConfig())[0]]
+    assert "allreduce" in strategies
+
+    with open(out / "results.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert {(r["strategy"], int(r["workers"])) for r in rows} == {(s, n) for s in strategies for n in (1, 2)}
+    for r in rows:
+        assert int(r["repeats"]) == 1 and float(r["samples_per_sec_mean"]) > 0, proc.stdout
+        assert float(r["predicted_samples_per_sec"]) > 0
+    res = json.loads((out / "results.json").read_text())
+    for s in strategies:  # the calibration read the sweep back
+        impl = variants()[s].commbench_impl
+        assert res["calibration"][s]["alpha_s"] == pytest.approx(nets[impl].alpha, rel=1e-6)
+        assert res["calibration"][s]["bandwidth_Bps"] == pytest.approx(nets[impl].bandwidth, rel=1e-6)
+        assert [p["workers"] for p in res["curves"]["lenet5"][s]][-1] == 1024
+    report = (out / "report.md").read_text()
+    assert "speedup(N) = throughput(N) / throughput(1)" in report and "| allreduce | 2 |" in report
+    for png in ("scaling.png", "predicted.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # one TensorBoard run per job, with the trainer's own figures
+    for s in strategies:
+        for n in (1, 2):
+            ea = EventAccumulator(str(out / "runs" / "lenet5" / f"{s}-n{n}-r1")).Reload()
+            assert "perf/samples_per_sec" in ea.Tags()["scalars"], (s, n)
+    # the summary run: step = workers, every strategy under the same model, plus the layout
+    ea = EventAccumulator(str(out / "summary"), size_guidance={"tensors": 0}).Reload()
+    tags = ea.Tags()["scalars"]
+    by_key = {(r["strategy"], int(r["workers"])): r for r in rows}
+    for s in strategies:
+        for figure, column in (("scaling/speedup", "speedup"), ("scaling/efficiency", "efficiency"),
+                               ("perf/samples_per_sec", "samples_per_sec_mean")):
+            events = ea.Scalars(f"{figure}/lenet5/{s}")
+            assert [e.step for e in events] == [1, 2]
+            for e in events:
+                assert e.value == pytest.approx(float(by_key[(s, e.step)][column]), rel=1e-4)
+        assert [e.step for e in ea.Scalars(f"scaling/predicted_efficiency/lenet5/{s}")][-1] == 1024
+    assert ea.Scalars("scaling/speedup/lenet5/allreduce")[0].value == pytest.approx(1.0)
+    assert "custom_scalars__config__" in ea.Tags()["tensors"]
+    assert len(tags) >= 5 * len(strategies)

@@ -1,0 +1,109 @@
+"""Helpers shared by the test folders: run real ranks through the project's launcher, compare
+parameters, write small datasets. Imported as ``from helpers import ...`` (tests/ is on sys.path
+through tests/conftest.py)."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import random
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from allreduce_train.data import ptb
+
+ROOT = Path(__file__).resolve().parent.parent
+FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+
+
+def launch(np: int, args: list[str], timeout: float = 240, command: str = "train", module: str = "",
+           oversubscribe: bool = False, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python -m launch -np N -- ARGS`` with a hard timeout: a hanging rank fails the test.
+    ``module``: run that rank program (``python -m MODULE ARGS``) instead of the trainer."""
+    cmd = [sys.executable, "-m", "launch", "-np", str(np), "--command", command]
+    if module:
+        cmd += ["--module", module]
+    if oversubscribe:
+        cmd.append("--oversubscribe")
+    cmd += ["--", *args]
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=full_env)
+
+
+def run_single(args: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
+    """One process without mpirun (Horovod forms a world of size 1)."""
+    cmd = [sys.executable, "-m", "allreduce_train", "train", *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def check(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
+    return proc
+
+
+def load_params(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, weights_only=True)
+
+
+def rel_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    num = sum(float((a[k].double() - b[k].double()).pow(2).sum()) for k in a)
+    den = sum(float(b[k].double().pow(2).sum()) for k in b)
+    return (num / den) ** 0.5
+
+
+needs_fashion_mnist = pytest.mark.skipif(
+    not os.path.isdir(FASHION_MNIST_DIR), reason="dataset-fashion-mnist not installed (make install)")
+
+
+RANKS = ROOT / "tests" / "ranks"  # rank helper programs, run under mpirun with PYTHONPATH=RANKS
+
+
+# ------------------------------------------------------------------ small datasets
+
+def idx_bytes(arr: np.ndarray) -> bytes:
+    return struct.pack(">BBBB", 0, 0, 0x08, arr.ndim) + struct.pack(f">{arr.ndim}I", *arr.shape) + arr.tobytes()
+
+
+def write_split(d, prefix, n, gz=True, labels=None):
+    imgs = np.random.default_rng(0).integers(0, 256, (n, 28, 28), dtype=np.uint8)
+    lbls = np.arange(n, dtype=np.uint8) % 10 if labels is None else labels
+    for stem, arr in ((f"{prefix}-images-idx3-ubyte", imgs), (f"{prefix}-labels-idx1-ubyte", lbls)):
+        data = idx_bytes(arr)
+        if gz:
+            (d / (stem + ".gz")).write_bytes(gzip.compress(data))
+        else:
+            (d / stem).write_bytes(data)
+    return imgs, lbls
+
+
+WORDS = "the cat dog sat on mat a ran fast slow big small red blue".split()
+
+
+def write_corpus(d, lines=(300, 40, 40), seed=0, words=WORDS):
+    """A tiny corpus in PTB format: one sentence per line, a space before and after, some <unk>."""
+    rng = random.Random(seed)
+    d.mkdir(parents=True, exist_ok=True)
+    for split, n in zip(ptb.SPLITS, lines):
+        with open(d / f"ptb.{split}.txt", "w") as fh:
+            for _ in range(n):
+                sent = [rng.choice(words) if rng.random() > 0.05 else "<unk>" for _ in range(rng.randint(3, 12))]
+                fh.write(" " + " ".join(sent) + " \n")
+    return d
+
+
+# ------------------------------------------------------------------ configuration
+
+def parse(argv):
+    """The Config that `train ARGV` builds."""
+    from allreduce_train.cli import make_parser
+    from allreduce_train.config import build_config
+
+    return build_config(make_parser().parse_args(["train", *argv]))

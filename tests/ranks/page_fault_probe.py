@@ -1,0 +1,43 @@
+"""Minor page faults per LeNet-5 training step: ``python page_fault_probe.py keep|default``.
+
+``keep`` calls the trainer's ``keep_freed_memory()`` first; ``default`` leaves glibc as it is.
+Prints one line: ``faults_per_step X``.
+"""
+
+import resource
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+if sys.argv[1] == "keep":
+    from allreduce_train.memory import keep_freed_memory
+
+    assert keep_freed_memory(), "nothing was set"
+
+from allreduce_train.data.images import ShardedBatches, synthetic  # noqa: E402
+from models import MODELS  # noqa: E402
+
+torch.set_num_threads(1)
+train_set, _ = synthetic((1, 28, 28), 10, 6400, 42)
+batches = ShardedBatches(train_set, 64, 0, 1, 42).batches(0)  # a fresh batch every step, as in the trainer
+model = MODELS["lenet5"].build()
+opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+
+def step() -> None:
+    x, y = next(batches)
+    opt.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+
+
+for _ in range(10):  # warm-up: the heap reaches its working size
+    step()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(40):
+    step()
+print(f"faults_per_step {(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 40:.2f}")
