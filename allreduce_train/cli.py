@@ -67,7 +67,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     except UserError as e:
         return fail_before_init(str(e))
 
-    from .trainer import Trainer, config_text, flat_hparams
+    from .trainer import Trainer, config_text
     from .run_logger import NullLogger, RunLogger
 
     log = NullLogger()
@@ -101,16 +101,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             log.text("config", config_text(cfg))
         result = trainer.run(setup, log)
         result["run_dir"] = run_dir
-        evals = {k: v for k, v in result["final"].items() if k.startswith("eval_")}  # accuracy or perplexity
-        log.hparams(flat_hparams(cfg), {**{f"hparam/{k}": v for k, v in evals.items()},
-                                        "hparam/samples_per_sec": result["samples_per_sec"]})
-        log.write_json("metrics.json", result)
-        words = f", {result['words_per_sec']:.0f} words/s" if "words_per_sec" in result else ""
-        log.message(
-            f"done: {result['steps']} steps, " + ", ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in evals.items())
-            + f", {result['samples_per_sec']:.0f} samples/s{words} "
-            f"({result['workers']} workers), step {result['step_ms']:.2f} ms -> {run_dir}"
-        )
+        trainer.report(result, log)
         log.close()
         ex.close()
         return 0

@@ -12,7 +12,7 @@ restarts at zero every epoch and after a resume (it is not checkpointed).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Iterator, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +23,46 @@ from .data.images import ShardedBatches, TensorDataset, eval_shard, fashion_mnis
 from .errors import ConfigError
 
 from models import MODELS, ModelSpec
+
+
+class Batches(Protocol):
+    """A worker's training batches: ``data.images.ShardedBatches`` or ``data.ptb.LMBatches``."""
+
+    steps_per_epoch: int
+
+    def batches(self, epoch: int, start_step: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """(inputs, targets) of this worker for the steps ``start_step..`` of ``epoch``, in its order."""
+        ...
+
+
+class Task(Protocol):
+    """What the trainer needs from a kind of model; the loop itself is the same for every task."""
+
+    words_per_sample: int  # tokens per sample for a words/s figure, 0 for none
+    note: str  # a line for the log about the data (e.g. "NOT Penn Treebank"), or ""
+
+    def data(self, rank: int, num_shards: int) -> tuple[Batches, Any]:
+        """This worker's training batches and its share of the evaluation set."""
+        ...
+
+    def build_model(self) -> torch.nn.Module:
+        ...
+
+    def start_epoch(self) -> None:
+        """Called before every epoch's first step (a language model restarts its state)."""
+        ...
+
+    def loss(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, rows: slice) -> torch.Tensor:
+        """The mean loss of one (micro-)batch: rows ``rows`` of this worker's batch."""
+        ...
+
+    def eval_sums(self, model: torch.nn.Module, eval_set: Any, device: torch.device, batch_size: int) -> torch.Tensor:
+        """Sums (loss, counts) over this worker's evaluation share, to be added over workers."""
+        ...
+
+    def eval_metrics(self, totals: torch.Tensor) -> dict[str, float]:
+        """The figures (``eval/...``) from the sums over all workers."""
+        ...
 
 
 class ClassifyTask:
@@ -166,6 +206,6 @@ class LanguageModelTask:
         return {"eval/loss": loss, "eval/perplexity": math.exp(min(loss, 700.0))}  # exp overflows past ~709
 
 
-def make_task(cfg: Config) -> ClassifyTask | LanguageModelTask:
+def make_task(cfg: Config) -> Task:
     spec = MODELS[cfg.model.model]
     return LanguageModelTask(cfg, spec) if spec.task == "lm" else ClassifyTask(cfg, spec)

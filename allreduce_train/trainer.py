@@ -21,11 +21,10 @@ import torch
 
 from . import checkpoint
 from .config import Config
-from .data.images import ShardedBatches
 from .distributed.base import GradientExchange
 from .errors import ConfigError
 from .run_logger import NullLogger
-from .tasks import make_task
+from .tasks import Batches, make_task
 
 
 def local_cores() -> int:
@@ -61,18 +60,66 @@ class Setup:
     device: torch.device
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
-    batches: ShardedBatches  # or ptb.LMBatches: same interface
+    batches: Batches
     eval_set: Any  # this worker's evaluation share: a TensorDataset or a ptb.EvalStream
     total_steps: int
     start_step: int
-    run_dir: str
-    resume_state: dict[str, Any] | None
+
+
+class Throughput:
+    """Step times, exchange waits and CPU time of this rank: the one place the perf/ figures and
+    metrics.json's throughput come from. The first ``warmup`` steps are excluded from the totals."""
+
+    def __init__(self, samples_per_step: int, warmup: int) -> None:
+        self.samples_per_step = samples_per_step  # global: workers x batch x micro-batches
+        self.warmup = warmup
+        self.step_times: list[float] = []
+        self.waits: list[float] = []
+        self.wall_from = self.wall_to = time.perf_counter()  # wall clock over the measured steps, bookkeeping included
+        self.cpu_from = self.cpu_to = time.process_time()  # CPU time of every thread of this rank (Horovod's included)
+
+    def record(self, started: float, wait: float) -> None:
+        """One step that began at ``started`` (perf_counter) and waited ``wait`` s for the exchange."""
+        self.wall_to, self.cpu_to = time.perf_counter(), time.process_time()
+        self.step_times.append(self.wall_to - started)
+        self.waits.append(wait)
+        if len(self.step_times) == self.warmup:
+            self.wall_from, self.cpu_from = self.wall_to, self.cpu_to
+
+    def rate(self, times: list[float]) -> float:
+        """Samples per second over these step times."""
+        return self.samples_per_step * len(times) / sum(times) if times else 0.0
+
+    def recent(self, n: int) -> dict[str, float]:
+        """The figures of the last ``n`` steps, for the log."""
+        times = self.step_times[-n:]
+        return {"perf/step_ms": 1e3 * statistics.median(times), "perf/samples_per_sec": self.rate(times),
+                "comm/wait_ms": 1e3 * statistics.median(self.waits[-n:])}
+
+    @property
+    def cpu_seconds(self) -> float:
+        return self.cpu_to - self.cpu_from
+
+    def summary(self, cpu_seconds_all_workers: float) -> dict[str, float]:
+        """metrics.json's throughput fields (``cpu_seconds_all_workers``: :attr:`cpu_seconds` summed)."""
+        measured = self.step_times[self.warmup:] or self.step_times
+        after = len(self.step_times) - self.warmup  # steps after warm-up
+        return {
+            "samples_per_sec": self.rate(measured),
+            "step_ms": 1e3 * statistics.median(measured) if measured else 0.0,
+            # everything between the end of warm-up and the end of the last step: what `bench` compares
+            "wall_samples_per_sec": self.samples_per_step * after / (self.wall_to - self.wall_from) if after > 0 else 0.0,
+            "cpu_ms_per_step": 1e3 * cpu_seconds_all_workers / after if after > 0 else 0.0,
+            "comm_wait_ms": 1e3 * statistics.median(self.waits[self.warmup:] or self.waits) if self.waits else 0.0,
+        }
 
 
 class Trainer:
+    """Builds a run (:meth:`build`), trains it (:meth:`run`) and reports it (:meth:`report`) through
+    any :class:`GradientExchange`; ranks that only serve never get here (cli.cmd_train)."""
+
     def __init__(self, cfg: Config, exchange: GradientExchange, run_dir: str) -> None:
         self.cfg, self.ex, self.run_dir = cfg, exchange, run_dir
-        self.log: NullLogger = NullLogger()
         self.task = make_task(cfg)  # classification or language model: data, loss, evaluation
 
     # ---------------------------------------------------------------- set-up
@@ -90,19 +137,19 @@ class Trainer:
         torch.manual_seed(cfg.train.seed + 1_000_003 * (ex.worker_index + 1))
         optimizer = torch.optim.SGD(model.parameters(), lr=lr_at(0, cfg, ex.num_workers),
                                     momentum=cfg.optim.momentum, weight_decay=cfg.optim.weight_decay)
-        resume_state, start = None, 0
+        start = 0
         if cfg.run.resume and ex.is_main:  # rank 0 reads, prepare() broadcasts
             path = os.path.join(self.run_dir, checkpoint.CHECKPOINT_NAME) if cfg.run.resume == "auto" else cfg.run.resume
-            resume_state = checkpoint.load(path)
-            saved = resume_state["config"]
+            state = checkpoint.load(path)
+            saved = state["config"]
             for section, key in (("model", "model"), ("data", "batch_size")):
                 if saved[section][key] != getattr(getattr(cfg, section), key):
                     raise ConfigError(f"--resume {path}: checkpoint has {section}.{key}={saved[section][key]!r}, "
                                       f"this run {getattr(getattr(cfg, section), key)!r}; run with the same value")
-            model.load_state_dict(resume_state["model"])
-            optimizer.load_state_dict(resume_state["optimizer"])
-            start = int(resume_state["step"])
-        return Setup(device, model, optimizer, batches, eval_set, total, start, self.run_dir, resume_state)
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            start = int(state["step"])
+        return Setup(device, model, optimizer, batches, eval_set, total, start)
 
     # ---------------------------------------------------------------- one step
     def train_step(self, model, optimizer, inputs, targets, k: int) -> tuple[torch.Tensor, float]:
@@ -133,15 +180,21 @@ class Trainer:
         model.train()
         return self.task.eval_metrics(self.ex.sum_over_workers(totals))  # communication: global sums
 
-    def save_checkpoint(self, s: Setup, model, optimizer, step: int) -> None:
+    def save_checkpoint(self, model, optimizer, step: int) -> None:
         if self.ex.is_main:
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
                      "config": self.cfg.to_dict()}
             checkpoint.save(os.path.join(self.run_dir, checkpoint.CHECKPOINT_NAME), state)
 
+    def mean_loss(self, loss_sum: torch.Tensor, steps: int) -> float:
+        """The training loss of the last ``steps`` steps averaged over workers (not rank 0's share)."""
+        mine = torch.stack([loss_sum.cpu() / steps]).double()
+        return (self.ex.sum_over_workers(mine)[0] / self.ex.num_workers).item()  # communication
+
     # ---------------------------------------------------------------- the run
     def run(self, s: Setup, log: NullLogger) -> dict[str, Any]:
-        cfg, ex, self.log = self.cfg, self.ex, log
+        """Train from ``s.start_step`` to the end of the schedule (or ``--exit-after-steps``)."""
+        cfg, ex = self.cfg, self.ex
         model, device = s.model, s.device
         optimizer = ex.prepare(model, s.optimizer)
         step = ex.broadcast_object(s.start_step)  # communication: the resumed step, from rank 0
@@ -157,21 +210,16 @@ class Trainer:
         if self.task.note:  # e.g. which text a language model reads, and whether its figures compare with PTB
             log.message(self.task.note)
             log.text("data", self.task.note)
-        step_times: list[float] = []
-        waits: list[float] = []
-        loss_acc = torch.zeros((), device=device)
-        n_acc = 0
+        meter = Throughput(workers * per_step, cfg.train.perf_warmup_steps)
+        loss_sum, since_log = torch.zeros((), device=device), 0
         last_eval: dict[str, float] = {}
-        last_train_loss = float("nan")
+        train_loss = float("nan")
         model.train()
-        warm = cfg.train.perf_warmup_steps
-        wall_from = wall_to = time.perf_counter()  # wall clock over the measured steps, bookkeeping included
-        cpu_from = cpu_to = time.process_time()  # CPU time of every thread of this rank (Horovod's included)
         while step < stop_at:
             epoch, in_epoch = divmod(step, spe)
             self.task.start_epoch()
             for inputs, targets in s.batches.batches(epoch, in_epoch):  # the shard order of this epoch
-                t0 = time.perf_counter()
+                started = time.perf_counter()
                 lr = lr_at(step, cfg, workers)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
@@ -180,72 +228,74 @@ class Trainer:
                 if device.type == "cuda":
                     torch.cuda.synchronize()  # honest step times
                 step += 1
-                wall_to, cpu_to = time.perf_counter(), time.process_time()
-                step_times.append(wall_to - t0)
-                if len(step_times) == warm:
-                    wall_from, cpu_from = wall_to, cpu_to
-                waits.append(wait)
-                loss_acc += loss
-                n_acc += 1
+                meter.record(started, wait)
+                loss_sum += loss
+                since_log += 1
                 log.progress(1)
                 if step % cfg.train.log_every == 0 or step == stop_at:
-                    # communication: the loss averaged over workers (not rank 0's share)
-                    mean_loss = (ex.sum_over_workers(torch.stack([loss_acc.cpu() / n_acc]).double())[0] / workers).item()
-                    last_train_loss = mean_loss
-                    recent = step_times[-n_acc:]
-                    rate = workers * per_step * len(recent) / sum(recent)
-                    values = {"train/loss": mean_loss, "train/lr": lr, "train/epoch": step / spe,
-                              "perf/step_ms": 1e3 * statistics.median(recent),
-                              "perf/samples_per_sec": rate, **words_per_sec(self.task, rate),
-                              "comm/wait_ms": 1e3 * statistics.median(waits[-n_acc:])}
-                    values.update({f"comm/{k_}": v for k_, v in ex.stats().items()})
+                    train_loss = self.mean_loss(loss_sum, since_log)
+                    values = {"train/loss": train_loss, "train/lr": lr, "train/epoch": step / spe,
+                              **meter.recent(since_log)}
+                    values.update(words_per_sec(self.task, values["perf/samples_per_sec"]))
+                    values.update({f"comm/{key}": v for key, v in ex.stats().items()})
                     log.scalars(step, values)
-                    log.progress(0, loss=f"{mean_loss:.4f}")
-                    loss_acc.zero_()
-                    n_acc = 0
+                    log.progress(0, loss=f"{train_loss:.4f}")
+                    loss_sum.zero_()
+                    since_log = 0
                 if step % eval_every == 0 or step == s.total_steps:
                     last_eval = self.evaluate(model, s.eval_set, device)
                     log.scalars(step, last_eval)
-                    log.message(f"step {step}: " + ", ".join(f"{k_.replace('/', ' ')} {v:.4f}"
-                                                             for k_, v in last_eval.items()))
+                    log.message(f"step {step}: " + ", ".join(f"{key.replace('/', ' ')} {v:.4f}"
+                                                             for key, v in last_eval.items()))
                 if step % ckpt_every == 0 or step == stop_at:
-                    self.save_checkpoint(s, model, optimizer, step)
+                    self.save_checkpoint(model, optimizer, step)
                 if step >= stop_at:
                     break
 
         if not last_eval:
             last_eval = self.evaluate(model, s.eval_set, device)
             log.scalars(step, last_eval)
-        measured = step_times[cfg.train.perf_warmup_steps:] or step_times
         # communication: CPU seconds of all workers; a busy-polling exchange shows up here
-        cpu_s = ex.sum_over_workers(torch.tensor([cpu_to - cpu_from], dtype=torch.float64))[0].item()
-        result = {
-            "strategy": ex.name,
-            "world_size": ex.size,
-            "workers": workers,
-            "model": cfg.model.model,
-            "dataset": cfg.data.dataset,
-            "batch_size": cfg.data.batch_size,
-            "global_batch": workers * per_step,
-            "steps": step,
-            "total_steps": s.total_steps,
-            "completed": step >= s.total_steps,
-            "samples_per_sec": workers * per_step * len(measured) / sum(measured) if measured else 0.0,
-            "step_ms": 1e3 * statistics.median(measured) if measured else 0.0,
-            # everything between the end of warm-up and the end of the last step: what `bench` compares
-            "wall_samples_per_sec": (workers * per_step * (len(step_times) - warm) / (wall_to - wall_from)
-                                     if len(step_times) > warm else 0.0),
-            "cpu_ms_per_step": 1e3 * cpu_s / (len(step_times) - warm) if len(step_times) > warm else 0.0,
-            "comm_wait_ms": 1e3 * statistics.median(waits[cfg.train.perf_warmup_steps:] or waits) if waits else 0.0,
-            **{k_.split("/")[1]: v for k_, v in words_per_sec(
-                self.task, workers * per_step * len(measured) / sum(measured) if measured else 0.0).items()},
-            "final": {"train_loss": last_train_loss, **{k_.replace("/", "_"): v for k_, v in last_eval.items()}},
-            **ex.describe(),
-        }
+        cpu_s = ex.sum_over_workers(torch.tensor([meter.cpu_seconds], dtype=torch.float64))[0].item()
         if cfg.run.dump_params:
             torch.save({n: p.detach().cpu() for n, p in model.state_dict().items()},
                        cfg.run.dump_params.replace("{rank}", str(ex.rank)))
-        return result
+        return self.result(step, s.total_steps, meter.summary(cpu_s), train_loss, last_eval)
+
+    def result(self, step: int, total: int, perf: dict[str, float], train_loss: float,
+               last_eval: dict[str, float]) -> dict[str, Any]:
+        """metrics.json: what ran, how fast, and where it ended."""
+        cfg, ex = self.cfg, self.ex
+        per_step = cfg.data.batch_size * cfg.exchange.backward_passes_per_step
+        return {
+            "strategy": ex.name,
+            "world_size": ex.size,
+            "workers": ex.num_workers,
+            "model": cfg.model.model,
+            "dataset": cfg.data.dataset,
+            "batch_size": cfg.data.batch_size,
+            "global_batch": ex.num_workers * per_step,
+            "steps": step,
+            "total_steps": total,
+            "completed": step >= total,
+            **perf,
+            **{key.split("/")[1]: v for key, v in words_per_sec(self.task, perf["samples_per_sec"]).items()},
+            "final": {"train_loss": train_loss, **{key.replace("/", "_"): v for key, v in last_eval.items()}},
+            **ex.describe(),
+        }
+
+    def report(self, result: dict[str, Any], log: NullLogger) -> None:
+        """The end of a run on the main rank: HParams, metrics.json and the one-line summary."""
+        evals = {key: v for key, v in result["final"].items() if key.startswith("eval_")}  # accuracy or perplexity
+        log.hparams(flat_hparams(self.cfg), {**{f"hparam/{key}": v for key, v in evals.items()},
+                                             "hparam/samples_per_sec": result["samples_per_sec"]})
+        log.write_json("metrics.json", result)
+        words = f", {result['words_per_sec']:.0f} words/s" if "words_per_sec" in result else ""
+        log.message(
+            f"done: {result['steps']} steps, " + ", ".join(f"{key.replace('_', ' ')} {v:.4f}" for key, v in evals.items())
+            + f", {result['samples_per_sec']:.0f} samples/s{words} "
+            f"({result['workers']} workers), step {result['step_ms']:.2f} ms -> {result['run_dir']}"
+        )
 
 
 def words_per_sec(task, samples_per_sec: float) -> dict[str, float]:

@@ -1,4 +1,11 @@
-"""A thin wrapper that runs the trainer under ``mpirun`` with Horovod's recommended flags."""
+"""A thin wrapper that runs the trainer under ``mpirun`` with Horovod's recommended flags.
+
+It prints the exact ``mpirun`` line it runs and passes the trainer's arguments through untouched.
+``launch`` imports only the standard library: it starts ``python -m allreduce_train`` (or a rank
+program given with ``--module``) as a command, never as an import, so it works before the trainer's
+dependencies are importable and cannot grow into the trainer (tests/unit/test_layout.py).
+:mod:`.mpirun` builds and runs the line, :mod:`.netns` emulates hosts with network namespaces.
+"""
 
 from .mpirun import LaunchSpec, build_command, main
 

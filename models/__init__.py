@@ -3,7 +3,8 @@
 Each model registers a :class:`ModelSpec` in :data:`MODELS` with a builder, the input it expects
 (so that the ``synthetic`` dataset can make fixed-shape batches for it), its task (image
 classification or language modelling) and the hyperparameters it is meant to train with. This
-package never imports horovod, mpi4py or torch.distributed.
+package imports torch only: never horovod, mpi4py, torch.distributed, the trainer or the launcher
+(tests/unit/test_layout.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,73 @@
+"""The training loop in one process, through the single-process exchange (no mpirun)."""
+
+import json
+
+import torch
+
+from allreduce_train.data.images import ShardedBatches, synthetic
+from allreduce_train.distributed.local import LocalExchange
+from allreduce_train.run_logger import RunLogger
+from allreduce_train.trainer import Trainer, lr_at
+from models import MODELS
+
+from helpers import parse
+
+ARGS = ["--model", "lenet5", "--dataset", "synthetic", "--synthetic-samples", "640", "--batch-size", "32",
+        "--steps", "12", "--eval-every", "6", "--log-every", "3", "--warmup-steps", "4", "--no-progress",
+        "--threads", "1"]
+
+
+def train(tmp_path, extra=(), name="run"):
+    cfg = parse([*ARGS, "--run-dir", str(tmp_path), *extra])
+    trainer = Trainer(cfg, LocalExchange(), str(tmp_path / name))
+    (tmp_path / name).mkdir(exist_ok=True)
+    setup = trainer.build()
+    log = RunLogger(str(tmp_path / name), setup.total_steps, setup.start_step, tensorboard=False, progress=False)
+    result = trainer.run(setup, log)
+    result["run_dir"] = str(tmp_path / name)
+    trainer.report(result, log)
+    log.close()
+    return setup.model, result
+
+
+def test_the_loop_is_plain_sgd_with_warm_up_on_the_shard_order(tmp_path):
+    model, result = train(tmp_path)
+    cfg = parse([*ARGS, "--run-dir", str(tmp_path)])
+    spec = MODELS["lenet5"]
+    torch.manual_seed(cfg.train.seed)
+    ref = spec.build()
+    opt = torch.optim.SGD(ref.parameters(), lr=cfg.optim.lr, momentum=cfg.optim.momentum)
+    train_set, _ = synthetic(spec.input_shape, spec.num_classes, 640, cfg.train.seed)
+    batches = ShardedBatches(train_set, 32, 0, 1, cfg.train.seed)
+    step = 0
+    for epoch in range(2):
+        for x, y in batches.batches(epoch):
+            if step == 12:
+                break
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step, cfg, 1)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(ref(x), y).backward()
+            opt.step()
+            step += 1
+    for (name, p), q in zip(model.state_dict().items(), ref.state_dict().values()):
+        assert torch.equal(p, q), name
+    assert result["steps"] == 12 and result["completed"] and result["strategy"] == "local"
+
+
+def test_metrics_json_and_the_done_line(tmp_path, capsys):
+    _, result = train(tmp_path)
+    saved = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert saved["steps"] == 12 and saved["workers"] == 1 and saved["global_batch"] == 32
+    assert saved["samples_per_sec"] > 0 and saved["step_ms"] > 0
+    assert set(saved["final"]) == {"train_loss", "eval_loss", "eval_accuracy"}
+    assert "done: 12 steps, eval loss" in capsys.readouterr().out
+
+
+def test_exit_after_steps_then_resume_ends_bit_identical(tmp_path):
+    whole, _ = train(tmp_path, name="whole")
+    train(tmp_path, ["--exit-after-steps", "5", "--checkpoint-every", "100"], name="parts")
+    again, result = train(tmp_path, ["--resume", "auto"], name="parts")
+    assert result["steps"] == 12
+    for (name, p), q in zip(whole.state_dict().items(), again.state_dict().values()):
+        assert torch.equal(p, q), name
