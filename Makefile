@@ -19,6 +19,7 @@ help:
 	@echo "make bench        trainer vs bare Horovod loop vs torch DDP vs PS, LeNet-5/LSTM/ResNet-18, 1 and 2 ranks -> runs/bench-<time>/ (~20 min)"
 	@echo "make bench-tuning the trainer's defaults vs one change each (cycle time, waits, allocator, gloo, fp16, ...), 2 ranks (~12 min)"
 	@echo "make test         the test suite (unit + real ranks under mpirun)"
+	@echo "make test-fast    the tests that need no mpirun (seconds)"
 	@echo "make tensorboard  serve runs/ on http://127.0.0.1:6006"
 	@echo "make scaling      allreduce vs PS grid, 1 and 2 workers -> runs/scaling/<time>/report.md (~20 min)"
 	@echo "make scaling-netns the grid on 4 emulated hosts at 1gbit and 100mbit (root) -> runs/scaling-netns/<time>/report.md"
@@ -56,7 +57,6 @@ bench: install
 	$(PY) -m allreduce_train.experiments bench --models $(BENCH_MODELS) --repeats 3 $(ARGS)
 
 # The tuning table of docs/performance.md: the trainer's defaults against one change each, 2 ranks.
-MALLOC_KEEP := MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_TOP_PAD_=67108864
 TUNING_MODELS ?= lenet5,ptb-lstm-small
 bench-tuning: install
 	$(PY) -m allreduce_train.experiments bench --models $(TUNING_MODELS) --np 2 --repeats 3 \
@@ -64,7 +64,7 @@ bench-tuning: install
 	    --variant "yield0=trainer OMPI_MCA_mpi_yield_when_idle=0" --variant "hvdwait=trainer ALLREDUCE_TRAIN_WAIT=horovod" \
 	    --variant "glibc=trainer ALLREDUCE_TRAIN_MALLOC=glibc" --variant "fusion128mb=trainer HOROVOD_FUSION_THRESHOLD=134217728" \
 	    --variant "gloo=trainer --horovod-backend gloo" --variant "fp16=trainer --compression fp16" \
-	    --variant "k2=trainer --backward-passes-per-step 2" --variant "ddp+malloc=ddp $(MALLOC_KEEP)" \
+	    --variant "k2=trainer --backward-passes-per-step 2" --variant "ddp+malloc=ddp ALLREDUCE_TRAIN_MALLOC=keep" \
 	    --impls trainer,cycle1,cycle3,yield0,hvdwait,glibc,fusion128mb,gloo,fp16,k2,horovod,ddp,ddp+malloc $(ARGS)
 
 scaling: install

@@ -37,7 +37,7 @@ def test_aggregate_speedup_efficiency_and_spread_by_hand():
     assert two["speedup_std"] == pytest.approx(160.0 / 105.0 * rel)
 
 
-def test_missing_models_and_strategies_are_skipped_with_a_note():
+def test_missing_models_are_skipped_with_a_note():
     vs, models, notes = available(GridConfig(models=["lenet5", "no-such-model"]))
     assert models == ["lenet5"]
     assert any("no-such-model" in n for n in notes)

@@ -37,8 +37,8 @@ SAME_OPTIMIZER = ["--momentum", "0.9", "--weight-decay", "0", "--grad-clip", "0"
 
 
 @dataclass
-class Variant:
-    """An implementation run with other settings: ``--variant "NAME=BASE [KEY=VALUE ...] [--flag ...]"``."""
+class Override:
+    """An implementation timed with other settings, as its own column: ``--variant "NAME=BASE [KEY=VALUE ...] [--flag ...]"``."""
 
     name: str
     base: str  # trainer, horovod, ddp or trainer-<strategy>
@@ -60,7 +60,7 @@ class BenchSpec:
     out: str = ""
     timeout: float = 600.0
     oversubscribe: bool = False
-    variants: list[Variant] = field(default_factory=list)
+    variants: list[Override] = field(default_factory=list)
 
     def steps_for(self, model: str) -> int:
         return self.steps or DEFAULT_STEPS.get(model, 50)
@@ -73,13 +73,13 @@ class BenchSpec:
 
         return self.batch_size or int(MODELS[model].defaults.get("batch_size", 64))
 
-    def variant(self, impl: str) -> Variant:
+    def variant(self, impl: str) -> Override:
         """The settings an implementation runs with (a plain one: none)."""
-        return next((v for v in self.variants if v.name == impl), Variant(impl, impl))
+        return next((v for v in self.variants if v.name == impl), Override(impl, impl))
 
 
-def parse_variant(text: str, known: list[str]) -> Variant:
-    """``NAME=BASE [KEY=VALUE ...] [--flag value ...]`` -> a Variant; ValueError says what is wrong."""
+def parse_variant(text: str, known: list[str]) -> Override:
+    """``NAME=BASE [KEY=VALUE ...] [--flag value ...]`` -> a Override; ValueError says what is wrong."""
     import re
     import shlex
 
@@ -93,7 +93,7 @@ def parse_variant(text: str, known: list[str]) -> Variant:
     words = shlex.split(rest)
     if not words or words[0] not in known:
         raise ValueError(f"{name}: the first word must be the implementation to vary, one of: {', '.join(known)}")
-    v = Variant(name, words[0])
+    v = Override(name, words[0])
     flags_from = next((i for i, w in enumerate(words[1:], 1) if w.startswith("-")), len(words))
     for w in words[1:flags_from]:
         key, eq, value = w.partition("=")

@@ -17,6 +17,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench.rank", description=__doc__.split("\n\n")[0])
     add_arguments(p)
     args = p.parse_args(argv)
+    if os.environ.get("ALLREDUCE_TRAIN_MALLOC") == "keep":
+        # The trainer's allocator settings for a baseline (bench-tuning's ddp+malloc); the baselines
+        # otherwise run with glibc's own, as a user's script would.
+        from allreduce_train.memory import keep_freed_memory
+
+        keep_freed_memory()
     rc = run_rank(args)
     if args.impl == "ddp":
         # Results are written and the process group is gone: skip the interpreter's teardown, where

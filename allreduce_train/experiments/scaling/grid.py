@@ -41,31 +41,13 @@ from .calibrate import CYCLE_CANDIDATES, calibrate, choose_cycle, predictions, r
 from .report import load_summary, aggregate, code_version, plot_measured, plot_predicted, report_markdown, write_csv, write_tensorboard
 from .spec import GridConfig, GridError, Plan, Variant, variants
 
-def train_flags() -> set[str]:
-    """Every flag the trainer accepts now (strategies add theirs as they land)."""
-    from allreduce_train.config import add_arguments
-
-    p = argparse.ArgumentParser(add_help=False)
-    add_arguments(p)
-    return set(p._option_string_actions)
-
-
 def available(cfg: GridConfig) -> tuple[list[Variant], list[str], list[str]]:
-    """(variants, models) that exist in this checkout, and a note for each one that does not."""
+    """(variants, models) to run, and a note for each model that is not in the registry."""
     from models import MODELS
 
-    from allreduce_train.distributed import STRATEGIES
-
-    table, flags = variants(cfg.ps_servers), train_flags()
-    notes, vs, ms = [], [], []
-    for name in cfg.strategies:
-        v = table[name]
-        missing = [f for f in v.flags if f.startswith("--") and f not in flags]
-        if v.strategy not in STRATEGIES or missing:
-            notes.append(f"strategy {name}: skipped, the trainer has no --strategy {v.strategy}"
-                         + (f" with {' '.join(missing)}" if missing else "") + " in this checkout")
-        else:
-            vs.append(v)
+    table = variants(cfg.ps_servers)
+    vs = [table[name] for name in cfg.strategies]
+    notes, ms = [], []
     for m in cfg.models:
         if m in MODELS:
             ms.append(m)
