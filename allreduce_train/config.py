@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
@@ -101,6 +102,9 @@ class OptimConfig:
     scale_lr: bool = _f(True, "multiply the LR by the number of workers (Goyal et al. 2017)")
     warmup_steps: int = _f(100, "linear LR warm-up from lr/workers to the scaled LR over this many steps")
     grad_clip: float = _f(0.0, "clip the averaged gradient to this global L2 norm (0 = off)")
+    lr_decay: float = _f(1.0, "multiply the LR by this after every epoch past --lr-decay-after (Zaremba et al.'s "
+                              "schedule for the LSTMs; 1 = constant)")
+    lr_decay_after: int = _f(0, "epochs at the full LR before --lr-decay applies")
 
     def __post_init__(self) -> None:
         _check(self.lr > 0, "lr", "must be > 0", self.lr)
@@ -108,6 +112,8 @@ class OptimConfig:
         _check(self.weight_decay >= 0, "weight_decay", "must be >= 0", self.weight_decay)
         _check(self.warmup_steps >= 0, "warmup_steps", "must be >= 0", self.warmup_steps)
         _check(self.grad_clip >= 0, "grad_clip", "must be >= 0", self.grad_clip)
+        _check(0 < self.lr_decay <= 1, "lr_decay", "must be in (0, 1]", self.lr_decay)
+        _check(self.lr_decay_after >= 0, "lr_decay_after", "must be >= 0", self.lr_decay_after)
 
 
 @dataclass
@@ -155,6 +161,8 @@ class TrainConfig:
     perf_warmup_steps: int = _f(10, "steps excluded from throughput figures")
     threads: int = _f(0, "torch intra-op threads per rank (0 = cores on this host / ranks on this host)")
     device: str = _f("auto", "auto = CUDA pinned to the local rank when present, else CPU", ("auto", "cpu", "cuda"))
+    target: str = _f("", "stop once an evaluation reaches this, e.g. eval/accuracy>=0.89 or eval/perplexity<=150; "
+                         "metrics.json records the steps and seconds to it (time to accuracy)")
 
     def __post_init__(self) -> None:
         _check(self.epochs >= 1, "epochs", "must be >= 1", self.epochs)
@@ -164,7 +172,22 @@ class TrainConfig:
         _check(self.eval_every >= 0, "eval_every", "must be >= 0", self.eval_every)
         _check(self.perf_warmup_steps >= 0, "perf_warmup_steps", "must be >= 0", self.perf_warmup_steps)
         _check(self.threads >= 0, "threads", "must be >= 0", self.threads)
+        if self.target:
+            parse_target(self.target)
         _check_choices(self)
+
+
+TARGET_RE = re.compile(r"^(eval/[a-z_]+)\s*(>=|<=)\s*([-+0-9.eE]+)$")
+
+
+def parse_target(text: str) -> tuple[str, str, float]:
+    """``eval/accuracy>=0.89`` -> ("eval/accuracy", ">=", 0.89)."""
+    m = TARGET_RE.match(text.strip())
+    try:
+        return m.group(1), m.group(2), float(m.group(3))  # type: ignore[union-attr]
+    except (AttributeError, ValueError):
+        raise ConfigError(f"--target {text!r}: write METRIC>=VALUE or METRIC<=VALUE with an evaluation metric, "
+                          "e.g. eval/accuracy>=0.89 or eval/perplexity<=150") from None
 
 
 @dataclass

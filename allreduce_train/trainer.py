@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from . import checkpoint
-from .config import Config
+from .config import Config, parse_target
 from .distributed.base import GradientExchange
 from .errors import ConfigError
 from .run_logger import NullLogger
@@ -44,13 +44,15 @@ def pick_device(cfg: Config, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def lr_at(step: int, cfg: Config, workers: int) -> float:
-    """Linear warm-up from the one-worker LR to the scaled LR (Goyal et al. 2017), then constant."""
+def lr_at(step: int, cfg: Config, workers: int, steps_per_epoch: int) -> float:
+    """Linear warm-up from the one-worker LR to the scaled LR (Goyal et al. 2017), then constant
+    until epoch ``--lr-decay-after``, then multiplied by ``--lr-decay`` after every epoch."""
     base = cfg.optim.lr
     target = base * workers if cfg.optim.scale_lr else base
-    if cfg.optim.warmup_steps == 0 or step >= cfg.optim.warmup_steps:
-        return target
-    return base + (target - base) * step / cfg.optim.warmup_steps
+    if cfg.optim.warmup_steps and step < cfg.optim.warmup_steps:
+        return base + (target - base) * step / cfg.optim.warmup_steps
+    epoch = step // steps_per_epoch  # 0-based: epochs 0 .. after-1 run at the full LR (TensorFlow's PTB tutorial)
+    return target * cfg.optim.lr_decay ** max(0, epoch + 1 - cfg.optim.lr_decay_after)
 
 
 @dataclass
@@ -135,7 +137,7 @@ class Trainer:
         model = self.task.build_model().to(device)
         # Identical parameters came from the common seed; dropout masks must differ between workers.
         torch.manual_seed(cfg.train.seed + 1_000_003 * (ex.worker_index + 1))
-        optimizer = torch.optim.SGD(model.parameters(), lr=lr_at(0, cfg, ex.num_workers),
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr_at(0, cfg, ex.num_workers, batches.steps_per_epoch),
                                     momentum=cfg.optim.momentum, weight_decay=cfg.optim.weight_decay)
         start = 0
         if cfg.run.resume and ex.is_main:  # rank 0 reads, prepare() broadcasts
@@ -211,6 +213,7 @@ class Trainer:
             log.message(self.task.note)
             log.text("data", self.task.note)
         meter = Throughput(workers * per_step, cfg.train.perf_warmup_steps)
+        target = TimeToTarget(cfg.train.target)
         loss_sum, since_log = torch.zeros((), device=device), 0
         last_eval: dict[str, float] = {}
         train_loss = float("nan")
@@ -220,7 +223,7 @@ class Trainer:
             self.task.start_epoch()
             for inputs, targets in s.batches.batches(epoch, in_epoch):  # the shard order of this epoch
                 started = time.perf_counter()
-                lr = lr_at(step, cfg, workers)
+                lr = lr_at(step, cfg, workers, spe)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
@@ -247,6 +250,10 @@ class Trainer:
                     log.scalars(step, last_eval)
                     log.message(f"step {step}: " + ", ".join(f"{key.replace('/', ' ')} {v:.4f}"
                                                              for key, v in last_eval.items()))
+                    if target.record(step, step / spe, last_eval):
+                        log.message(f"target {cfg.train.target} reached at step {step} (epoch {step / spe:.2f}) "
+                                    f"after {target.reached['seconds']:.1f} s")
+                        stop_at = step  # every rank evaluated the same global figures: all stop here
                 if step % ckpt_every == 0 or step == stop_at:
                     self.save_checkpoint(model, optimizer, step)
                 if step >= stop_at:
@@ -260,7 +267,7 @@ class Trainer:
         if cfg.run.dump_params:
             torch.save({n: p.detach().cpu() for n, p in model.state_dict().items()},
                        cfg.run.dump_params.replace("{rank}", str(ex.rank)))
-        return self.result(step, s.total_steps, meter.summary(cpu_s), train_loss, last_eval)
+        return {**self.result(step, s.total_steps, meter.summary(cpu_s), train_loss, last_eval), **target.summary()}
 
     def result(self, step: int, total: int, perf: dict[str, float], train_loss: float,
                last_eval: dict[str, float]) -> dict[str, Any]:
@@ -296,6 +303,39 @@ class Trainer:
             + f", {result['samples_per_sec']:.0f} samples/s{words} "
             f"({result['workers']} workers), step {result['step_ms']:.2f} ms -> {result['run_dir']}"
         )
+
+
+class TimeToTarget:
+    """Every evaluation with its wall-clock time since the first step of this invocation, and the
+    first one that reaches ``--target`` (MLPerf's figure: the time a user waits for a model that good)."""
+
+    def __init__(self, target: str) -> None:
+        self.target = parse_target(target) if target else None
+        self.started = time.perf_counter()
+        self.evals: list[dict[str, float]] = []
+        self.reached: dict[str, float] | None = None
+
+    def record(self, step: int, epoch: float, figures: dict[str, float]) -> bool:
+        """Note one evaluation; True when it is the first to reach the target."""
+        row = {"step": step, "epoch": epoch, "seconds": time.perf_counter() - self.started,
+               **{key.replace("/", "_"): v for key, v in figures.items()}}
+        self.evals.append(row)
+        if self.target is None or self.reached is not None or self.target[0] not in figures:
+            return False
+        metric, op, value = self.target
+        if figures[metric] >= value if op == ">=" else figures[metric] <= value:
+            self.reached = row
+            return True
+        return False
+
+    def summary(self) -> dict[str, Any]:
+        """metrics.json's ``evals`` and, with a target, ``target`` (reached or not, and when)."""
+        out: dict[str, Any] = {"evals": self.evals}
+        if self.target:
+            metric, op, value = self.target
+            out["target"] = {"metric": metric, "op": op, "value": value, "reached": self.reached is not None,
+                             **({key: self.reached[key] for key in ("step", "epoch", "seconds")} if self.reached else {})}
+        return out
 
 
 def words_per_sec(task, samples_per_sec: float) -> dict[str, float]:

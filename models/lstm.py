@@ -51,20 +51,22 @@ class LSTMLanguageModel(nn.Module):
 
 
 
-def zaremba_recipe(bptt: int) -> dict:
+def zaremba_recipe(bptt: int, epochs: int, full_epochs: int, decay: float) -> dict:
     """The paper's training settings, applied unless the file or the command line says otherwise.
 
     Zaremba (and TensorFlow's PTB tutorial) minimise the cross-entropy summed over the ``bptt``
     unrolled steps and averaged over the batch, with SGD at lr 1.0 (no momentum) and the gradient
     clipped to global norm 5. The trainer averages over all tokens, a gradient ``bptt`` times
     smaller, so the same updates take lr ``bptt`` and a clip of ``5 / bptt`` (for the small model
-    lr 20, clip 0.25, which is also PyTorch's word_language_model example). Not reproduced: the
-    paper then decays the LR every epoch (small: halved after epoch 4; medium: / 1.2 after epoch 6).
-    The LR is not scaled by the worker count: every step makes the paper's update, on a global
-    batch W times larger.
+    lr 20, clip 0.25, which is also PyTorch's word_language_model example). The paper's schedule:
+    ``epochs`` in all, the first ``full_epochs`` at that LR, then the LR multiplied by ``decay`` after
+    every epoch (small: 13 epochs, halved after epoch 4; medium: 39 epochs, divided by 1.2 after
+    epoch 6). The LR is not scaled by the worker count: every step makes the paper's update, on a
+    global batch W times larger.
     """
     return {"dataset": "ptb", "batch_size": 20, "lr": 1.0 * bptt, "momentum": 0.0, "grad_clip": 5.0 / bptt,
-            "scale_lr": False, "eval_batch_size": 10}
+            "scale_lr": False, "eval_batch_size": 10, "epochs": epochs, "lr_decay": decay,
+            "lr_decay_after": full_epochs}
 
 
 register(ModelSpec(
@@ -75,7 +77,7 @@ register(ModelSpec(
     num_classes=PTB_VOCAB,
     description="Zaremba et al. 2014 small LSTM LM: 2x200, 20 steps, 4.65 M parameters with 10 k words (seed paper)",
     task="lm",
-    defaults=zaremba_recipe(20),
+    defaults=zaremba_recipe(20, epochs=13, full_epochs=4, decay=0.5),
 ))
 
 register(ModelSpec(
@@ -86,5 +88,5 @@ register(ModelSpec(
     num_classes=PTB_VOCAB,
     description="Zaremba et al. 2014 medium LSTM LM: 2x650, 35 steps, dropout 0.5, 19.8 M parameters",
     task="lm",
-    defaults=zaremba_recipe(35),
+    defaults=zaremba_recipe(35, epochs=39, full_epochs=6, decay=1 / 1.2),
 ))

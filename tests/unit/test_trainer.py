@@ -2,10 +2,12 @@
 
 import json
 
+import pytest
 import torch
 
 from allreduce_train.data.images import ShardedBatches, synthetic
 from allreduce_train.distributed.local import LocalExchange
+from allreduce_train.errors import ConfigError
 from allreduce_train.run_logger import RunLogger
 from allreduce_train.trainer import Trainer, lr_at
 from models import MODELS
@@ -45,7 +47,7 @@ def test_the_loop_is_plain_sgd_with_warm_up_on_the_shard_order(tmp_path):
             if step == 12:
                 break
             for group in opt.param_groups:
-                group["lr"] = lr_at(step, cfg, 1)
+                group["lr"] = lr_at(step, cfg, 1, batches.steps_per_epoch)
             opt.zero_grad()
             torch.nn.functional.cross_entropy(ref(x), y).backward()
             opt.step()
@@ -71,3 +73,36 @@ def test_exit_after_steps_then_resume_ends_bit_identical(tmp_path):
     assert result["steps"] == 12
     for (name, p), q in zip(whole.state_dict().items(), again.state_dict().values()):
         assert torch.equal(p, q), name
+
+
+def test_zaremba_schedule_halves_the_lr_after_every_epoch_past_the_fourth():
+    cfg = parse(["--model", "ptb-lstm-small"])
+    assert (cfg.train.epochs, cfg.optim.lr_decay, cfg.optim.lr_decay_after) == (13, 0.5, 4)
+    spe = 100
+    lrs = [lr_at(epoch * spe, cfg, 4, spe) for epoch in range(7)]
+    assert lrs == [20.0, 20.0, 20.0, 20.0, 10.0, 5.0, 2.5]  # not scaled by the 4 workers: the recipe's --no-scale-lr
+    assert lr_at(5 * spe - 1, cfg, 4, spe) == 10.0  # constant within an epoch
+
+
+def test_warm_up_then_constant_without_decay():
+    cfg = parse(["--lr", "0.1", "--warmup-steps", "10"])
+    assert [lr_at(s, cfg, 2, 50) for s in (0, 5, 10, 500)] == [0.1, pytest.approx(0.15), pytest.approx(0.2), pytest.approx(0.2)]
+
+
+def test_a_target_stops_the_run_and_records_the_time_to_it(tmp_path):
+    # the run is deterministic: the evaluations of a full run tell where a target will be met
+    _, full = train(tmp_path, ["--eval-every", "2"], name="full")
+    goal = full["evals"][2]["eval_loss"]
+    expect = next(e["step"] for e in full["evals"] if e["eval_loss"] <= goal)
+    _, result = train(tmp_path, ["--eval-every", "2", "--target", f"eval/loss<={goal!r}"], name="tta")
+    t = result["target"]
+    assert t["reached"] and t["step"] == result["steps"] == expect < 12
+    assert [e["eval_loss"] for e in result["evals"]] == [e["eval_loss"] for e in full["evals"][:len(result["evals"])]]
+    assert 0 < t["seconds"] == result["evals"][-1]["seconds"]
+    assert json.loads((tmp_path / "tta" / "metrics.json").read_text())["target"]["step"] == expect
+    assert "target" not in full and len(full["evals"]) == 6
+
+
+def test_an_unreadable_target_names_the_flag():
+    with pytest.raises(ConfigError, match="--target 'accuracy>0.9'"):
+        parse(["--target", "accuracy>0.9"])
