@@ -7,23 +7,24 @@ import sys
 
 
 def make_parser() -> argparse.ArgumentParser:
-    from .bench.main import add_arguments as bench_args
-    from .commbench.main import add_arguments as commbench_args
-    from .scaling.grid import add_arguments as scaling_args
-    from .scaling.netns import add_arguments as netns_args
+    from .bench import main as bench
+    from .commbench import main as commbench
+    from .scaling import grid, netns
 
     parser = argparse.ArgumentParser(prog="python -m allreduce_train.experiments",
                                      description="Experiments that launch training or exchange jobs and report on them.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, add, help_ in (
-        ("bench", bench_args, "throughput of the trainer vs a bare Horovod loop and torch DDP, side by side"),
-        ("commbench", commbench_args, "time the gradient exchange alone: Horovod, raw MPI, the PS patterns"),
-        ("scaling", scaling_args, "scaling grid: strategies x models x worker counts -> report, plots, TensorBoard, "
-                                  "cost model"),
-        ("scaling-netns", netns_args, "the scaling grid on emulated hosts (network namespaces, root) at given link "
-                                      "rates, beside the cost model"),
+    for name, module, run, help_ in (
+        ("bench", bench, bench.cmd_bench, "throughput of the trainer vs a bare Horovod loop and torch DDP, side by side"),
+        ("commbench", commbench, commbench.main, "time the gradient exchange alone: Horovod, raw MPI, the PS patterns"),
+        ("scaling", grid, grid.main, "scaling grid: strategies x models x worker counts -> report, plots, TensorBoard, "
+                                     "cost model"),
+        ("scaling-netns", netns, netns.main, "the scaling grid on emulated hosts (network namespaces, root) at given "
+                                             "link rates, beside the cost model"),
     ):
-        add(sub.add_parser(name, help=help_, description=help_))
+        cmd = sub.add_parser(name, help=help_, description=help_)
+        module.add_arguments(cmd)
+        cmd.set_defaults(func=run)
     return parser
 
 

@@ -368,4 +368,3 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
                    help="also time implementation BASE with these environment settings and (trainer only) flags, "
                         "as column NAME; repeatable. E.g. --variant \"cycle1=trainer HOROVOD_CYCLE_TIME=1\" "
                         "--variant \"fp16=trainer --compression fp16\"")
-    b.set_defaults(func=cmd_bench)

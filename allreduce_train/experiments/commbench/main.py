@@ -588,7 +588,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "activity ('' = none; default: 4M)")
     p.add_argument("--out-dir", default="", help="output directory (default: runs/commbench/<time>)")
     p.add_argument("--job-timeout", type=float, default=1800, help="seconds before a job is killed")
-    p.set_defaults(func=main)
 
 
 def add_rank_arguments(p: argparse.ArgumentParser) -> None:

@@ -45,7 +45,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=0, help="measured steps per job (default: the scaling grid's plan)")
     p.add_argument("--job-timeout", type=float, default=1200, help="seconds per job before it is stopped")
     p.add_argument("--out-dir", default="", help="default: runs/scaling-netns/<time>")
-    p.set_defaults(func=main)
 
 
 def grid_config(args: argparse.Namespace) -> scaling.GridConfig:
