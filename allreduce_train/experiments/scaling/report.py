@@ -180,6 +180,18 @@ def _fmt(v: float, spec: str = ".3g") -> str:
     return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
 
+def compute_sentence(res: dict[str, Any]) -> str:
+    """What compute per step the model used, per model, and where each figure came from."""
+    from .calibrate import COMPUTE_SOURCES
+
+    if not res["compute_s"]:
+        return "Compute per step: not known (no job of the grid succeeded), so nothing is predicted."
+    by_source: dict[str, list[str]] = {}
+    for m, c in res["compute_s"].items():
+        by_source.setdefault(res.get("compute_source", {}).get(m, "one-worker"), []).append(f"{m} {1e3 * c:.1f} ms")
+    return " ".join(f"Compute per step = {COMPUTE_SOURCES[src]}: {', '.join(figs)}." for src, figs in by_source.items())
+
+
 def report_markdown(res: dict[str, Any]) -> str:
     cfg, rows = res["config"], res["rows"]
     L = [f"# Scaling: ring allreduce vs parameter server ({res['started']})", "",
@@ -228,15 +240,18 @@ def report_markdown(res: dict[str, Any]) -> str:
           "- ring allreduce: 2(N-1) alpha + 2(N-1)/N S/B",
           "- PS, K dedicated servers: 2 max(K, N) alpha + 2 max(S/B, N S/(K B)) (push + pull)",
           "- PS colocated: 2(N-1) alpha + 2(N-1)/N S/B", "",
-          "Compute per step = the one-worker allreduce step minus its exchange wait: "
-          + ", ".join(f"{m} {1e3 * c:.1f} ms" for m, c in res["compute_s"].items()) + ".", ""]
-    if res["calibration"]:
+          compute_sentence(res), ""]
+    if res["calibration"] and res["calibration_source"]:
         L += [f"Calibrated from `{res['calibration_source']}` (least squares on relative error over the size sweep):",
               "", "| strategy | from commbench | N | alpha us | B GB/s |", "|---|---|---:|---:|---:|"]
         for s, c in res["calibration"].items():
             L.append(f"| {s} | {c['impl']} | {c['workers']} | {1e6 * c['alpha_s']:.1f} | "
                      f"{c['bandwidth_Bps'] / 1e9:.3f} |")
         L.append("")
+    elif res["calibration"]:  # a known network, not a fit
+        c = next(iter(res["calibration"].values()))
+        L += [f"Network: {c['impl']} (alpha {1e6 * c['alpha_s']:.1f} us, B {c['bandwidth_Bps'] / 1e6:.2f} MB/s per "
+              "link and direction), for every strategy: no calibration run needed.", ""]
     else:
         L += ["No calibration (commbench skipped or failed): the measured table has no model column.", ""]
     if res["curves"]:
