@@ -34,35 +34,34 @@ def test_two_workers_reach_a_low_target_stop_there_and_report_it(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out = tmp_path / "tta"
-    proc = check(tta("--models", "lenet5", "--methods", "ring-horovod,ps-async-colocated", "--workers", "2",
+    # one job (each costs a launch and a Fashion-MNIST load): the asynchronous PS, whose staleness the grid reports
+    proc = check(tta("--models", "lenet5", "--methods", "ps-async-colocated", "--workers", "2",
                      "--target", "lenet5=eval/accuracy>=0.6", "--max-epochs", "1", "--evals-per-epoch", "8",
                      "--out-dir", str(out)))
     res = json.loads((out / "results.json").read_text())
-    assert [(j["method"], j["workers"]) for j in res["jobs"]] == [("ring-horovod", 2), ("ps-async-colocated", 2)]
+    (j,) = res["jobs"]
+    assert (j["method"], j["workers"], j["ok"], j["reached"]) == ("ps-async-colocated", 2, True, True), proc.stdout
     spe = 60_000 // (2 * 64)  # Fashion-MNIST's training set, 2 workers x batch 64
-    for j in res["jobs"]:
-        assert j["ok"] and j["reached"], proc.stdout
-        assert j["steps_per_epoch"] == spe and j["eval_every"] == spe // 8
-        # the run stopped at the first evaluation over the target: every earlier one was below it
-        evals = j["evals"]
-        assert evals[-1]["step"] == j["steps_to_target"] == j["steps"] and evals[-1]["eval_accuracy"] >= 0.6
-        assert all(e["eval_accuracy"] < 0.6 for e in evals[:-1])
-        assert [e["step"] for e in evals] == [j["eval_every"] * (i + 1) for i in range(len(evals))]
-        assert j["epochs_to_target"] == pytest.approx(j["steps_to_target"] / spe)
-        assert 0 < j["seconds_to_target"] and j["samples_to_target"] == j["steps_to_target"] * 128
-        # each run's TensorBoard summary: the figure against the step and against wall-clock milliseconds
-        ea = EventAccumulator(str(out / "summary" / "lenet5" / f"{j['method']}-n2-r1")).Reload()
-        by_step = ea.Scalars("tta/eval_accuracy")
-        assert [e.step for e in by_step] == [e["step"] for e in evals]
-        assert [e.wall_time - by_step[0].wall_time for e in by_step] == pytest.approx(
-            [e["seconds"] - evals[0]["seconds"] for e in evals], abs=1e-3)
-        assert [e.step for e in ea.Scalars("tta/eval_accuracy_vs_ms")] == [round(1e3 * e["seconds"]) for e in evals]
-    ring, asynch = res["jobs"]
-    assert ring["staleness_mean"] is None and asynch["staleness_mean"] is not None  # the PS measured staleness
+    assert j["steps_per_epoch"] == spe and j["eval_every"] == spe // 8
+    # the run stopped at the first evaluation over the target: every earlier one was below it
+    evals = j["evals"]
+    assert evals[-1]["step"] == j["steps_to_target"] == j["steps"] and evals[-1]["eval_accuracy"] >= 0.6
+    assert all(e["eval_accuracy"] < 0.6 for e in evals[:-1])
+    assert [e["step"] for e in evals] == [j["eval_every"] * (i + 1) for i in range(len(evals))]
+    assert j["epochs_to_target"] == pytest.approx(j["steps_to_target"] / spe)
+    assert 0 < j["seconds_to_target"] and j["samples_to_target"] == j["steps_to_target"] * 128
+    assert j["staleness_mean"] is not None  # the servers counted the updates each gradient missed
+    # the TensorBoard summary: the figure against the step and against wall-clock milliseconds
+    ea = EventAccumulator(str(out / "summary" / "lenet5" / "ps-async-colocated-n2-r1")).Reload()
+    by_step = ea.Scalars("tta/eval_accuracy")
+    assert [e.step for e in by_step] == [e["step"] for e in evals]
+    assert [e.wall_time - by_step[0].wall_time for e in by_step] == pytest.approx(
+        [e["seconds"] - evals[0]["seconds"] for e in evals], abs=1e-3)
+    assert [e.step for e in ea.Scalars("tta/eval_accuracy_vs_ms")] == [round(1e3 * e["seconds"]) for e in evals]
     report = (out / "report.md").read_text()
     assert "## lenet5: eval/accuracy>=0.6" in report
-    assert f"| ring-horovod | 2 | this machine | yes | {ring['seconds_to_target']:.1f} | {ring['steps_to_target']} |" \
-        in report
+    assert (f"| ps-async-colocated | 2 | this machine | yes | {j['seconds_to_target']:.1f} | {j['steps_to_target']} |"
+            in report)
     with open(out / "results.csv") as fh:
-        rows = list(csv.DictReader(fh))
-    assert [int(r["steps_to_target"]) for r in rows] == [j["steps_to_target"] for j in res["jobs"]]
+        (row,) = list(csv.DictReader(fh))
+    assert int(row["steps_to_target"]) == j["steps_to_target"]
