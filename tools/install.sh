@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-apt_pkgs=(openmpi-bin libopenmpi-dev cmake dataset-fashion-mnist iproute2)
+apt_pkgs=(openmpi-bin libopenmpi-dev cmake dataset-fashion-mnist iproute2 chromium)
 missing=()
 for p in "${apt_pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
