@@ -117,6 +117,7 @@ def write_hparams(logdir: str, sessions: list[tuple[str, dict[str, Any], dict[st
     # discrete domains for the text hparams: the HParams table then offers them as filters
     discrete = {k: vs for k, vs in values.items() if all(isinstance(v, str) for v in vs)}
     exp, _, _ = hparams_summary({k: vs[0] for k, vs in values.items()}, {m: 0.0 for m in metric_names}, discrete)
+    mark_differing(exp, {k for k, vs in values.items() if len(vs) > 1})
     w = SummaryWriter(log_dir=logdir)
     w.file_writer.add_summary(exp)
     w.close()
@@ -129,6 +130,18 @@ def write_hparams(logdir: str, sessions: list[tuple[str, dict[str, Any], dict[st
             if v is not None and not (isinstance(v, float) and math.isnan(v)):
                 w.add_scalar(m, v, 0)
         w.close()
+
+
+def mark_differing(exp, names: set[str]) -> None:
+    """Mark the hparams whose values differ between jobs: the HParams table shows five columns at
+    first, those that differ before the others."""
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    meta = exp.value[0].metadata.plugin_data
+    data = plugin_data_pb2.HParamsPluginData.FromString(meta.content)
+    for info in data.experiment.hparam_infos:
+        info.differs = info.name in names
+    meta.content = data.SerializeToString()
 
 
 def flag_value(flags: Iterable[str], flag: str, default: str) -> str:

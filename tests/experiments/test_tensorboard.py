@@ -100,6 +100,8 @@ def test_hparams_has_one_session_per_job_with_its_settings_and_metrics(tmp_path)
     root = EventAccumulator(str(tmp_path / "hparams")).Reload()
     exp = metadata.parse_experiment_plugin_data(root.SummaryMetadata(metadata.EXPERIMENT_TAG).plugin_data.content)
     assert {h.name for h in exp.hparam_infos} == {"model", "variant", "strategy", "workers", "engine", "link_rate"}
+    # what differs between jobs comes first in the table (TensorBoard shows five columns at first)
+    assert {h.name for h in exp.hparam_infos if h.differs} == {"variant", "strategy", "workers", "engine"}
     assert {m.name.tag for m in exp.metric_infos} == {"samples_per_sec", "step_ms", "comm_wait_ms", "efficiency",
                                                      "time_to_target_s"}
     sessions = sorted(p.relative_to(tmp_path / "hparams").as_posix() for p in (tmp_path / "hparams").glob("*/*"))
