@@ -148,6 +148,14 @@ def test_launcher_runs_the_mpirun_line_of_python_m_launch():
     assert {args[i + 1] for i, a in enumerate(args) if a == "-x"} - {"PATH"} <= names
 
 
+def test_output_file_holds_what_stdout_would(tmp_path):
+    argv = ["--workers", "3", "--", "--epochs", "1"]
+    printed = render(*argv).stdout
+    out = render("-o", str(tmp_path / "job.yaml"), *argv)
+    assert out.returncode == 0 and out.stdout == ""
+    assert (tmp_path / "job.yaml").read_text() == printed.replace("--workers 3", f"-o {tmp_path / 'job.yaml'} --workers 3", 1)
+
+
 def test_gpus_set_the_resource_and_the_slots():
     out = render("--workers", "2", "--gpus", "4", "--image", "r.example/allreduce-train:gpu")
     assert out.returncode == 0, out.stderr
