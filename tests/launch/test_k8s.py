@@ -326,7 +326,10 @@ def test_chart_values_map_to_the_launcher_options():
 
 
 def test_chart_colocated_ps_and_no_resume():
-    job = docs_of(render_chart(CHART, "co", {"strategy": "ps-colocated", "resume": False}))[0]
+    # --set resources.cpu=4 gives a number, not a string: both are a quantity
+    job = docs_of(render_chart(CHART, "co", {"strategy": "ps-colocated", "resume": False, "resources": {"cpu": 4}}))[0]
+    worker = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    assert worker["resources"]["limits"]["cpu"] == "4"
     args = launcher_container(job)["args"]
     assert args[args.index("train") + 1:] == ["--model", "lenet5", "--dataset", "fashion-mnist", "--epochs", "2",
                                               "--strategy", "ps", "--ps-placement", "colocated", "--ps-mode", "sync"]
