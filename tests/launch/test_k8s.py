@@ -148,6 +148,14 @@ def test_launcher_runs_the_mpirun_line_of_python_m_launch():
     assert {args[i + 1] for i, a in enumerate(args) if a == "-x"} - {"PATH"} <= names
 
 
+def test_output_file_holds_what_stdout_would(tmp_path):
+    argv = ["--workers", "3", "--", "--epochs", "1"]
+    printed = render(*argv).stdout
+    out = render("-o", str(tmp_path / "job.yaml"), *argv)
+    assert out.returncode == 0 and out.stdout == ""
+    assert (tmp_path / "job.yaml").read_text() == printed.replace("--workers 3", f"-o {tmp_path / 'job.yaml'} --workers 3", 1)
+
+
 def test_gpus_set_the_resource_and_the_slots():
     out = render("--workers", "2", "--gpus", "4", "--image", "r.example/allreduce-train:gpu")
     assert out.returncode == 0, out.stderr
@@ -318,7 +326,10 @@ def test_chart_values_map_to_the_launcher_options():
 
 
 def test_chart_colocated_ps_and_no_resume():
-    job = docs_of(render_chart(CHART, "co", {"strategy": "ps-colocated", "resume": False}))[0]
+    # --set resources.cpu=4 gives a number, not a string: both are a quantity
+    job = docs_of(render_chart(CHART, "co", {"strategy": "ps-colocated", "resume": False, "resources": {"cpu": 4}}))[0]
+    worker = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    assert worker["resources"]["limits"]["cpu"] == "4"
     args = launcher_container(job)["args"]
     assert args[args.index("train") + 1:] == ["--model", "lenet5", "--dataset", "fashion-mnist", "--epochs", "2",
                                               "--strategy", "ps", "--ps-placement", "colocated", "--ps-mode", "sync"]
