@@ -1,4 +1,4 @@
-"""``python -m allreduce_train.experiments bench|commbench|commbench-netns|scaling|scaling-netns|time-to-accuracy ...``"""
+"""``python -m allreduce_train.experiments bench|commbench|commbench-netns|gpucheck|scaling|scaling-netns|time-to-accuracy ...``"""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 
 def make_parser() -> argparse.ArgumentParser:
     from .bench import main as bench
+    from . import gpucheck
     from .commbench import main as commbench
     from .commbench import netns as commbench_netns
     from .scaling import grid, netns
@@ -24,6 +25,8 @@ def make_parser() -> argparse.ArgumentParser:
          "(root)"),
         ("scaling", grid, grid.main, "scaling grid: strategies x models x worker counts -> report, plots, TensorBoard, "
                                      "cost model"),
+        ("gpucheck", gpucheck, gpucheck.main, "one GPU, one rank: trainer vs bare Horovod (NCCL) vs DDP (NCCL), "
+                                              "LeNet-5/ResNet-18/LSTM -> one table (tools/gpu_check.sh)"),
         ("scaling-netns", netns, netns.main, "the scaling grid on emulated hosts (network namespaces, root) at given "
                                              "link rates, beside the cost model"),
         ("time-to-accuracy", tta, tta.main, "wall time, steps and epochs to a quality target (test accuracy, "

@@ -148,6 +148,14 @@ def test_launcher_runs_the_mpirun_line_of_python_m_launch():
     assert {args[i + 1] for i, a in enumerate(args) if a == "-x"} - {"PATH"} <= names
 
 
+def test_output_file_holds_what_stdout_would(tmp_path):
+    argv = ["--workers", "3", "--", "--epochs", "1"]
+    printed = render(*argv).stdout
+    out = render("-o", str(tmp_path / "job.yaml"), *argv)
+    assert out.returncode == 0 and out.stdout == ""
+    assert (tmp_path / "job.yaml").read_text() == printed.replace("--workers 3", f"-o {tmp_path / 'job.yaml'} --workers 3", 1)
+
+
 def test_gpus_set_the_resource_and_the_slots():
     out = render("--workers", "2", "--gpus", "4", "--image", "r.example/allreduce-train:gpu")
     assert out.returncode == 0, out.stderr
@@ -277,7 +285,7 @@ def test_worker_entrypoint_asks_its_ranks_to_checkpoint_before_sshd_stops(tmp_pa
 # -- the helm chart -------------------------------------------------------------------------------
 
 CHART = ROOT / "deploy" / "helm" / "allreduce-train"
-ALLREDUCE = ["--model", "lenet5", "--dataset", "fashion-mnist", "--epochs", "2", "--strategy", "allreduce"]
+ALLREDUCE = ["--model", "lenet5", "--epochs", "2", "--strategy", "allreduce"]
 
 
 def test_chart_default_render_is_the_job_launch_k8s_renders():
@@ -318,10 +326,17 @@ def test_chart_values_map_to_the_launcher_options():
 
 
 def test_chart_colocated_ps_and_no_resume():
-    job = docs_of(render_chart(CHART, "co", {"strategy": "ps-colocated", "resume": False}))[0]
+    # --set resources.cpu=4 gives a number, not a string: both are a quantity
+    job = docs_of(render_chart(CHART, "co", {"strategy": "ps-colocated", "resume": False, "resources": {"cpu": 4}}))[0]
+    worker = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    assert worker["resources"]["limits"]["cpu"] == "4"
     args = launcher_container(job)["args"]
-    assert args[args.index("train") + 1:] == ["--model", "lenet5", "--dataset", "fashion-mnist", "--epochs", "2",
+    assert args[args.index("train") + 1:] == ["--model", "lenet5", "--epochs", "2",
                                               "--strategy", "ps", "--ps-placement", "colocated", "--ps-mode", "sync"]
+    # the model's own defaults where dataset and epochs are left out
+    job = docs_of(render_chart(CHART, "lm", {"model": "ptb-lstm-small", "epochs": 0}))[0]
+    args = launcher_container(job)["args"]
+    assert "--dataset" not in args and "--epochs" not in args
 
 
 @pytest.mark.parametrize("values, message", [
