@@ -24,11 +24,12 @@ import json
 import os
 import re
 import shlex
+import statistics
 import sys
 import time
 from typing import Any
 
-from .. import costmodel
+from .. import costmodel, engines
 from . import grid as scaling
 
 TRAFFIC_RE = re.compile(r"(h\d+) (\d+)/(\d+)")
@@ -146,7 +147,16 @@ def markdown(report: dict[str, Any]) -> str:
             out.append(f"| {name} | {ranks} | {r['step_ms']:.1f} | {r['wait_ms']:.1f} | {r['compute_ms']:.1f} | "
                        f"{r['pred_exchange_ms']:.1f} | {r['pred_step_ms']:.1f} | "
                        f"{r['step_ms'] / r['pred_step_ms']:.2f} | {link} | {r['model_bytes_per_step'] / 1e6:.2f} |")
-        out += ["", f"The grid's own report for this rate: [{rate}/report.md]({rate}/report.md).", ""]
+        out.append("")
+        for m in dict.fromkeys(r["model"] for r in report["rows"] if r["rate"] == rate):
+            # 1 / step time: the same workers and batch in every job of a rate, so its ratios are throughput's
+            steps: dict[str, list[float]] = {}
+            for r in report["rows"]:
+                if r["rate"] == rate and r["model"] == m and r["ok"]:
+                    steps.setdefault(r["strategy"], []).append(r["step_ms"])
+            speed = {s: 1e3 / statistics.median(v) for s, v in steps.items()}
+            out += engines.markdown(f"{m} at {rate}, concept x engine", speed, engines.SCALING, "steps/s", ".2f")
+        out += [f"The grid's own report for this rate: [{rate}/report.md]({rate}/report.md).", ""]
     return "\n".join(out)
 
 
