@@ -34,10 +34,9 @@ def same_on_every_rank(tmp_path, name, np):
     return first
 
 
-@pytest.mark.parametrize("np, algorithm", [(2, "ring"), (3, "ring"), (4, "ring"), (3, "iallreduce")])
-def test_mpi_engine_ends_where_horovod_and_one_process_end(tmp_path, np, algorithm):
-    check(launch(np, QUICK + MPI_ENGINE + ["--mpi-algorithm", algorithm] + run_args(tmp_path, "mpi"),
-                 oversubscribe=True))
+@pytest.mark.parametrize("np", [2, 3, 4])
+def test_mpi_engine_ends_where_horovod_and_one_process_end(tmp_path, np):
+    check(launch(np, QUICK + MPI_ENGINE + run_args(tmp_path, "mpi"), oversubscribe=True))
     mine = same_on_every_rank(tmp_path, "mpi", np)  # bit-identical: every rank holds the same sums
     check(launch(np, QUICK + run_args(tmp_path, "hvd"), oversubscribe=True))
     assert rel_diff(mine, load_params(tmp_path / "hvd-0.pt")) <= 1e-5
@@ -45,7 +44,7 @@ def test_mpi_engine_ends_where_horovod_and_one_process_end(tmp_path, np, algorit
     single = load_params(tmp_path / "one-0.pt")
     assert rel_diff(mine, single) <= 1e-5
     m = json.loads((tmp_path / "mpi" / "metrics.json").read_text())
-    assert (m["strategy"], m["allreduce_engine"], m["mpi_algorithm"]) == ("allreduce", "mpi", algorithm)
+    assert (m["strategy"], m["allreduce_engine"], m["mpi_algorithm"]) == ("allreduce", "mpi", "ring")
     assert (m["workers"], m["global_batch"], m["mpi_buckets"]) == (np, 8 * np, 9)
     if np == 2:  # the control: training moved the parameters far more than the tolerance above
         check(run_single(QUICK + run_args(tmp_path, "short", "--batch-size", "16", "--steps", "1")))
