@@ -42,7 +42,9 @@ def test_bench_tiny_setting_prints_table_and_writes_json_for_every_implementatio
     assert report["rows"][1]["efficiency"]["trainer"] > 0
     assert len(report["jobs"]) == 2 * len(impls)
     assert all(len(j["loadavg_before"]) == 3 and "error" not in j for j in report["jobs"])
-    assert any(p.name.startswith("events") for p in out.iterdir())  # TensorBoard
+    # TensorBoard: the comparison, one run per implementation, and one HParams session per job
+    assert {p.name for p in (out / "tensorboard").iterdir()} == set(impls)
+    assert len(list((out / "hparams").iterdir())) == 1 + len(report["jobs"])  # + the experiment's events
 
 
 @pytest.mark.mpi
@@ -86,7 +88,7 @@ def test_bench_times_a_language_model_and_variants(tmp_path):
     assert row["model"] == "ptb-lstm-small" and set(row["impls"]) == set(report["impls"])
     assert "trainer/cycle1" in proc.stdout
     # the variant ran the trainer with its own setting, the plain trainer with the default
-    runs = out / "runs"
+    runs = out / "jobs"
     variant = json.loads((runs / "ptb-lstm-small-cycle1-np2-r0" / "metrics.json").read_text())
     plain = json.loads((runs / "ptb-lstm-small-trainer-np2-r0" / "metrics.json").read_text())
     assert variant["horovod_cycle_time_ms"] == 1.0 and plain["horovod_cycle_time_ms"] == 0.25

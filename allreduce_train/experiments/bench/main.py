@@ -9,13 +9,16 @@ that a change in machine load hits all of them alike, and ratios are taken betwe
 the same round before their median is reported. Every job excludes its warm-up steps and times
 wall clock over the rest, so the trainer's own overhead (data, logging, metrics) counts against
 it. The machine's load average is recorded next to every figure. Results: a table on stdout, and
-``bench.json`` plus TensorBoard scalars (``scaling/``, ``perf/``) in the output directory.
+in the output directory ``bench.json``, ``tensorboard/`` (one run per implementation, step = ranks,
+a Custom Scalars chart per figure), ``hparams/`` (one session per job) and ``jobs/`` (the trainer
+jobs' own runs, the bare loops' results).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import socket
 import statistics
@@ -24,7 +27,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .. import engines
+from .. import engines, tblog
 from ..jobs import TRAINER, local_launcher, loadavg, read_json, run
 
 RANK_MODULE = "allreduce_train.experiments.bench.rank"  # the bare loops, on every rank
@@ -144,7 +147,7 @@ def job_args(impl: str, model: str, spec: BenchSpec, result: str, run_dir: str, 
 
 
 def run_job(impl: str, model: str, np: int, spec: BenchSpec, out: str, tag: str) -> dict[str, Any]:
-    run_dir = os.path.join(out, "runs")
+    run_dir = os.path.join(out, tblog.JOBS_DIR)  # beside the bare loops' result files
     name = f"{model}-{impl}-np{np}-{tag}"
     result = os.path.join(out, "jobs", name + ".json")
     module, args = job_args(impl, model, spec, result, run_dir, name)
@@ -270,19 +273,45 @@ def concept_engine(rows: list[dict[str, Any]]) -> str:
     return "\n\n" + "\n".join(lines).rstrip() if lines else ""
 
 
-def write_tensorboard(out: str, rows: list[dict[str, Any]], text: str) -> None:
-    from torch.utils.tensorboard import SummaryWriter
+BENCH_FIGURES = ("perf/samples_per_sec", "scaling/speedup", "scaling/efficiency", "perf/trainer_over")
 
-    w = SummaryWriter(log_dir=out)
-    for r in rows:  # the step axis is the rank count
+
+def write_tensorboard(out: str, rows: list[dict[str, Any]], jobs: list[dict[str, Any]], spec: BenchSpec,
+                      text: str) -> None:
+    """``out/tensorboard``: one run per implementation, step = ranks, the same tags per model and a
+    Custom Scalars chart per tag; ``out/hparams``: one HParams session per job."""
+    series: tblog.Series = {}
+    one = {(r["model"], i): s["median"] for r in rows if r["np"] == 1 for i, s in r["impls"].items()}
+    for r in rows:
+        m, n = r["model"], r["np"]
         for impl, s in r["impls"].items():
-            w.add_scalar(f"scaling/{r['model']}/{impl}_samples_per_sec", s["median"], r["np"])
+            tblog.add_point(series, impl, f"perf/samples_per_sec/{m}", n, s["median"])
+            if (m, impl) in one:
+                tblog.add_point(series, impl, f"scaling/speedup/{m}", n, s["median"] / one[(m, impl)])
         for impl, e in r["efficiency"].items():
-            w.add_scalar(f"scaling/{r['model']}/{impl}_efficiency", e, r["np"])
+            tblog.add_point(series, impl, f"scaling/efficiency/{m}", n, e)
         for k, q in r["ratios"].items():
-            w.add_scalar(f"perf/{r['model']}/{k.replace('/', '_over_')}", q["median"], r["np"])
-    w.add_text("bench/table", text)
-    w.close()
+            tblog.add_point(series, k.partition("/")[2], f"perf/trainer_over/{m}", n, q["median"])
+    tblog.write_comparison(os.path.join(out, tblog.COMPARISON_DIR), series,
+                           tblog.model_categories(spec.models, BENCH_FIGURES), text)
+    sessions = []
+    for j in jobs:
+        v = spec.variant(j["impl"])
+        # the baselines (bare Horovod loop, DDP) are ring allreduce too
+        strategy = (v.base.partition("-")[2] if v.base.startswith("trainer") else "") or "allreduce"
+        engine = {"horovod": "horovod", "ddp": "torch-ddp"}.get(v.base, "mpi4py" if strategy == "ps" else "horovod")
+        hp = {"impl": j["impl"], "base": v.base, "model": j["model"], "workers": j["np"], "strategy": strategy,
+              "engine": tblog.flag_value(v.args, "--allreduce-engine", engine),
+              "settings": " ".join([*(f"{k}={x}" for k, x in v.env.items()), *v.args]) or "-"}
+        ms = {}
+        if "samples_per_sec" in j:
+            base = one.get((j["model"], j["impl"]))
+            ms = {"samples_per_sec": j["samples_per_sec"],
+                  "efficiency": j["samples_per_sec"] / (j["np"] * base) if base else math.nan}
+            if j.get("cpu_ms_per_step"):
+                ms["cpu_ms_per_step"] = j["cpu_ms_per_step"]
+        sessions.append((f"{j['model']}-{j['impl']}-np{j['np']}-{j['tag']}", hp, ms))
+    tblog.write_hparams(os.path.join(out, tblog.HPARAMS_DIR), sessions)
 
 
 def run_bench(spec: BenchSpec) -> int:
@@ -310,9 +339,9 @@ def run_bench(spec: BenchSpec) -> int:
     with open(os.path.join(out, "bench.json"), "w") as fh:
         json.dump(report, fh, indent=2)
         fh.write("\n")
-    write_tensorboard(out, rows, text)
+    write_tensorboard(out, rows, jobs, spec, text)
     print(text)
-    print(f"-> {os.path.join(out, 'bench.json')}")
+    print(f"-> {os.path.join(out, 'bench.json')}; make tensorboard RUN={os.path.join(out, tblog.COMPARISON_DIR)}")
     failed = [j for j in jobs if "error" in j]
     return 1 if failed else 0
 

@@ -77,6 +77,7 @@ class GridConfig:
     horovod_fusion_mb: float = -1.0
     extra: list[str] = field(default_factory=list)
     job_timeout: float = 900.0
+    link_rate: str = ""  # the emulated cluster's link rate (scaling-netns), "" on this host
 
     def plan(self, model: str) -> Plan:
         p = PLANS.get(model, FALLBACK_PLAN)
