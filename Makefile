@@ -8,14 +8,13 @@ NP      ?= 2
 ARGS    ?=
 INSTALL_INPUTS := pyproject.toml tools/install.sh tools/build_horovod.sh $(wildcard tools/patches/*.patch)
 
-<<<<<<< HEAD
-.PHONY: install train train-ptb test test-fast tensorboard tb-check clean help scaling commbench scaling-netns train-ps train-ps-colocated bench bench-tuning
-=======
-.PHONY: install train train-ptb test test-fast tensorboard clean help scaling commbench scaling-netns train-ps train-ps-colocated bench bench-tuning slurm-train
->>>>>>> main
+.PHONY: install install-gpu check-gpu-build gpu-check train train-ptb test test-fast tensorboard tb-check clean help scaling commbench scaling-netns train-ps train-ps-colocated bench bench-tuning slurm-train
 
 help:
 	@echo "make install      Debian packages, .venv, torch (CPU), patched Horovod (cached wheel)"
+	@echo "make install-gpu  .venv-gpu: CUDA torch 2.13.0, NCCL, Horovod with NCCL ops (GBs; docs/gpu.md)"
+	@echo "make check-gpu-build  install-gpu, then check it lists NCCL and trains on CPU without a GPU"
+	@echo "make gpu-check    on a one-GPU machine: build Horovod, trainer vs DDP-NCCL table (DRY=1: on CPU)"
 	@echo "make train        LeNet-5 on Fashion-MNIST, $(NP) ranks, ring allreduce -> runs/<name>/"
 	@echo "make train-ps     the same with a parameter server: 1 dedicated server rank + 2 workers (sync)"
 	@echo "make train-ps-colocated  the same with a server shard on each of 2 training ranks (sync)"
@@ -37,6 +36,17 @@ install: $(STAMP)
 $(STAMP): $(INSTALL_INPUTS)
 	bash tools/install.sh
 	@touch $@
+
+# GPU: its own venv, so the CPU install and make test never see it (docs/gpu.md).
+install-gpu:
+	bash tools/install_gpu.sh
+
+check-gpu-build:
+	bash tools/check_gpu_build.sh
+
+# For a machine with one GPU, its own torch, CMake and nvcc, no network, no MPI. DRY=1: CPU, here.
+gpu-check:
+	bash tools/gpu_check.sh $(if $(DRY),--dry-run) $(ARGS)
 
 train: install
 	$(PY) -m launch -np $(NP) -- --model lenet5 --dataset fashion-mnist --epochs 2 $(ARGS)
