@@ -224,7 +224,10 @@ def check(logdir: str, screenshot: str = "", port: int = 0) -> tuple[list[str], 
                 # browser's storage) cuts the top of a two-point line: off for the picture
                 browser.evaluate(f"(() => {{ const d = {_DEEP}.find(e => e.tagName.toLowerCase() === "
                                  "'tf-custom-scalar-dashboard'); d._ignoreYOutliers = false; return true; })()")
-                time.sleep(2.0)
+                # TensorBoard scrolls inside its page: a viewport tall enough for every category
+                categories = len({c["category"] for c in exp["charts"]})
+                browser.resize(1500, min(6000, 160 + 680 * max(1, categories)))
+                time.sleep(3.0)
                 browser.screenshot(screenshot)
     return verify(exp, page), exp, page
 

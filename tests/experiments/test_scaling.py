@@ -61,6 +61,7 @@ def fake_commbench(path, nets):
     """A commbench.json whose size sweep follows the cost model exactly for the given networks."""
     results = []
     for impl, kind, servers, job in (("horovod", costmodel.ALLREDUCE, 0, "default"),
+                                     ("mpi-ring", costmodel.ALLREDUCE, 0, "default"),
                                      ("ps-colocated", costmodel.PS_COLOCATED, 0, "default"),
                                      ("ps-dedicated", costmodel.PS_DEDICATED, 1, "K=1")):
         for size in (4096, 65536, 1 << 20, 16 << 20):
@@ -74,7 +75,8 @@ def fake_commbench(path, nets):
 def test_tiny_grid_writes_report_plot_csv_and_tensorboard(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    nets = {"horovod": costmodel.Network(200e-6, 2e9), "ps-colocated": costmodel.Network(20e-6, 4e9),
+    nets = {"horovod": costmodel.Network(200e-6, 2e9), "mpi-ring": costmodel.Network(100e-6, 3e9),
+            "ps-colocated": costmodel.Network(20e-6, 4e9),
             "ps-dedicated": costmodel.Network(30e-6, 3e9)}
     fake_commbench(tmp_path / "cb.json", nets)
     out = tmp_path / "grid"
@@ -100,6 +102,8 @@ def test_tiny_grid_writes_report_plot_csv_and_tensorboard(tmp_path):
         assert [p["workers"] for p in res["curves"]["lenet5"][s]][-1] == 1024
     report = (out / "report.md").read_text()
     assert "speedup(N) = throughput(N) / throughput(1)" in report and "| allreduce | 2 |" in report
+    assert "| allreduce-mpi | 2 |" in report and "concept x engine" in report  # the second engine, split out
+    assert "Same engine (mpi4py), ring / colocated PS" in report and "Same concept (ring), Horovod / mpi4py" in report
     for png in ("scaling.png", "predicted.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

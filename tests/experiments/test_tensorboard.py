@@ -178,3 +178,26 @@ def test_browser_sees_every_concept_in_every_chart_and_catches_a_logdir_over_40_
     problems, _, _ = tbcheck.check(str(tmp_path / "many"))
     assert any("41 runs" in p for p in problems) and any("not ticked" in p for p in problems)
     assert any("draws nothing" in p for p in problems), problems
+
+
+def test_bench_comparison_has_one_run_per_implementation_and_one_session_per_job(tmp_path):
+    from allreduce_train.experiments.bench.main import BenchSpec, Override, summarise, write_tensorboard
+
+    impls = ["trainer", "ddp", "fp16"]
+    spec = BenchSpec(models=["lenet5"], nps=[1, 2], impls=impls, repeats=1,
+                     variants=[Override("fp16", "trainer", args=["--compression", "fp16"])])
+    rate = {"trainer": 100.0, "ddp": 90.0, "fp16": 95.0}
+    jobs = [{"impl": i, "model": "lenet5", "np": n, "tag": "r0", "loadavg_before": [1.0, 1.0, 1.0],
+             "samples_per_sec": rate[i] * (1.5 if n == 2 else 1.0), "cpu_ms_per_step": 5.0}
+            for n in (1, 2) for i in impls]
+    rows = summarise(jobs, spec, impls)
+    write_tensorboard(str(tmp_path), rows, jobs, spec, "table")
+    assert sorted(p.name for p in (tmp_path / "tensorboard").iterdir()) == sorted(impls)
+    for i in impls:
+        run = tmp_path / "tensorboard" / i
+        assert scalars(run, "perf/samples_per_sec/lenet5") == [(1, rate[i]), (2, rate[i] * 1.5)]
+        assert scalars(run, "scaling/efficiency/lenet5") == [(1, 1.0), (2, 0.75)]
+    assert scalars(tmp_path / "tensorboard" / "ddp", "perf/trainer_over/lenet5") == [
+        (1, pytest.approx(100 / 90)), (2, pytest.approx(100 / 90))]
+    assert len(list((tmp_path / "hparams").iterdir())) == 1 + len(jobs)
+    assert scalars(tmp_path / "hparams" / "lenet5-fp16-np2-r0", "efficiency") == [(0, 0.75)]

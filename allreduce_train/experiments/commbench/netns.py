@@ -30,7 +30,7 @@ from .. import costmodel
 from ..jobs import loadavg
 from . import main as commbench
 
-DEFAULT_IMPLS = "horovod,mpi,ps-colocated,ps-dedicated"
+DEFAULT_IMPLS = "horovod,mpi-ring,mpi,ps-colocated,ps-dedicated"
 DEFAULT_SIZES = "256K,1M,4M,16M"
 TOLERANCE = 0.15  # the target: within +-15 % of the model at 100 Mbit/s for messages >= 4 MB
 CHECKED_BYTES = 4 << 20

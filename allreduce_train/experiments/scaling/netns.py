@@ -25,11 +25,12 @@ import json
 import os
 import re
 import shlex
+import statistics
 import sys
 import time
 from typing import Any
 
-from .. import costmodel, tblog
+from .. import costmodel, engines, tblog
 from . import grid as scaling
 from . import report as grid_report
 
@@ -178,7 +179,18 @@ def markdown(report: dict[str, Any]) -> str:
             out.append(f"| {name} | {ranks} | {r['step_ms']:.1f} | {r['wait_ms']:.1f} | {r['compute_ms']:.1f} | "
                        f"{r['pred_exchange_ms']:.1f} | {r['pred_step_ms']:.1f} | "
                        f"{r['step_ms'] / r['pred_step_ms']:.2f} | {link} | {r['model_bytes_per_step'] / 1e6:.2f} |")
-        out += ["", f"The grid's own report for this rate: [{rate}/report.md]({rate}/report.md).", ""]
+        out.append("")
+        for m, n in dict.fromkeys((r["model"], r["workers"]) for r in report["rows"]
+                                  if r["rate"] == rate and r["workers"] > 1):
+            # 1 / step time: the same workers and batch in these jobs, so its ratios are throughput's
+            steps: dict[str, list[float]] = {}
+            for r in report["rows"]:
+                if (r["rate"], r["model"], r["workers"]) == (rate, m, n) and r["ok"]:
+                    steps.setdefault(r["strategy"], []).append(r["step_ms"])
+            speed = {s: 1e3 / statistics.median(v) for s, v in steps.items()}
+            out += engines.markdown(f"{m}, {n} hosts at {rate}, concept x engine", speed, engines.SCALING,
+                                    "steps/s", ".2f")
+        out += [f"The grid's own report for this rate: [{rate}/report.md]({rate}/report.md).", ""]
     return "\n".join(out)
 
 

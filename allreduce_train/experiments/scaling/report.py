@@ -11,7 +11,7 @@ import subprocess
 import sys
 from typing import Any
 
-from .. import tblog
+from .. import engines, tblog
 
 def _stats(values: list[float]) -> tuple[float, float, float, float]:
     """mean, sample standard deviation (0 for one value), min, max."""
@@ -250,6 +250,17 @@ def compute_sentence(res: dict[str, Any]) -> str:
     return " ".join(f"Compute per step = {COMPUTE_SOURCES[src]}: {', '.join(figs)}." for src, figs in by_source.items())
 
 
+def concept_engine(rows: list[dict], models: list[str]) -> list[str]:
+    """Per model and worker count > 1: the concept x engine table (:mod:`..engines`)."""
+    out = []
+    for m in models:
+        for n in sorted({r["workers"] for r in rows if r["model"] == m and r["workers"] > 1}):
+            speed = {r["strategy"]: r["samples_per_sec_mean"] for r in rows
+                     if r["model"] == m and r["workers"] == n and r["repeats"]}
+            out += engines.markdown(f"{m}, N={n}, concept x engine", speed, engines.SCALING, fmt=".1f")
+    return (["## Concept or implementation?", ""] + out) if out else []
+
+
 def report_markdown(res: dict[str, Any]) -> str:
     cfg, rows = res["config"], res["rows"]
     L = [f"# Scaling: ring allreduce vs parameter server ({res['started']})", "",
@@ -289,6 +300,7 @@ def report_markdown(res: dict[str, Any]) -> str:
                      f"{_fmt(r['comm_wait_ms_mean'], '.2f')} | {_fmt(r['predicted_samples_per_sec'], '.1f')} | "
                      f"{_fmt(r['prediction_error_pct'], '+.0f')}{'' if math.isnan(r['prediction_error_pct']) else ' %'} |")
         L.append("")
+    L += concept_engine(rows, res["models"])
     L += ["![measured speedup](scaling.png)", ""]
     if res["notes"]:
         L += ["## Skipped or failed", ""] + [f"- {n}" for n in res["notes"]] + [""]

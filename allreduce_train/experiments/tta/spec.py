@@ -46,7 +46,10 @@ class Method:
 def methods() -> dict[str, Method]:
     ps = ("--strategy", "ps")
     out = [
-        Method("ring-horovod", ("--strategy", "allreduce"), 0, True, "ring allreduce, Horovod"),
+        Method("ring-horovod", ("--strategy", "allreduce", "--allreduce-engine", "horovod"), 0, True,
+               "ring allreduce, Horovod"),
+        Method("ring-mpi", ("--strategy", "allreduce", "--allreduce-engine", "mpi"), 0, True,
+               "ring allreduce on mpi4py messages from gradient hooks (the PS's machinery)"),
         Method("ps-sync-dedicated", (*ps, "--ps-placement", "dedicated", "--ps-servers", "1", "--ps-mode", "sync"), 1,
                True, "parameter server, 1 dedicated server, synchronous"),
         Method("ps-async-dedicated", (*ps, "--ps-placement", "dedicated", "--ps-servers", "1", "--ps-mode", "async"),
