@@ -201,3 +201,17 @@ def test_bench_comparison_has_one_run_per_implementation_and_one_session_per_job
         (1, pytest.approx(100 / 90)), (2, pytest.approx(100 / 90))]
     assert len(list((tmp_path / "hparams").iterdir())) == 1 + len(jobs)
     assert scalars(tmp_path / "hparams" / "lenet5-fp16-np2-r0", "efficiency") == [(0, 0.75)]
+
+
+def test_the_check_names_a_concept_missing_from_one_model_and_a_chart_that_draws_less_than_its_data():
+    def chart(model, runs):
+        return {"category": model, "title": f"{model}: speedup", "regexes": [tblog.tag_pattern(f"scaling/speedup/{model}")],
+                "figure": "scaling/speedup", "runs": runs}
+
+    exp = {"runs": ["allreduce", "ps"], "charts": [chart("lenet5", ["allreduce", "ps"]), chart("resnet18", ["allreduce"])]}
+    page = {"selected": ["allreduce", "ps"], "smoothing": 0, "colors": {"allreduce": "#f00", "ps": "#00f"},
+            "charts": [{"title": "lenet5: speedup", "lines": ["scaling/speedup/lenet5 (allreduce)"]},
+                       {"title": "resnet18: speedup", "lines": ["scaling/speedup/resnet18 (allreduce)"]}]}
+    problems = tbcheck.verify(exp, page)
+    assert problems == ["chart lenet5 / lenet5: speedup: draws ['allreduce'], the data is in ['allreduce', 'ps']",
+                        "chart resnet18 / resnet18: speedup: no data for ps (their jobs failed or did not run?)"]
