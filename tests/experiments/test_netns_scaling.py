@@ -45,4 +45,7 @@ def test_grid_measures_over_the_links_and_predicts_the_configured_bandwidth(tmp_
     report = (tmp_path / "report.md").read_text()
     assert "### 100mbit per link" in report and "| lenet5 | allreduce | 2 |" in report
     assert (tmp_path / "100mbit" / "report.md").exists()  # the grid's own report for the rate
+    # every rate's comparison in one logdir, runs <rate>/<strategy>, and the job in the HParams logdir
+    assert [p.name for p in (tmp_path / "tensorboard" / "100mbit").iterdir()] == ["allreduce"]
+    assert (tmp_path / "hparams" / "100mbit" / "lenet5" / "allreduce-n2-r1").is_dir()
     assert netns.leftovers() == []
