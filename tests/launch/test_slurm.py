@@ -117,6 +117,7 @@ def _reason() -> str | None:
 
 # -- cluster start and teardown (before the module's cluster exists) ---------------------------
 
+@pytest.mark.slurm
 def test_failed_start_removes_everything(tmp_path):
     """slurmd that cannot start (here: a slurmd that exits at once) fails `up` with its reason and
     leaves no daemon, namespace, bridge or state behind."""
