@@ -8,21 +8,26 @@ NP      ?= 2
 ARGS    ?=
 INSTALL_INPUTS := pyproject.toml tools/install.sh tools/build_horovod.sh $(wildcard tools/patches/*.patch)
 
-.PHONY: install train train-ptb test test-fast tensorboard clean help scaling commbench scaling-netns train-ps train-ps-colocated bench bench-tuning
+.PHONY: install install-gpu check-gpu-build gpu-check train train-ptb test test-fast tensorboard tb-check clean help scaling commbench scaling-netns train-ps train-ps-colocated bench bench-tuning slurm-train
 
 help:
 	@echo "make install      Debian packages, .venv, torch (CPU), patched Horovod (cached wheel)"
+	@echo "make install-gpu  .venv-gpu: CUDA torch 2.13.0, NCCL, Horovod with NCCL ops (GBs; docs/gpu.md)"
+	@echo "make check-gpu-build  install-gpu, then check it lists NCCL and trains on CPU without a GPU"
+	@echo "make gpu-check    on a one-GPU machine: build Horovod, trainer vs DDP-NCCL table (DRY=1: on CPU)"
 	@echo "make train        LeNet-5 on Fashion-MNIST, $(NP) ranks, ring allreduce -> runs/<name>/"
 	@echo "make train-ps     the same with a parameter server: 1 dedicated server rank + 2 workers (sync)"
 	@echo "make train-ps-colocated  the same with a server shard on each of 2 training ranks (sync)"
 	@echo "make train-ptb    Zaremba's small LSTM LM, $(NP) ranks, on the offline corpus (DATA_DIR=<real PTB copy>)"
 	@echo "make bench        trainer vs bare Horovod loop vs torch DDP vs PS, LeNet-5/LSTM/ResNet-18, 1 and 2 ranks -> runs/bench-<time>/ (~20 min)"
 	@echo "make bench-tuning the trainer's defaults vs one change each (cycle time, waits, allocator, gloo, fp16, ...), 2 ranks (~12 min)"
+	@echo "make slurm-train  submit make train's job to Slurm, $(NODES) nodes x 1 rank, and follow it (SLURM_ARGS=\"--time 1:00:00 ...\")"
 	@echo "make test         the test suite (unit + real ranks under mpirun)"
 	@echo "make test-fast    the tests that need no mpirun (seconds)"
-	@echo "make tensorboard  serve runs/ on http://127.0.0.1:6006"
+	@echo "make tensorboard  serve the latest comparison (scaling, bench) or RUN=<logdir> on http://127.0.0.1:$(PORT)"
+	@echo "make tb-check     open a comparison (RUN=<grid dir>, else a small grid it runs) in headless Chromium and check it"
 	@echo "make scaling      allreduce vs PS grid, 1 and 2 workers -> runs/scaling/<time>/report.md (~20 min)"
-	@echo "make scaling-netns the grid on 4 emulated hosts at 1gbit and 100mbit (root) -> runs/scaling-netns/<time>/report.md"
+	@echo "make scaling-netns the grid on 1, 2 and 4 emulated hosts at 1gbit and 100mbit (root) -> runs/scaling-netns/<time>/report.md"
 	@echo "make commbench    gradient exchange alone: Horovod, raw MPI, PS, $(NP) workers -> runs/commbench/<time>/"
 	@echo "make clean        remove runs/ and caches (keeps .venv and the Horovod wheel cache)"
 
@@ -31,6 +36,17 @@ install: $(STAMP)
 $(STAMP): $(INSTALL_INPUTS)
 	bash tools/install.sh
 	@touch $@
+
+# GPU: its own venv, so the CPU install and make test never see it (docs/gpu.md).
+install-gpu:
+	bash tools/install_gpu.sh
+
+check-gpu-build:
+	bash tools/check_gpu_build.sh
+
+# For a machine with one GPU, its own torch, CMake and nvcc, no network, no MPI. DRY=1: CPU, here.
+gpu-check:
+	bash tools/gpu_check.sh $(if $(DRY),--dry-run) $(ARGS)
 
 train: install
 	$(PY) -m launch -np $(NP) -- --model lenet5 --dataset fashion-mnist --epochs 2 $(ARGS)
@@ -50,6 +66,12 @@ train-ps: install
 train-ps-colocated: install
 	$(PY) -m launch -np 2 -- --model lenet5 --dataset fashion-mnist --epochs 2 \
 		--strategy ps --ps-placement colocated $(ARGS)
+
+# On a Slurm login node, or on this machine after `python -m launch.slurm_cluster up` (docs/clusters.md).
+NODES ?= 2
+SLURM_ARGS ?=
+slurm-train: install
+	$(PY) -m launch slurm --nodes $(NODES) --submit $(SLURM_ARGS) -- --model lenet5 --dataset fashion-mnist --epochs 2 $(ARGS)
 
 # Alternating jobs, medians of 4 rounds; ARGS="--models lenet5,resnet18 --repeats 6" for more.
 BENCH_MODELS ?= lenet5,ptb-lstm-small,resnet18
@@ -82,8 +104,16 @@ test: install
 test-fast: install
 	$(PY) -m pytest -q -m "not mpi" tests $(ARGS)
 
+# Port 6006 is refused: to hwloc (inside every mpirun) it is X display :6, and a server there hangs mpirun.
+RUN  ?=
+PORT ?= 6007
 tensorboard: install
-	$(VENV)/bin/tensorboard --logdir runs --host 127.0.0.1 --port 6006
+	$(PY) -m allreduce_train.experiments.tbview $(RUN) --port $(PORT)
+
+# IMAGES=docs/img also writes the README's two figures.
+IMAGES ?=
+tb-check: install
+	$(PY) -m allreduce_train.experiments.tbcheck $(RUN) $(if $(IMAGES),--images $(IMAGES)) $(ARGS)
 
 clean:
 	rm -rf runs .pytest_cache

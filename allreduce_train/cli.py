@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 import time
 import traceback
@@ -89,7 +90,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             err = str(e)
         except OSError as e:
             err = f"{e.filename or run_dir}: {e.strerror}"
-        errors = _gather_errors(ex, err)
+        errors, hosts = _gather_setup(ex, err)
         if errors:
             if ex.is_main:
                 fail(errors[0])
@@ -120,6 +121,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             ex.close()
             return EXIT_DIVERGED if isinstance(e, Diverged) else EXIT_PREEMPTED
         result["run_dir"] = run_dir
+        result["hosts"] = hosts
         trainer.report(result, log)
         log.close()
         if wd:
@@ -145,9 +147,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 1
 
 
-def _gather_errors(ex, err: str | None) -> list[str]:
-    """Collective: every rank's set-up error, lowest rank first (empty when all succeeded)."""
-    return [e for e in ex.allgather_object(err) if e]
+def _gather_setup(ex, err: str | None) -> tuple[list[str], list[str]]:
+    """Collective: every rank's set-up error, lowest rank first (empty when all succeeded), and
+    every rank's hostname by rank (metrics.json's ``hosts``: where the job ran)."""
+    gathered = ex.allgather_object((err, socket.gethostname()))
+    return [e for e, _ in gathered if e], [host for _, host in gathered]
 
 
 def _as_flag(name: str, value) -> str:

@@ -21,6 +21,7 @@ import torch
 
 from . import checkpoint, preempt, watchdog
 from .config import Config, parse_target
+from .devices import pick_device
 from .distributed.base import GradientExchange
 from .errors import ConfigError, Diverged, Preempted
 from .run_logger import NullLogger
@@ -32,16 +33,6 @@ def local_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
-
-
-def pick_device(cfg: Config, local_rank: int) -> torch.device:
-    want = cfg.train.device
-    if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            raise ConfigError("--device cuda: no CUDA device is visible; use --device cpu")
-        torch.cuda.set_device(local_rank % torch.cuda.device_count())
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def lr_at(step: int, cfg: Config, workers: int, steps_per_epoch: int) -> float:
@@ -128,7 +119,7 @@ class Trainer:
     # ---------------------------------------------------------------- set-up
     def build(self) -> Setup:
         cfg, ex = self.cfg, self.ex
-        device = pick_device(cfg, ex.local_rank)
+        device = pick_device(cfg.train.device, ex.local_rank, announce=ex.is_main)
         torch.set_num_threads(cfg.train.threads or max(1, local_cores() // ex.local_size))
         torch.manual_seed(cfg.train.seed)  # same seed everywhere: identical initial parameters
 

@@ -128,7 +128,8 @@ def build_command(spec: LaunchSpec, environ: dict[str, str] | None = None, is_ro
 def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m launch",
-        description="Run allreduce_train under mpirun. Trainer arguments go after `--`.",
+        description="Run allreduce_train under mpirun. Trainer arguments go after `--`. For a scheduler: "
+                    "`python -m launch slurm --help` (sbatch), `python -m launch k8s --help` (Kubernetes MPIJob).",
         epilog="example: python -m launch -np 4 -H node1:2,node2:2 -- --model lenet5 --epochs 2",
     )
     p.add_argument("-np", "--np", type=int, default=1, help="number of ranks (default: 1)")

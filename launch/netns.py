@@ -83,6 +83,14 @@ def format_rate(bits: int) -> str:
     return f"{bits}bit"
 
 
+def tbf(rate_bits: int) -> list[str]:
+    """The ``tc`` qdisc arguments that limit one direction of a link to ``rate_bits``."""
+    # The bucket must hold a 64 KiB GSO segment and about 1 ms at the rate, or the rate is not
+    # reached; a 20 ms queue is a switch-port-sized buffer.
+    burst = max(64 * 1024, rate_bits // 8 // 1000)
+    return ["tbf", "rate", f"{rate_bits}bit", "burst", str(burst), "latency", "20ms"]
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
     """What to build; pure data (no side effects), so launch commands can be built and tested from it."""
@@ -160,10 +168,7 @@ class ClusterSpec:
         return cmds
 
     def _tbf(self) -> list[str]:
-        # The bucket must hold a 64 KiB GSO segment and about 1 ms at the rate, or the rate is not
-        # reached; a 20 ms queue is a switch-port-sized buffer.
-        burst = max(64 * 1024, self.rate_bits // 8 // 1000)
-        return ["tbf", "rate", f"{self.rate_bits}bit", "burst", str(burst), "latency", "20ms"]
+        return tbf(self.rate_bits)
 
     def exec_prefix(self, host: int | None = None) -> list[str]:
         """Run a command in the head (``None``) or host ``host``'s namespace under its own hostname."""

@@ -6,19 +6,26 @@ cd "$(dirname "$0")/.."
 
 # libx11-6: Xlib, so that tests/launch/test_hwloc.py can show that mpirun no longer hangs on hwloc's
 # X probe next to TensorBoard (any desktop has it; HWLOC_COMPONENTS=-gl is what keeps mpirun safe).
-apt_pkgs=(openmpi-bin libopenmpi-dev cmake dataset-fashion-mnist iproute2 libx11-6)
+apt_pkgs=(openmpi-bin libopenmpi-dev cmake dataset-fashion-mnist iproute2 chromium libx11-6)
+# The emulated Slurm cluster (launch/slurm_cluster.py), without recommends (a mail server, ...).
+slurm_pkgs=(slurmctld slurmd slurm-client munge)
 missing=()
-for p in "${apt_pkgs[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+slurm_missing=()
+for p in "${apt_pkgs[@]}" "${slurm_pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" && continue
+    case " ${slurm_pkgs[*]} " in *" $p "*) slurm_missing+=("$p") ;; *) missing+=("$p") ;; esac
 done
-if [ ${#missing[@]} -gt 0 ]; then
+if [ ${#missing[@]} -gt 0 ] || [ ${#slurm_missing[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
-        echo "error: missing Debian packages; run: sudo apt-get update && sudo apt-get install -y ${missing[*]}" >&2
+        echo "error: missing Debian packages; run: sudo apt-get update && sudo apt-get install -y ${missing[*]}" \
+             "&& sudo apt-get install -y --no-install-recommends ${slurm_missing[*]}" >&2
         exit 1
     fi
-    echo "installing Debian packages: ${missing[*]}"
+    echo "installing Debian packages: ${missing[*]} ${slurm_missing[*]}"
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+    [ ${#missing[@]} -eq 0 ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+    [ ${#slurm_missing[@]} -eq 0 ] || \
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${slurm_missing[@]}"
 fi
 
 PYTHON=${PYTHON:-python3}

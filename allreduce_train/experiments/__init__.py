@@ -1,4 +1,4 @@
-"""Experiments built on the trainer: ``bench``, ``commbench``, ``scaling``, ``scaling-netns``.
+"""Experiments built on the trainer: ``bench``, ``commbench``, ``gpucheck``, ``scaling``, ``scaling-netns``.
 
 One-way rule (torchtitan's): modules here import the core (``allreduce_train.*``, ``launch``,
 ``models``); nothing in the core imports from here (tests/unit/test_layout.py checks it).

@@ -1,4 +1,4 @@
-"""``python -m allreduce_train.experiments bench|commbench|scaling|scaling-netns ...``"""
+"""``python -m allreduce_train.experiments bench|commbench|gpucheck|scaling|scaling-netns ...``"""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 
 def make_parser() -> argparse.ArgumentParser:
     from .bench import main as bench
+    from . import gpucheck
     from .commbench import main as commbench
     from .scaling import grid, netns
 
@@ -19,6 +20,8 @@ def make_parser() -> argparse.ArgumentParser:
         ("commbench", commbench, commbench.main, "time the gradient exchange alone: Horovod, raw MPI, the PS patterns"),
         ("scaling", grid, grid.main, "scaling grid: strategies x models x worker counts -> report, plots, TensorBoard, "
                                      "cost model"),
+        ("gpucheck", gpucheck, gpucheck.main, "one GPU, one rank: trainer vs bare Horovod (NCCL) vs DDP (NCCL), "
+                                              "LeNet-5/ResNet-18/LSTM -> one table (tools/gpu_check.sh)"),
         ("scaling-netns", netns, netns.main, "the scaling grid on emulated hosts (network namespaces, root) at given "
                                              "link rates, beside the cost model"),
     ):

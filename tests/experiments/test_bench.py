@@ -42,7 +42,9 @@ def test_bench_tiny_setting_prints_table_and_writes_json_for_every_implementatio
     assert report["rows"][1]["efficiency"]["trainer"] > 0
     assert len(report["jobs"]) == 2 * len(impls)
     assert all(len(j["loadavg_before"]) == 3 and "error" not in j for j in report["jobs"])
-    assert any(p.name.startswith("events") for p in out.iterdir())  # TensorBoard
+    # TensorBoard: the comparison, one run per implementation, and one HParams session per job
+    assert {p.name for p in (out / "tensorboard").iterdir()} == set(impls)
+    assert len(list((out / "hparams").iterdir())) == 1 + len(report["jobs"])  # + the experiment's events
 
 
 @pytest.mark.mpi
@@ -51,8 +53,9 @@ def test_every_implementation_computes_the_same_averaged_gradient(tmp_path, mode
     """Equal work: for the same inputs each implementation's averaged gradient is the gradient of
     the union batch in one process; without the exchange a rank's own gradient is far from it."""
     grads = {}
-    impls = (("horovod", []), ("ddp", []), ("trainer", []), ("trainer-gloo", ["--horovod-backend", "gloo"]))
-    for impl, extra in impls if model_name == "lenet5" else impls[:3]:
+    impls = (("horovod", []), ("ddp", []), ("trainer", []), ("trainer-mpi", ["--allreduce-engine", "mpi"]),
+             ("trainer-gloo", ["--horovod-backend", "gloo"]))
+    for impl, extra in impls if model_name == "lenet5" else impls[:4]:
         check(launch(2, ["--impl", impl.split("-")[0], "--model", model_name, *extra, "--port", str(free_port()),
                          "--dump-grads", str(tmp_path / f"{impl}-{{rank}}.pt")], module="allreduce_train.experiments.bench.rank"))
         r0 = torch.load(tmp_path / f"{impl}-0.pt", weights_only=True)
@@ -85,7 +88,7 @@ def test_bench_times_a_language_model_and_variants(tmp_path):
     assert row["model"] == "ptb-lstm-small" and set(row["impls"]) == set(report["impls"])
     assert "trainer/cycle1" in proc.stdout
     # the variant ran the trainer with its own setting, the plain trainer with the default
-    runs = out / "runs"
+    runs = out / "jobs"
     variant = json.loads((runs / "ptb-lstm-small-cycle1-np2-r0" / "metrics.json").read_text())
     plain = json.loads((runs / "ptb-lstm-small-trainer-np2-r0" / "metrics.json").read_text())
     assert variant["horovod_cycle_time_ms"] == 1.0 and plain["horovod_cycle_time_ms"] == 0.25
@@ -93,7 +96,7 @@ def test_bench_times_a_language_model_and_variants(tmp_path):
 
 
 def test_variant_parsing():
-    known = ["trainer", "horovod", "ddp", "trainer-ps"]
+    known = ["trainer", "horovod", "ddp", "trainer-mpi", "trainer-ps"]
     v = parse_variant("fp16=trainer HOROVOD_CYCLE_TIME=1 OMPI_MCA_mpi_yield_when_idle=0 --compression fp16", known)
     assert (v.name, v.base) == ("fp16", "trainer")
     assert v.env == {"HOROVOD_CYCLE_TIME": "1", "OMPI_MCA_mpi_yield_when_idle": "0"}

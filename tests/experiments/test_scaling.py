@@ -61,6 +61,7 @@ def fake_commbench(path, nets):
     """A commbench.json whose size sweep follows the cost model exactly for the given networks."""
     results = []
     for impl, kind, servers, job in (("horovod", costmodel.ALLREDUCE, 0, "default"),
+                                     ("mpi-ring", costmodel.ALLREDUCE, 0, "default"),
                                      ("ps-colocated", costmodel.PS_COLOCATED, 0, "default"),
                                      ("ps-dedicated", costmodel.PS_DEDICATED, 1, "K=1")):
         for size in (4096, 65536, 1 << 20, 16 << 20):
@@ -74,7 +75,8 @@ def fake_commbench(path, nets):
 def test_tiny_grid_writes_report_plot_csv_and_tensorboard(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    nets = {"horovod": costmodel.Network(200e-6, 2e9), "ps-colocated": costmodel.Network(20e-6, 4e9),
+    nets = {"horovod": costmodel.Network(200e-6, 2e9), "mpi-ring": costmodel.Network(100e-6, 3e9),
+            "ps-colocated": costmodel.Network(20e-6, 4e9),
             "ps-dedicated": costmodel.Network(30e-6, 3e9)}
     fake_commbench(tmp_path / "cb.json", nets)
     out = tmp_path / "grid"
@@ -100,26 +102,32 @@ def test_tiny_grid_writes_report_plot_csv_and_tensorboard(tmp_path):
         assert [p["workers"] for p in res["curves"]["lenet5"][s]][-1] == 1024
     report = (out / "report.md").read_text()
     assert "speedup(N) = throughput(N) / throughput(1)" in report and "| allreduce | 2 |" in report
+    assert "| allreduce-mpi | 2 |" in report and "concept x engine" in report  # the second engine, split out
+    assert "Same engine (mpi4py), ring / colocated PS" in report and "Same concept (ring), Horovod / mpi4py" in report
     for png in ("scaling.png", "predicted.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-    # one TensorBoard run per job, with the trainer's own figures
+    # one TensorBoard run per job, with the trainer's own figures, outside the comparison
     for s in strategies:
         for n in (1, 2):
-            ea = EventAccumulator(str(out / "runs" / "lenet5" / f"{s}-n{n}-r1")).Reload()
+            ea = EventAccumulator(str(out / "jobs" / "lenet5" / f"{s}-n{n}-r1")).Reload()
             assert "perf/samples_per_sec" in ea.Tags()["scalars"], (s, n)
-    # the summary run: step = workers, every strategy under the same model, plus the layout
-    ea = EventAccumulator(str(out / "summary"), size_guidance={"tensors": 0}).Reload()
-    tags = ea.Tags()["scalars"]
+    # the comparison: one run per strategy, step = workers, the same tags in every run, plus the layout
+    assert sorted(p.name for p in (out / "tensorboard").iterdir()) == sorted(
+        strategies + [f"predicted-{s}" for s in strategies])
     by_key = {(r["strategy"], int(r["workers"])): r for r in rows}
     for s in strategies:
+        ea = EventAccumulator(str(out / "tensorboard" / s), size_guidance={"tensors": 0}).Reload()
         for figure, column in (("scaling/speedup", "speedup"), ("scaling/efficiency", "efficiency"),
                                ("perf/samples_per_sec", "samples_per_sec_mean")):
-            events = ea.Scalars(f"{figure}/lenet5/{s}")
+            events = ea.Scalars(f"{figure}/lenet5")
             assert [e.step for e in events] == [1, 2]
             for e in events:
                 assert e.value == pytest.approx(float(by_key[(s, e.step)][column]), rel=1e-4)
-        assert [e.step for e in ea.Scalars(f"scaling/predicted_efficiency/lenet5/{s}")][-1] == 1024
-    assert ea.Scalars("scaling/speedup/lenet5/allreduce")[0].value == pytest.approx(1.0)
-    assert "custom_scalars__config__" in ea.Tags()["tensors"]
-    assert len(tags) >= 5 * len(strategies)
+        assert ea.Scalars("scaling/speedup/lenet5")[0].value == pytest.approx(1.0)
+        pred = EventAccumulator(str(out / "tensorboard" / f"predicted-{s}")).Reload()
+        assert [e.step for e in pred.Scalars("scaling/predicted_efficiency/lenet5")][-1] == 1024
+    first = EventAccumulator(str(out / "tensorboard" / sorted(strategies)[0]), size_guidance={"tensors": 0}).Reload()
+    assert "custom_scalars__config__" in first.Tags()["tensors"]
+    # one HParams session per job
+    assert len(list((out / "hparams" / "lenet5").iterdir())) == 2 * len(strategies)

@@ -9,13 +9,16 @@ that a change in machine load hits all of them alike, and ratios are taken betwe
 the same round before their median is reported. Every job excludes its warm-up steps and times
 wall clock over the rest, so the trainer's own overhead (data, logging, metrics) counts against
 it. The machine's load average is recorded next to every figure. Results: a table on stdout, and
-``bench.json`` plus TensorBoard scalars (``scaling/``, ``perf/``) in the output directory.
+in the output directory ``bench.json``, ``tensorboard/`` (one run per implementation, step = ranks,
+a Custom Scalars chart per figure), ``hparams/`` (one session per job) and ``jobs/`` (the trainer
+jobs' own runs, the bare loops' results).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import socket
 import statistics
@@ -24,6 +27,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .. import engines, tblog
 from ..jobs import TRAINER, local_launcher, loadavg, read_json, run
 
 RANK_MODULE = "allreduce_train.experiments.bench.rank"  # the bare loops, on every rank
@@ -31,6 +35,12 @@ RANK_MODULE = "allreduce_train.experiments.bench.rank"  # the bare loops, on eve
 DEFAULT_STEPS = {"lenet5": 400, "resnet18": 12, "ptb-lstm-small": 60, "ptb-lstm-medium": 12}
 DEFAULT_WARMUP = {"lenet5": 30, "resnet18": 3, "ptb-lstm-small": 5, "ptb-lstm-medium": 2}
 BASELINES = ("horovod", "ddp")
+# Implementations of the trainer besides "trainer" (ring allreduce, Horovod): their trainer flags.
+TRAINER_IMPLS = {
+    "trainer-mpi": ["--strategy", "allreduce", "--allreduce-engine", "mpi"],  # the ring on mpi4py messages
+    # every rank trains, as with allreduce: the same number of workers computing
+    "trainer-ps": ["--strategy", "ps", "--ps-placement", "colocated"],
+}
 # The optimizer every implementation runs, so that the update costs the same everywhere (the
 # trainer would otherwise take a model's recipe, e.g. the LSTM's clipping and no momentum).
 SAME_OPTIMIZER = ["--momentum", "0.9", "--weight-decay", "0", "--grad-clip", "0"]
@@ -108,10 +118,8 @@ def parse_variant(text: str, known: list[str]) -> Override:
 
 
 def default_impls() -> list[str]:
-    from allreduce_train.distributed import STRATEGIES
-
-    # "trainer" is the allreduce strategy; other strategies (the parameter server) by their name
-    return ["trainer", *BASELINES, *(f"trainer-{s}" for s in STRATEGIES if s != "allreduce")]
+    # "trainer" is the allreduce strategy on Horovod; the other engine and strategies by their name
+    return ["trainer", *BASELINES, *TRAINER_IMPLS]
 
 
 def free_port() -> int:
@@ -128,11 +136,9 @@ def job_args(impl: str, model: str, spec: BenchSpec, result: str, run_dir: str, 
     variant = spec.variant(impl)
     impl = variant.base
     if impl.startswith("trainer"):
-        strategy = impl.partition("-")[2] or "allreduce"
-        # every rank trains, as with allreduce: the same number of workers computing
-        placement = ["--ps-placement", "colocated"] if strategy == "ps" else []
+        exchange = TRAINER_IMPLS.get(impl, ["--strategy", "allreduce"])
         never = str(warmup + steps + 1)  # evaluation and checkpoints only after the last timed step
-        return TRAINER, [*common, "--dataset", "synthetic", "--strategy", strategy, *placement,
+        return TRAINER, [*common, "--dataset", "synthetic", *exchange,
                          "--steps", str(warmup + steps), "--perf-warmup-steps", str(warmup),
                          "--eval-every", never, "--checkpoint-every", never,
                          *SAME_OPTIMIZER, "--run-dir", run_dir, "--name", name, "--no-progress", *variant.args]
@@ -141,7 +147,7 @@ def job_args(impl: str, model: str, spec: BenchSpec, result: str, run_dir: str, 
 
 
 def run_job(impl: str, model: str, np: int, spec: BenchSpec, out: str, tag: str) -> dict[str, Any]:
-    run_dir = os.path.join(out, "runs")
+    run_dir = os.path.join(out, tblog.JOBS_DIR)  # beside the bare loops' result files
     name = f"{model}-{impl}-np{np}-{tag}"
     result = os.path.join(out, "jobs", name + ".json")
     module, args = job_args(impl, model, spec, result, run_dir, name)
@@ -257,19 +263,55 @@ def table(rows: list[dict[str, Any]], impls: list[str]) -> str:
     return "\n".join(lines)
 
 
-def write_tensorboard(out: str, rows: list[dict[str, Any]], text: str) -> None:
-    from torch.utils.tensorboard import SummaryWriter
+def concept_engine(rows: list[dict[str, Any]]) -> str:
+    """Below the table: per model and rank count > 1, the concept x engine split (:mod:`..engines`)."""
+    lines: list[str] = []
+    for r in rows:
+        if r["np"] > 1:
+            lines += engines.markdown(f"{r['model']}, {r['np']} ranks, concept x engine",
+                                      {i: s["median"] for i, s in r["impls"].items()}, engines.BENCH)
+    return "\n\n" + "\n".join(lines).rstrip() if lines else ""
 
-    w = SummaryWriter(log_dir=out)
-    for r in rows:  # the step axis is the rank count
+
+BENCH_FIGURES = ("perf/samples_per_sec", "scaling/speedup", "scaling/efficiency", "perf/trainer_over")
+
+
+def write_tensorboard(out: str, rows: list[dict[str, Any]], jobs: list[dict[str, Any]], spec: BenchSpec,
+                      text: str) -> None:
+    """``out/tensorboard``: one run per implementation, step = ranks, the same tags per model and a
+    Custom Scalars chart per tag; ``out/hparams``: one HParams session per job."""
+    series: tblog.Series = {}
+    one = {(r["model"], i): s["median"] for r in rows if r["np"] == 1 for i, s in r["impls"].items()}
+    for r in rows:
+        m, n = r["model"], r["np"]
         for impl, s in r["impls"].items():
-            w.add_scalar(f"scaling/{r['model']}/{impl}_samples_per_sec", s["median"], r["np"])
+            tblog.add_point(series, impl, f"perf/samples_per_sec/{m}", n, s["median"])
+            if (m, impl) in one:
+                tblog.add_point(series, impl, f"scaling/speedup/{m}", n, s["median"] / one[(m, impl)])
         for impl, e in r["efficiency"].items():
-            w.add_scalar(f"scaling/{r['model']}/{impl}_efficiency", e, r["np"])
+            tblog.add_point(series, impl, f"scaling/efficiency/{m}", n, e)
         for k, q in r["ratios"].items():
-            w.add_scalar(f"perf/{r['model']}/{k.replace('/', '_over_')}", q["median"], r["np"])
-    w.add_text("bench/table", text)
-    w.close()
+            tblog.add_point(series, k.partition("/")[2], f"perf/trainer_over/{m}", n, q["median"])
+    tblog.write_comparison(os.path.join(out, tblog.COMPARISON_DIR), series,
+                           tblog.model_categories(spec.models, BENCH_FIGURES), text)
+    sessions = []
+    for j in jobs:
+        v = spec.variant(j["impl"])
+        # the baselines (bare Horovod loop, DDP) are ring allreduce too
+        strategy = (v.base.partition("-")[2] if v.base.startswith("trainer") else "") or "allreduce"
+        engine = {"horovod": "horovod", "ddp": "torch-ddp"}.get(v.base, "mpi4py" if strategy == "ps" else "horovod")
+        hp = {"impl": j["impl"], "base": v.base, "model": j["model"], "workers": j["np"], "strategy": strategy,
+              "engine": tblog.flag_value(v.args, "--allreduce-engine", engine),
+              "settings": " ".join([*(f"{k}={x}" for k, x in v.env.items()), *v.args]) or "-"}
+        ms = {}
+        if "samples_per_sec" in j:
+            base = one.get((j["model"], j["impl"]))
+            ms = {"samples_per_sec": j["samples_per_sec"],
+                  "efficiency": j["samples_per_sec"] / (j["np"] * base) if base else math.nan}
+            if j.get("cpu_ms_per_step"):
+                ms["cpu_ms_per_step"] = j["cpu_ms_per_step"]
+        sessions.append((f"{j['model']}-{j['impl']}-np{j['np']}-{j['tag']}", hp, ms))
+    tblog.write_hparams(os.path.join(out, tblog.HPARAMS_DIR), sessions)
 
 
 def run_bench(spec: BenchSpec) -> int:
@@ -290,16 +332,16 @@ def run_bench(spec: BenchSpec) -> int:
                     print(f"{model} np{np} round {rep + 1}/{spec.repeats} {impl:>10}: {fig} "
                           f"(load {j['loadavg_before'][:1]})", file=sys.stderr, flush=True)
     rows = summarise(jobs, spec, impls)
-    text = table(rows, impls)
+    text = table(rows, impls) + concept_engine(rows)
     report = {"spec": asdict(spec), "impls": impls, "started": started, "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
               "command": [os.path.basename(sys.executable), "-m", "allreduce_train.experiments", *sys.argv[1:]],
               "cores": os.cpu_count(), "rows": rows, "jobs": jobs, "table": text}
     with open(os.path.join(out, "bench.json"), "w") as fh:
         json.dump(report, fh, indent=2)
         fh.write("\n")
-    write_tensorboard(out, rows, text)
+    write_tensorboard(out, rows, jobs, spec, text)
     print(text)
-    print(f"-> {os.path.join(out, 'bench.json')}")
+    print(f"-> {os.path.join(out, 'bench.json')}; make tensorboard RUN={os.path.join(out, tblog.COMPARISON_DIR)}")
     failed = [j for j in jobs if "error" in j]
     return 1 if failed else 0
 
@@ -350,8 +392,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def add_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("--models", default="lenet5", help="comma-separated models (default: lenet5)")
     b.add_argument("--np", default="1,2", help="comma-separated rank counts (default: 1,2)")
-    b.add_argument("--impls", default="", help="comma-separated subset of: trainer, horovod, ddp, "
-                                              "trainer-<strategy> (default: all)")
+    b.add_argument("--impls", default="", help=f"comma-separated subset of: {', '.join(default_impls())} "
+                                              "(default: all)")
     b.add_argument("--repeats", type=int, default=4, help="rounds of alternating jobs (default: 4)")
     b.add_argument("--steps", type=int, default=0,
                    help=f"timed steps per job (default per model: {DEFAULT_STEPS}, else 50)")

@@ -10,10 +10,11 @@ spreads over every configuration instead of hitting one. Before the grid, a shor
 run calibrates the cost model (:mod:`.costmodel`), which then predicts every measured point and
 the scaling to 1024 workers on a given network.
 
-Output in ``runs/scaling/<time>/``: ``runs/<model>/<strategy>-n<N>-r<k>/`` (each job's TensorBoard
-run and metrics.json), ``summary/`` (speedup, efficiency and samples/s against the worker count
-as the TensorBoard step, every strategy in one chart through a Custom Scalars layout),
-``results.csv``, ``results.json``, ``report.md``, ``scaling.png``, ``predicted.png``, ``logs/``.
+Output in ``runs/scaling/<time>/``: ``tensorboard/`` (the comparison: one run per strategy, speedup,
+efficiency and samples/s against the worker count as the TensorBoard step, one Custom Scalars
+chart per figure; :mod:`..tblog`), ``hparams/`` (one HParams session per job), ``jobs/<model>/
+<strategy>-n<N>-r<k>/`` (each job's TensorBoard run and metrics.json), ``results.csv``,
+``results.json``, ``report.md``, ``scaling.png``, ``predicted.png``, ``logs/``.
 
 How jobs start is one hook, a launcher (:mod:`..jobs`: worker count and trainer arguments in, argv
 out); the emulated-cluster grid (:mod:`.netns`) passes its own to :func:`run`. The variants and
@@ -33,12 +34,12 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .. import costmodel
+from .. import costmodel, tblog
 from ..commbench import main as commbench
 from ..jobs import Launcher, local_launcher, read_json
 from ..jobs import run as run_job_argv
 from .calibrate import CYCLE_CANDIDATES, calibrate, choose_cycle, predictions, run_commbench
-from .report import load_summary, aggregate, code_version, plot_measured, plot_predicted, report_markdown, write_csv, write_tensorboard
+from .report import aggregate, code_version, load_summary, write_outputs
 from .spec import GridConfig, GridError, Plan, Variant, variants
 
 def available(cfg: GridConfig) -> tuple[list[Variant], list[str], list[str]]:
@@ -109,9 +110,21 @@ def job_env(cfg: GridConfig, cycle_ms: float | None) -> dict[str, str]:
     return env
 
 
+def job_hparams(cfg: GridConfig, job: Job) -> dict[str, Any]:
+    """What a job ran, as the HParams view shows it (the trainer's defaults where no flag says)."""
+    flags = [*job.variant.flags, *cfg.extra]
+    ps = job.variant.strategy == "ps"
+    return {"model": job.model, "variant": job.variant.name, "strategy": job.variant.strategy,
+            "placement": tblog.flag_value(flags, "--ps-placement", "dedicated") if ps else "-",
+            "mode": tblog.flag_value(flags, "--ps-mode", "sync") if ps else "sync",
+            "engine": "mpi4py" if ps else tblog.flag_value(flags, "--allreduce-engine", "horovod"),
+            "workers": job.workers, "servers": job.variant.servers,
+            "link_rate": cfg.link_rate or "this host"}
+
+
 def run_job(cfg: GridConfig, job: Job, out: str, launcher: Launcher, cycle_ms: float | None = None) -> dict[str, Any]:
     """One grid point: launch it, wait, read back its metrics.json."""
-    run_dir = os.path.join(out, "runs", job.model)
+    run_dir = os.path.join(out, tblog.JOBS_DIR, job.model)
     argv = launcher(job.world, trainer_args(cfg, job, run_dir))
     log_path = os.path.join(out, "logs", f"{job.model}-{job.name}.log")
     load = os.getloadavg()[0]
@@ -119,11 +132,14 @@ def run_job(cfg: GridConfig, job: Job, out: str, launcher: Launcher, cycle_ms: f
     record = {"model": job.model, "strategy": job.variant.name, "workers": job.workers,
               "servers": job.variant.servers, "world_size": job.world, "repeat": job.repeat,
               "seconds": res.seconds, "loadavg_before": load, "log": os.path.relpath(log_path, out),
-              "run": os.path.relpath(os.path.join(run_dir, job.name), out), "argv": argv}
+              "run": os.path.relpath(os.path.join(run_dir, job.name), out), "argv": argv,
+              "hparams": job_hparams(cfg, job)}
     m = read_json(os.path.join(run_dir, job.name, "metrics.json")) if res.ok else None
     if m is not None:
         record.update(ok=True, samples_per_sec=m["samples_per_sec"], step_ms=m["step_ms"],
                       comm_wait_ms=m["comm_wait_ms"], global_batch=m["global_batch"])
+        if (m.get("target") or {}).get("reached"):  # --extra=--target ...: the time to that quality
+            record["time_to_target_s"] = m["target"]["seconds"]
     else:
         record.update(ok=False, error=res.error_line())
     return record
@@ -199,18 +215,12 @@ def run(cfg: GridConfig, launcher: Launcher = local_launcher) -> dict[str, Any]:
            "calibration": calib, "calibration_source": os.path.relpath(calib_path, out) if calib_path else "",
            "given_network": {"gbps": cfg.net_gbps, "latency_us": cfg.net_latency_us, "label": given_label},
            "curves": curves}
-    write_csv(os.path.join(out, "results.csv"), rows)
     with open(os.path.join(out, "results.json"), "w") as fh:
         json.dump(res, fh, indent=2, default=str)
         fh.write("\n")
-    write_tensorboard(os.path.join(out, "summary"), rows, curves, models, given_label)
-    plot_measured(os.path.join(out, "scaling.png"), rows, models)
-    if curves:
-        plot_predicted(os.path.join(out, "predicted.png"), curves, given_label)
-    with open(os.path.join(out, "report.md"), "w") as fh:
-        fh.write(report_markdown(res))
+    write_outputs(res)
     print(f"done in {res['seconds'] / 60:.1f} min: {out}/report.md, scaling.png, results.csv; "
-          f"tensorboard --logdir {out}", flush=True)
+          f"make tensorboard RUN={out}/{tblog.COMPARISON_DIR}", flush=True)
     return res
 
 

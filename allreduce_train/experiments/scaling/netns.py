@@ -13,8 +13,9 @@ counters (printed by the launcher) give the bytes on the busiest link. The cost 
 (the emulation adds no latency), and the step as the job's own compute (step - wait) plus that
 exchange.
 
-Output: runs/scaling-netns/<time>/report.md (this comparison) and results.json; <rate>/ holds the
-scaling grid's own outputs for that rate (its report, plots, logs, TensorBoard runs).
+Output: runs/scaling-netns/<time>/report.md (this comparison), results.json, tensorboard/ (every
+rate's comparison in one logdir: runs <rate>/<strategy>, step = N) and hparams/ (every job); <rate>/
+holds the scaling grid's own outputs for that rate (its report, plots, logs, TensorBoard runs).
 """
 
 from __future__ import annotations
@@ -24,18 +25,22 @@ import json
 import os
 import re
 import shlex
+import statistics
 import sys
 import time
 from typing import Any
 
-from .. import costmodel
+from .. import costmodel, engines, tblog
 from . import grid as scaling
+from . import report as grid_report
 
 TRAFFIC_RE = re.compile(r"(h\d+) (\d+)/(\d+)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--hosts", type=int, default=4, help="workers, one emulated host each (default: 4)")
+    p.add_argument("--hosts", default="1,2,4",
+                   help="comma-separated worker counts, one emulated host per worker; 1 is the speedup baseline "
+                        "(default: 1,2,4)")
     p.add_argument("--rates", default="1gbit,100mbit", help="link rates per direction (default: 1gbit,100mbit)")
     p.add_argument("--strategies", default=",".join(scaling.variants()),
                    help=f"comma-separated subset of {', '.join(scaling.variants())} (default: all)")
@@ -50,14 +55,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def grid_config(args: argparse.Namespace) -> scaling.GridConfig:
     """The scaling grid for one rate: the given workers only, no calibration run (the network is
     known: the configured rate), validated by the grid's own rules."""
-    if args.hosts < 1:
-        raise scaling.GridError(f"--hosts must be >= 1 (got {args.hosts})")
+    hosts = scaling._list(args.hosts, "--hosts", int)
+    if min(hosts) < 1:
+        raise scaling.GridError(f"--hosts: counts must be >= 1 (got {args.hosts!r})")
     if args.job_timeout < 120:
         raise scaling.GridError(f"--job-timeout must be >= 120 s (got {args.job_timeout:g})")
     p = argparse.ArgumentParser(add_help=False)
     scaling.add_arguments(p)
     grid = p.parse_args([])
-    grid.__dict__.update(strategies=args.strategies, models=args.models, workers=str(args.hosts),
+    grid.__dict__.update(strategies=args.strategies, models=args.models, workers=",".join(map(str, hosts)),
                          repeats=args.repeats, steps=args.steps, ps_servers=args.ps_servers, commbench=False,
                          job_timeout=args.job_timeout)
     return scaling.config_from_args(grid)
@@ -115,6 +121,28 @@ def compare(rate: str, res: dict[str, Any], cfg: scaling.GridConfig) -> list[dic
     return rows
 
 
+def write_tensorboard(out_dir: str, grids: list[dict[str, Any]]) -> None:
+    """``out_dir/tensorboard``: every rate's comparison in one logdir, runs ``<rate>/<strategy>``
+    (each rate's grid also has its own in ``<rate>/tensorboard``); ``out_dir/hparams``: every job."""
+    series: tblog.Series = {}
+    sessions, models = [], []
+    for res in grids:
+        rate = res["config"]["link_rate"]
+        measured = grid_report.comparison_series(res["rows"], {})
+        series.update({f"{rate}/{run}": tags for run, tags in measured.items()})
+        for r in res["rows"]:
+            if r["repeats"]:
+                tblog.add_point(series, f"{rate}/{r['strategy']}", f"perf/step_ms/{r['model']}", r["workers"],
+                                r["step_ms_mean"])
+        sessions += [(f"{rate}/{name}", hp, ms) for name, hp, ms in grid_report.hparams_sessions(res)]
+        models += [m for m in res["models"] if m not in models]
+    figures = ("scaling/speedup", "scaling/efficiency", "perf/samples_per_sec", "perf/step_ms")
+    tblog.write_comparison(os.path.join(out_dir, tblog.COMPARISON_DIR), series,
+                           tblog.model_categories(models, figures),
+                           "Step = number of workers N (one emulated host each); runs are `<link rate>/<strategy>`.")
+    tblog.write_hparams(os.path.join(out_dir, tblog.HPARAMS_DIR), sessions)
+
+
 def markdown(report: dict[str, Any]) -> str:
     out = ["## Emulated cluster: measured vs cost model", "",
            f"`{report['command']}` on {report['cpus']} CPU cores, started {report['started']}, "
@@ -146,7 +174,18 @@ def markdown(report: dict[str, Any]) -> str:
             out.append(f"| {name} | {ranks} | {r['step_ms']:.1f} | {r['wait_ms']:.1f} | {r['compute_ms']:.1f} | "
                        f"{r['pred_exchange_ms']:.1f} | {r['pred_step_ms']:.1f} | "
                        f"{r['step_ms'] / r['pred_step_ms']:.2f} | {link} | {r['model_bytes_per_step'] / 1e6:.2f} |")
-        out += ["", f"The grid's own report for this rate: [{rate}/report.md]({rate}/report.md).", ""]
+        out.append("")
+        for m, n in dict.fromkeys((r["model"], r["workers"]) for r in report["rows"]
+                                  if r["rate"] == rate and r["workers"] > 1):
+            # 1 / step time: the same workers and batch in these jobs, so its ratios are throughput's
+            steps: dict[str, list[float]] = {}
+            for r in report["rows"]:
+                if (r["rate"], r["model"], r["workers"]) == (rate, m, n) and r["ok"]:
+                    steps.setdefault(r["strategy"], []).append(r["step_ms"])
+            speed = {s: 1e3 / statistics.median(v) for s, v in steps.items()}
+            out += engines.markdown(f"{m}, {n} hosts at {rate}, concept x engine", speed, engines.SCALING,
+                                    "steps/s", ".2f")
+        out += [f"The grid's own report for this rate: [{rate}/report.md]({rate}/report.md).", ""]
     return "\n".join(out)
 
 
@@ -165,25 +204,27 @@ def main(args: argparse.Namespace) -> int:
         return 2
     out_dir = args.out_dir or os.path.join("runs", "scaling-netns", time.strftime("%Y%m%d-%H%M%S"))
     started, t0 = time.strftime("%Y-%m-%d %H:%M"), time.monotonic()
-    rows, all_ok = [], True
+    rows, grids, all_ok = [], [], True
     for rate in rates:
-        cfg.out_dir = os.path.join(out_dir, rate)
+        cfg.out_dir, cfg.link_rate = os.path.join(out_dir, rate), rate
         print(f"== {rate} per link: {args.hosts} emulated workers", flush=True)
         # The launcher stops an overdue job itself (and removes its cluster) a minute before the
         # grid would kill the launcher, which would leave the namespaces behind.
         res = scaling.run(cfg, launcher=emulated_launcher(rate, timeout=cfg.job_timeout - 60))
         all_ok &= all(j["ok"] for j in res["jobs"])
         rows += compare(rate, res, cfg)
+        grids.append(res)
     report = {"command": shlex.join(["python", "-m", "allreduce_train.experiments", *sys.argv[1:]]),
               "started": started, "minutes": (time.monotonic() - t0) / 60, "cpus": os.cpu_count(),
               "hosts": args.hosts, "repeats": args.repeats, "rates": rates, "rows": rows}
     with open(os.path.join(out_dir, "results.json"), "w") as fh:
         json.dump(report, fh, indent=1)
         fh.write("\n")
+    write_tensorboard(out_dir, grids)
     text = markdown(report)
     with open(os.path.join(out_dir, "report.md"), "w") as fh:
         fh.write(text + "\n")
     print(text, flush=True)
-    print(f"-> {out_dir}/report.md", flush=True)
+    print(f"-> {out_dir}/report.md; make tensorboard RUN={out_dir}/{tblog.COMPARISON_DIR}", flush=True)
     return 0 if all_ok else 1
 

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import csv
+import json
 import math
+import os
 import statistics
 import subprocess
+import sys
 from typing import Any
+
+from .. import engines, tblog
 
 def _stats(values: list[float]) -> tuple[float, float, float, float]:
     """mean, sample standard deviation (0 for one value), min, max."""
@@ -66,51 +71,91 @@ def write_csv(path: str, rows: list[dict]) -> None:
             w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
 
 
-def write_tensorboard(path: str, rows: list[dict], curves: dict, models: list[str], given_label: str) -> None:
-    """The summary run: TensorBoard step = worker count; one Multiline chart per figure and model."""
-    from torch.utils.tensorboard import SummaryWriter
-
-    w = SummaryWriter(log_dir=path)
+def comparison_series(rows: list[dict], curves: dict) -> tblog.Series:
+    """The comparison's runs: one per strategy (measured, step = N) and one ``predicted-<strategy>``
+    per strategy with the cost model's curve; every run has the same tags per model."""
+    series: tblog.Series = {}
     for r in rows:
         if not r["repeats"]:
             continue
         m, s, n = r["model"], r["strategy"], r["workers"]
-        w.add_scalar(f"perf/samples_per_sec/{m}/{s}", r["samples_per_sec_mean"], n)
-        if not math.isnan(r["speedup"]):
-            w.add_scalar(f"scaling/speedup/{m}/{s}", r["speedup"], n)
-            w.add_scalar(f"scaling/efficiency/{m}/{s}", r["efficiency"], n)
+        tblog.add_point(series, s, f"perf/samples_per_sec/{m}", n, r["samples_per_sec_mean"])
+        tblog.add_point(series, s, f"scaling/speedup/{m}", n, r["speedup"])
+        tblog.add_point(series, s, f"scaling/efficiency/{m}", n, r["efficiency"])
     for m, per in curves.items():
         for s, pts in per.items():
             for p in pts:
-                w.add_scalar(f"scaling/predicted_efficiency/{m}/{s}", p["efficiency"], p["workers"])
-                w.add_scalar(f"scaling/predicted_speedup/{m}/{s}", p["speedup"], p["workers"])
-    layout = {m: {"speedup vs workers": ["Multiline", [rf"scaling/speedup/{m}/.*"]],
-                  "efficiency vs workers": ["Multiline", [rf"scaling/efficiency/{m}/.*"]],
-                  "samples/s vs workers": ["Multiline", [rf"perf/samples_per_sec/{m}/.*"]],
-                  f"predicted efficiency, {given_label}": ["Multiline", [rf"scaling/predicted_efficiency/{m}/.*"]]}
-              for m in models}
-    w.add_custom_scalars(layout)
-    w.close()
+                tblog.add_point(series, f"predicted-{s}", f"scaling/predicted_efficiency/{m}", p["workers"],
+                                p["efficiency"])
+                tblog.add_point(series, f"predicted-{s}", f"scaling/predicted_speedup/{m}", p["workers"],
+                                p["speedup"])
+    return series
+
+
+COMPARISON_FIGURES = ("scaling/speedup", "scaling/efficiency", "perf/samples_per_sec", "scaling/predicted_efficiency")
+
+
+def hparams_sessions(res: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, float]]]:
+    """One HParams session per job of the grid: what it ran and what it measured. A job's efficiency
+    is its throughput over N x the mean one-worker throughput of its strategy."""
+    base = {(r["model"], r["strategy"]): r["samples_per_sec_mean"] for r in res["rows"]
+            if r["workers"] == 1 and r["repeats"]}
+    out = []
+    for j in res["jobs"]:
+        hp = dict(j.get("hparams") or {"model": j["model"], "strategy": j["strategy"], "workers": j["workers"]})
+        metrics: dict[str, float] = {}
+        if j["ok"]:
+            one = base.get((j["model"], j["strategy"]))
+            metrics = {"samples_per_sec": j["samples_per_sec"], "step_ms": j["step_ms"],
+                       "comm_wait_ms": j["comm_wait_ms"],
+                       "efficiency": j["samples_per_sec"] / (j["workers"] * one) if one else math.nan}
+            if j.get("time_to_target_s") is not None:
+                metrics["time_to_target_s"] = j["time_to_target_s"]
+        out.append((f"{j['model']}/{j['strategy']}-n{j['workers']}-r{j['repeat']}", hp, metrics))
+    return out
+
+
+def write_tensorboard(out: str, res: dict[str, Any], run_prefix: str = "") -> dict[str, dict[str, list]]:
+    """``out/tensorboard``: the comparison (one run per strategy, Custom Scalars layout) and
+    ``out/hparams``: one HParams session per job. Returns the layout."""
+    series = comparison_series(res["rows"], res["curves"])
+    if run_prefix:
+        series = {f"{run_prefix}/{run}": tags for run, tags in series.items()}
+    categories = tblog.model_categories(res["models"], COMPARISON_FIGURES)
+    notes = (f"Step = number of workers N. Measured runs are named after the strategy; `predicted-<strategy>` "
+             f"runs are the calibrated cost model on {res['given_network']['label']}. The jobs' own runs: "
+             f"`{tblog.JOBS_DIR}/`, their HParams: `{tblog.HPARAMS_DIR}/`.")
+    lay = tblog.write_comparison(os.path.join(out, tblog.COMPARISON_DIR), series, categories, notes)
+    tblog.write_hparams(os.path.join(out, tblog.HPARAMS_DIR), hparams_sessions(res))
+    return lay
 
 
 STYLE = {"allreduce": ("tab:blue", "o"), "ps-dedicated": ("tab:red", "s"), "ps-colocated": ("tab:green", "^")}
 
 
-def plot_measured(path: str, rows: list[dict], models: list[str]) -> None:
-    """scaling.png: per model, measured speedup (with its spread) and the calibrated prediction."""
+def plot_measured(path: str, rows: list[dict], models: list[str]) -> list[str]:
+    """scaling.png: per model, measured speedup (with its spread) and the calibrated prediction.
+    Returns the panels' titles (a panel without data says so in its title)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(models), figsize=(4.6 * len(models), 4.0), squeeze=False)
+    fig, axes = plt.subplots(1, max(1, len(models)), figsize=(4.6 * max(1, len(models)), 4.0), squeeze=False)
+    if not models:
+        no_data(axes[0][0], "no model ran: nothing to plot")
     for ax, m in zip(axes[0], models):
         sel = [r for r in rows if r["model"] == m and r["repeats"]]
         ns = sorted({r["workers"] for r in sel}) or [1]
+        curves = {s: sorted((r for r in sel if r["strategy"] == s and not math.isnan(r["speedup"])),
+                            key=lambda r: r["workers"]) for s in sorted({r["strategy"] for r in sel})}
+        if not any(curves.values()):
+            no_data(ax, f"{m}: no speedup, " + (
+                "every job failed" if not sel else
+                f"no 1-worker baseline (measured N = {', '.join(map(str, ns))}); run --workers 1,..."))
+            continue
         ax.plot(ns, ns, color="0.6", ls=":", label="ideal")
-        for s in sorted({r["strategy"] for r in sel}):
-            pts = sorted((r for r in sel if r["strategy"] == s and not math.isnan(r["speedup"])),
-                         key=lambda r: r["workers"])
+        for s, pts in curves.items():
             if not pts:
                 continue
             color, marker = STYLE.get(s, ("black", "x"))
@@ -121,7 +166,8 @@ def plot_measured(path: str, rows: list[dict], models: list[str]) -> None:
             if pred:
                 ax.plot(*zip(*pred), color=color, ls="--", marker=marker, mfc="none", alpha=0.7,
                         label=f"{s} (model)")
-        ax.set_title(m)
+        missing = [s for s, pts in curves.items() if not pts]
+        ax.set_title(m + (f" ({', '.join(missing)}: no 1-worker baseline)" if missing else ""), fontsize=9)
         ax.set_xlabel("workers N")
         ax.set_ylabel("speedup = throughput(N) / throughput(1)")
         ax.set_xticks(ns)
@@ -129,7 +175,19 @@ def plot_measured(path: str, rows: list[dict], models: list[str]) -> None:
         ax.legend(fontsize=7, loc="best", framealpha=0.6)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    titles = [ax.get_title() for ax in axes[0]]
     plt.close(fig)
+    return titles
+
+
+def no_data(ax, title: str) -> None:
+    """A panel without data says why, in its title and in its middle, instead of drawing bare axes."""
+    import textwrap
+
+    ax.set_title(textwrap.fill(title, 48), fontsize=9)
+    ax.text(0.5, 0.5, "no data", ha="center", va="center", fontsize=14, color="0.5", transform=ax.transAxes)
+    ax.set_xticks([])
+    ax.set_yticks([])
 
 
 def plot_predicted(path: str, curves: dict, given_label: str) -> None:
@@ -180,6 +238,17 @@ def _fmt(v: float, spec: str = ".3g") -> str:
     return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
 
+def concept_engine(rows: list[dict], models: list[str]) -> list[str]:
+    """Per model and worker count > 1: the concept x engine table (:mod:`..engines`)."""
+    out = []
+    for m in models:
+        for n in sorted({r["workers"] for r in rows if r["model"] == m and r["workers"] > 1}):
+            speed = {r["strategy"]: r["samples_per_sec_mean"] for r in rows
+                     if r["model"] == m and r["workers"] == n and r["repeats"]}
+            out += engines.markdown(f"{m}, N={n}, concept x engine", speed, engines.SCALING, fmt=".1f")
+    return (["## Concept or implementation?", ""] + out) if out else []
+
+
 def report_markdown(res: dict[str, Any]) -> str:
     cfg, rows = res["config"], res["rows"]
     L = [f"# Scaling: ring allreduce vs parameter server ({res['started']})", "",
@@ -219,6 +288,7 @@ def report_markdown(res: dict[str, Any]) -> str:
                      f"{_fmt(r['comm_wait_ms_mean'], '.2f')} | {_fmt(r['predicted_samples_per_sec'], '.1f')} | "
                      f"{_fmt(r['prediction_error_pct'], '+.0f')}{'' if math.isnan(r['prediction_error_pct']) else ' %'} |")
         L.append("")
+    L += concept_engine(rows, res["models"])
     L += ["![measured speedup](scaling.png)", ""]
     if res["notes"]:
         L += ["## Skipped or failed", ""] + [f"- {n}" for n in res["notes"]] + [""]
@@ -257,10 +327,53 @@ def report_markdown(res: dict[str, Any]) -> str:
     L += ["## Files", "",
           "- `results.csv`, `results.json`: every figure above, with min/max and each repeat's throughput;",
           "- `commbench/commbench.md`: the calibration run, the exchange alone (when it ran);",
-          "- `runs/<model>/<strategy>-n<N>-r<k>/`: each job's TensorBoard run and metrics.json; `logs/`: its output;",
-          "- `summary/`: speedup, efficiency and samples/s against the worker count (TensorBoard step = N), "
-          "strategies overlaid in the Custom Scalars tab:", "",
-          f"      .venv/bin/tensorboard --logdir {res['out_dir']} --host 127.0.0.1 --port 6006", ""]
+          "- `tensorboard/`: the comparison, one TensorBoard run per strategy (and `predicted-<strategy>`), "
+          "speedup, efficiency and samples/s against the worker count (step = N), one Custom Scalars chart "
+          "per figure with one line per strategy:", "",
+          f"      make tensorboard RUN={res['out_dir']}/tensorboard", "",
+          "- `hparams/`: one HParams session per job (strategy, placement, mode, engine, workers, model, link "
+          "rate; samples/s, step ms, efficiency):", "",
+          f"      make tensorboard RUN={res['out_dir']}/hparams", "",
+          "- `jobs/<model>/<strategy>-n<N>-r<k>/`: each job's own TensorBoard run and metrics.json; `logs/`: "
+          "its output;",
+          f"- redraw this report, the plots and TensorBoard from `results.json`: "
+          f"`python -m allreduce_train.experiments.scaling.report {res['out_dir']}`.", ""]
     return "\n".join(L)
 
 
+def write_outputs(res: dict[str, Any]) -> None:
+    """Everything a grid writes from its results (results.json aside): csv, TensorBoard, plots, report."""
+    out = res["out_dir"]
+    write_csv(os.path.join(out, "results.csv"), res["rows"])
+    write_tensorboard(out, res)
+    plot_measured(os.path.join(out, "scaling.png"), res["rows"], res["models"])
+    if res["curves"]:
+        plot_predicted(os.path.join(out, "predicted.png"), res["curves"], res["given_network"]["label"])
+    with open(os.path.join(out, "report.md"), "w") as fh:
+        fh.write(report_markdown(res))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m allreduce_train.experiments.scaling.report OUT``: redraw a grid's outputs from its results.json."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m allreduce_train.experiments.scaling.report",
+                                description="Redraw report.md, the plots, results.csv and TensorBoard "
+                                            "(tensorboard/, hparams/) of a scaling grid from its results.json.")
+    p.add_argument("out", help="the grid's output directory (holds results.json)")
+    args = p.parse_args(argv)
+    path = os.path.join(args.out, "results.json")
+    try:
+        with open(path) as fh:
+            res = json.load(fh)
+    except (OSError, ValueError) as e:
+        print(f"report: error: cannot read {path} ({e}); give the output directory of a scaling grid", file=sys.stderr)
+        return 2
+    res["out_dir"] = args.out
+    write_outputs(res)
+    print(f"-> {args.out}/report.md, scaling.png, {tblog.COMPARISON_DIR}/, {tblog.HPARAMS_DIR}/", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

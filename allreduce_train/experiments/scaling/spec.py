@@ -28,6 +28,9 @@ def variants(ps_servers: int = 1) -> dict[str, Variant]:
     k = str(ps_servers)
     return {v.name: v for v in (
         Variant("allreduce", "allreduce", (), 0, costmodel.ALLREDUCE, "horovod", "Horovod ring allreduce"),
+        # the same concept on the PS's machinery: separates the concept from the implementation
+        Variant("allreduce-mpi", "allreduce", ("--allreduce-engine", "mpi"), 0, costmodel.ALLREDUCE, "mpi-ring",
+                "ring allreduce on mpi4py messages from gradient hooks (--allreduce-engine mpi)"),
         Variant("ps-dedicated", "ps", ("--ps-placement", "dedicated", "--ps-servers", k), ps_servers,
                 costmodel.PS_DEDICATED, "ps-dedicated", f"parameter server, {k} dedicated server process(es)"),
         Variant("ps-colocated", "ps", ("--ps-placement", "colocated"), 0, costmodel.PS_COLOCATED,
@@ -74,6 +77,7 @@ class GridConfig:
     horovod_fusion_mb: float = -1.0
     extra: list[str] = field(default_factory=list)
     job_timeout: float = 900.0
+    link_rate: str = ""  # the emulated cluster's link rate (scaling-netns), "" on this host
 
     def plan(self, model: str) -> Plan:
         p = PLANS.get(model, FALLBACK_PLAN)

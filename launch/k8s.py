@@ -1,0 +1,441 @@
+"""Render a Kubeflow ``MPIJob`` (mpi-operator, ``kubeflow.org/v2beta1``) that runs the trainer.
+
+    python -m launch k8s --name lenet --workers 2 --image registry.example/allreduce-train:cpu -- --epochs 2
+    python -m launch k8s --workers 4 --gpus 1 --runs-pvc runs --tensorboard -- --model resnet18 > job.yaml
+    kubectl apply -f job.yaml
+
+The manifest goes to stdout (or ``--output``). The launcher pod runs exactly the line that
+``python -m launch`` would run for the same ranks (:func:`launch.mpirun.build_command`), printed at
+the top of the manifest; mpi-operator writes the hostfile and points Open MPI at it, so the line
+names no hosts. Workers run sshd (the launcher's mpirun reaches them through it) as the image's
+non-root user. ``deploy/helm/allreduce-train`` renders the same job from helm values.
+
+Preemption: Kubernetes sends SIGTERM to every container of a pod it evicts and SIGKILL after
+``terminationGracePeriodSeconds``. The entrypoints in deploy/ turn SIGTERM into the trainer's
+"checkpoint and exit 75" signal (SIGUSR1: to mpirun in the launcher, which Open MPI forwards to
+every rank; to the ranks directly in a worker), and ``--resume auto`` continues the run when the
+launcher is restarted. The grace period must cover one step plus writing a checkpoint.
+
+Like the rest of ``launch``, this module uses the standard library only; YAML is written by the
+small emitter below (strings that are not plainly safe are written as JSON strings, which YAML
+reads as double-quoted scalars).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import sys
+from dataclasses import dataclass, field
+
+from .mpirun import TRAINER, LaunchSpec, build_command
+
+# Fixed by the image (deploy/Dockerfile); the chart's values.yaml carries the same defaults.
+APP_DIR = "/opt/allreduce_train"
+PYTHON = f"{APP_DIR}/.venv/bin/python"
+IMAGE_PATH = f"{APP_DIR}/.venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+RUNS_DIR = f"{APP_DIR}/runs"  # the trainer's default --run-dir "runs", relative to the working directory
+USER_ID = 1000  # mpiuser: sshd, mpirun and the ranks never run as root
+SSH_DIR = "/home/mpiuser/.ssh"  # where mpi-operator mounts the job's ssh keys (sshAuthMountPath)
+SSH_PORT = 2222  # a non-root sshd cannot bind 22
+TENSORBOARD_PORT = 6006
+GPU_RESOURCE = "nvidia.com/gpu"
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+APP = "allreduce-train"
+
+DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")  # RFC 1035, what pod hostnames must be
+QUANTITY = re.compile(r"^([0-9]+(\.[0-9]+)?|\.[0-9]+)(m|[KMGTPE]i?|[kMGTPE])?$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+CLEAN_POD_POLICIES = ("None", "Running", "All")
+
+
+@dataclass
+class K8sSpec:
+    """One MPIJob: the launcher's options plus what Kubernetes needs to place the pods."""
+
+    name: str = "allreduce-train"
+    namespace: str = ""
+    image: str = "allreduce-train:cpu"
+    image_pull_policy: str = "IfNotPresent"
+    workers: int = 2
+    slots_per_worker: int = 1
+    cpu: str = "2"  # per worker: requests = limits, so that ranks get whole cores
+    memory: str = "4Gi"
+    gpus: int = 0  # per worker
+    mca: list[tuple[str, str]] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # set in every pod; HOROVOD_*/NCCL_* reach the ranks with -x
+    trainer_args: list[str] = field(default_factory=list)
+    resume: bool = True  # --name <job> --resume auto: a restarted launcher continues the run
+    runs_pvc: str = ""  # claim mounted at RUNS_DIR in the workers (and TensorBoard)
+    runs_pvc_size: str = ""  # also render that claim (ReadWriteMany) with this size
+    storage_class: str = ""
+    tensorboard: bool = False
+    grace_seconds: int = 120
+    backoff_limit: int = 3
+    clean_pod_policy: str = "Running"
+
+    @property
+    def np(self) -> int:
+        return self.workers * self.slots_per_worker
+
+    def validate(self) -> None:
+        """Raise ValueError naming the option to fix (the messages mention the CLI flags)."""
+        if self.workers < 1:
+            raise ValueError(f"--workers must be >= 1 (got {self.workers})")
+        if self.slots_per_worker < 1:
+            raise ValueError(f"--slots-per-worker must be >= 1 (got {self.slots_per_worker})")
+        if self.gpus < 0:
+            raise ValueError(f"--gpus must be >= 0 (got {self.gpus})")
+        # mpi-operator names worker pods <name>-worker-<i>, and pod hostnames are DNS labels
+        last = f"{self.name}-worker-{self.workers - 1}"
+        if not DNS_LABEL.match(self.name) or len(last) > 63:
+            raise ValueError(f"--name {self.name!r}: must be lowercase letters, digits and '-', start with a letter, "
+                             f"and keep the pod name {last!r} within 63 characters")
+        if self.namespace and (not DNS_LABEL.match(self.namespace) or len(self.namespace) > 63):
+            raise ValueError(f"--namespace {self.namespace!r}: must be a DNS label (lowercase letters, digits, '-')")
+        if not self.image or any(c.isspace() for c in self.image):
+            raise ValueError(f"--image {self.image!r}: give an image reference without spaces")
+        for flag, value in (("--cpu", self.cpu), ("--memory", self.memory), ("--runs-pvc-size", self.runs_pvc_size)):
+            if value and not QUANTITY.match(value):
+                raise ValueError(f"{flag} {value!r}: not a Kubernetes quantity (e.g. 2, 500m, 4Gi)")
+        for name in self.env:
+            if not ENV_NAME.match(name):
+                raise ValueError(f"--env {name!r}: variable names are letters, digits and '_'")
+        if self.runs_pvc and not DNS_LABEL.match(self.runs_pvc):
+            raise ValueError(f"--runs-pvc {self.runs_pvc!r}: must be a DNS label (lowercase letters, digits, '-')")
+        if self.runs_pvc_size and not self.runs_pvc:
+            raise ValueError("--runs-pvc-size needs --runs-pvc NAME (the claim to create)")
+        if self.tensorboard and not self.runs_pvc:
+            raise ValueError("--tensorboard needs --runs-pvc: TensorBoard reads the runs the workers write to that volume")
+        if self.grace_seconds < 1:
+            raise ValueError(f"--grace-period must be >= 1 second (got {self.grace_seconds})")
+        if self.backoff_limit < 0:
+            raise ValueError(f"--backoff-limit must be >= 0 (got {self.backoff_limit})")
+        if self.clean_pod_policy not in CLEAN_POD_POLICIES:
+            raise ValueError(f"--clean-pod-policy {self.clean_pod_policy!r}: choose one of {', '.join(CLEAN_POD_POLICIES)}")
+
+
+def launcher_env(spec: K8sSpec) -> dict[str, str]:
+    """The launcher container's environment: what mpirun forwards to the ranks is chosen from it."""
+    # HWLOC_COMPONENTS: see launch.mpirun.no_gl_probe; set here so the pod never probes X displays
+    return {"HWLOC_COMPONENTS": "-gl", **spec.env}
+
+
+def rank_args(spec: K8sSpec) -> list[str]:
+    # a fixed run name, so that a restarted launcher finds the run (and its checkpoint) again;
+    # the user's own arguments come after and win
+    head = ["--name", spec.name, "--resume", "auto"] if spec.resume else []
+    return [*head, *spec.trainer_args]
+
+
+def mpirun_command(spec: K8sSpec) -> list[str]:
+    """The launcher's command: ``python -m launch``'s line for the same ranks, as the image's user."""
+    launch = LaunchSpec(np=spec.np, mca=list(spec.mca), module=TRAINER, trainer_args=rank_args(spec), python=PYTHON)
+    return build_command(launch, environ={"PATH": IMAGE_PATH, **launcher_env(spec)}, is_root=False)
+
+
+def _labels(spec: K8sSpec, component: str) -> dict[str, str]:
+    return {LABEL_NAME: APP, LABEL_INSTANCE: spec.name, LABEL_COMPONENT: component}
+
+
+def _metadata(spec: K8sSpec, name: str, component: str) -> dict:
+    meta: dict = {"name": name}
+    if spec.namespace:
+        meta["namespace"] = spec.namespace
+    meta["labels"] = _labels(spec, component)
+    return meta
+
+
+def _env_list(env: dict[str, str]) -> list[dict[str, str]]:
+    return [{"name": k, "value": v} for k, v in env.items()]
+
+
+def _pod_security() -> dict:
+    # fsGroup: the runs volume becomes writable by the image's user
+    return {"runAsUser": USER_ID, "runAsGroup": USER_ID, "runAsNonRoot": True, "fsGroup": USER_ID}
+
+
+def _runs_volume(spec: K8sSpec) -> dict:
+    return {"name": "runs", "persistentVolumeClaim": {"claimName": spec.runs_pvc}}
+
+
+def launcher_pod(spec: K8sSpec) -> dict:
+    cmd = mpirun_command(spec)
+    container = {
+        "name": "launcher",
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "workingDir": APP_DIR,  # mpirun starts the ranks in the same directory: runs/ is the volume
+        "command": [f"{APP_DIR}/deploy/launcher-entrypoint.sh"],
+        "args": cmd,
+        "env": _env_list(launcher_env(spec)),
+        "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+    }
+    return {
+        "metadata": {"labels": _labels(spec, "launcher")},
+        "spec": {
+            "terminationGracePeriodSeconds": spec.grace_seconds,
+            "securityContext": _pod_security(),
+            "containers": [container],
+        },
+    }
+
+
+def worker_pod(spec: K8sSpec) -> dict:
+    resources = {"cpu": spec.cpu, "memory": spec.memory}
+    if spec.gpus:
+        resources[GPU_RESOURCE] = str(spec.gpus)
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]  # Open MPI's shared memory between slots of a pod
+    volumes: list[dict] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+    if spec.runs_pvc:
+        mounts.append({"name": "runs", "mountPath": RUNS_DIR})
+        volumes.append(_runs_volume(spec))
+    container = {
+        "name": "worker",
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "workingDir": APP_DIR,
+        "command": [f"{APP_DIR}/deploy/worker-entrypoint.sh"],
+        "env": _env_list({"SSHD_PORT": str(SSH_PORT), **spec.env}),
+        "ports": [{"name": "ssh", "containerPort": SSH_PORT}],
+        # the launcher is created once every worker's sshd accepts connections
+        "readinessProbe": {"tcpSocket": {"port": SSH_PORT}, "periodSeconds": 2},
+        "resources": {"requests": dict(resources), "limits": dict(resources)},
+        "volumeMounts": mounts,
+    }
+    return {
+        "metadata": {"labels": _labels(spec, "worker")},
+        "spec": {
+            "terminationGracePeriodSeconds": spec.grace_seconds,
+            "securityContext": _pod_security(),
+            "containers": [container],
+            "volumes": volumes,
+        },
+    }
+
+
+def mpijob(spec: K8sSpec) -> dict:
+    return {
+        "apiVersion": "kubeflow.org/v2beta1",
+        "kind": "MPIJob",
+        "metadata": _metadata(spec, spec.name, "job"),
+        "spec": {
+            "slotsPerWorker": spec.slots_per_worker,
+            "runPolicy": {"cleanPodPolicy": spec.clean_pod_policy, "backoffLimit": spec.backoff_limit},
+            "mpiImplementation": "OpenMPI",
+            "launcherCreationPolicy": "WaitForWorkersReady",
+            "sshAuthMountPath": SSH_DIR,
+            "mpiReplicaSpecs": {
+                # OnFailure: a launcher that exits 75 (preempted) is restarted and resumes, up to backoffLimit
+                "Launcher": {"replicas": 1, "restartPolicy": "OnFailure", "template": launcher_pod(spec)},
+                "Worker": {"replicas": spec.workers, "restartPolicy": "OnFailure", "template": worker_pod(spec)},
+            },
+        },
+    }
+
+
+def runs_claim(spec: K8sSpec) -> dict:
+    claim: dict = {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": spec.runs_pvc_size}}}
+    if spec.storage_class:
+        claim["storageClassName"] = spec.storage_class
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": _metadata(spec, spec.runs_pvc, "runs"), "spec": claim}
+
+
+def tensorboard(spec: K8sSpec) -> list[dict]:
+    """A TensorBoard Deployment reading the runs volume, and a ClusterIP Service in front of it.
+
+    TensorBoard listens on the pod's interfaces (0.0.0.0), the one deliberate exception to the
+    project's loopback rule: a Service can reach nothing else. The Service is ClusterIP only;
+    reach it with ``kubectl port-forward``, which binds 127.0.0.1 on your machine.
+    """
+    name = f"{spec.name}-tensorboard"
+    labels = _labels(spec, "tensorboard")
+    container = {
+        "name": "tensorboard",
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": [f"{APP_DIR}/.venv/bin/tensorboard", "--logdir", RUNS_DIR, "--host", "0.0.0.0",
+                    "--port", str(TENSORBOARD_PORT)],
+        "ports": [{"name": "http", "containerPort": TENSORBOARD_PORT}],
+        "resources": {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+        "volumeMounts": [{"name": "runs", "mountPath": RUNS_DIR, "readOnly": True}],
+    }
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(spec, name, "tensorboard"),
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"securityContext": _pod_security(), "containers": [container], "volumes": [_runs_volume(spec)]},
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(spec, name, "tensorboard"),
+        "spec": {"type": "ClusterIP", "selector": labels,
+                 "ports": [{"name": "http", "port": TENSORBOARD_PORT, "targetPort": "http"}]},
+    }
+    return [deployment, service]
+
+
+def manifests(spec: K8sSpec) -> list[dict]:
+    """Every object of the job, in the order to apply them."""
+    spec.validate()
+    docs = [runs_claim(spec)] if spec.runs_pvc_size else []
+    docs.append(mpijob(spec))
+    if spec.tensorboard:
+        docs += tensorboard(spec)
+    return docs
+
+
+# -- YAML -----------------------------------------------------------------------------------
+
+# safe unquoted and never read as a number, bool or null: an optional "-"/"--" (flags), then a letter,
+# "_" or "/" first; ":" only inside (a ": " or a final ":" would start a mapping)
+PLAIN = re.compile(r"^-{0,2}[A-Za-z_/]([A-Za-z0-9_./:-]*[A-Za-z0-9_./-])?$")
+YAML_WORDS = {"y", "n", "yes", "no", "on", "off", "true", "false", "null", "~"}
+
+
+def _scalar(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if not isinstance(value, str):
+        raise TypeError(f"cannot write {type(value).__name__} as YAML")
+    if PLAIN.match(value) and value.lower() not in YAML_WORDS:
+        return value
+    return json.dumps(value)  # a JSON string is a valid double-quoted YAML scalar
+
+
+def _emit(value: object, indent: int, out: list[str]) -> None:
+    pad = " " * indent
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(item, (dict, list)) and item:
+                out.append(f"{pad}{_scalar(key)}:")
+                _emit(item, indent + 2 if isinstance(item, dict) else indent, out)
+            else:
+                out.append(f"{pad}{_scalar(key)}: {_inline(item)}")
+    else:
+        for item in value:  # type: ignore[union-attr]
+            if isinstance(item, (dict, list)) and item:
+                sub: list[str] = []
+                _emit(item, indent + 2, sub)
+                out.append(f"{pad}- {sub[0][indent + 2:]}")
+                out += sub[1:]
+            else:
+                out.append(f"{pad}- {_inline(item)}")
+
+
+def _inline(value: object) -> str:
+    if isinstance(value, dict):
+        return "{}"
+    if isinstance(value, list):
+        return "[]"
+    return _scalar(value)
+
+
+def to_yaml(docs: list[dict], header: list[str] = ()) -> str:
+    """YAML documents separated by ``---``, each ``header`` line first as a comment."""
+    out = [f"# {line}" for line in header]
+    for doc in docs:
+        out.append("---")
+        _emit(doc, 0, out)
+    return "\n".join(out) + "\n"
+
+
+# -- CLI ------------------------------------------------------------------------------------
+
+def make_parser() -> argparse.ArgumentParser:
+    d = K8sSpec()
+    p = argparse.ArgumentParser(
+        prog="python -m launch k8s",
+        description="Print a Kubeflow MPIJob (kubeflow.org/v2beta1) that runs the trainer; arguments after `--` "
+                    "go to the trainer. Apply it with `kubectl apply -f -`.",
+        epilog="example: python -m launch k8s --name lenet --workers 2 --image REGISTRY/allreduce-train:cpu "
+               "--runs-pvc runs --runs-pvc-size 10Gi --tensorboard -- --epochs 2 | kubectl apply -f -",
+    )
+    p.add_argument("--name", default=d.name, help=f"MPIJob name, also the run name under runs/ (default: {d.name})")
+    p.add_argument("--namespace", default="", help="namespace of every object (default: kubectl's current one)")
+    p.add_argument("--image", default=d.image, help=f"image built from deploy/Dockerfile (default: {d.image})")
+    p.add_argument("--image-pull-policy", default=d.image_pull_policy, choices=("IfNotPresent", "Always", "Never"))
+    p.add_argument("--workers", type=int, default=d.workers, help=f"worker pods (default: {d.workers})")
+    p.add_argument("--slots-per-worker", type=int, default=None,
+                   help="ranks per worker pod (default: --gpus when set, else 1); ranks = workers x slots")
+    p.add_argument("--cpu", default=d.cpu, help=f"CPU per worker pod, request = limit (default: {d.cpu})")
+    p.add_argument("--memory", default=d.memory, help=f"memory per worker pod, request = limit (default: {d.memory})")
+    p.add_argument("--gpus", type=int, default=0, help=f"{GPU_RESOURCE} per worker pod (default: 0; needs the GPU image)")
+    p.add_argument("--mca", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
+                   help="extra Open MPI parameter, e.g. --mca btl_tcp_if_include eth0 (repeatable)")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="environment variable for every pod (repeatable); HOROVOD_*/NCCL_* are forwarded to the ranks")
+    p.add_argument("--runs-pvc", default="", metavar="CLAIM",
+                   help="PersistentVolumeClaim for runs/ (logs, checkpoints); without one, runs stay in worker 0's pod")
+    p.add_argument("--runs-pvc-size", default="", metavar="SIZE",
+                   help="also create that claim (ReadWriteMany) with this size, e.g. 10Gi")
+    p.add_argument("--storage-class", default="", help="storage class of the created claim (default: the cluster's)")
+    p.add_argument("--tensorboard", action="store_true",
+                   help="add a TensorBoard Deployment and ClusterIP Service reading the runs volume")
+    p.add_argument("--grace-period", type=int, default=d.grace_seconds, metavar="SECONDS",
+                   help=f"terminationGracePeriodSeconds: time for one step + a checkpoint after SIGTERM (default: {d.grace_seconds})")
+    p.add_argument("--backoff-limit", type=int, default=d.backoff_limit,
+                   help=f"launcher restarts (each resumes from the checkpoint) before the job fails (default: {d.backoff_limit})")
+    p.add_argument("--clean-pod-policy", default=d.clean_pod_policy, help="None, Running or All (default: Running)")
+    p.add_argument("--no-resume", action="store_true", help="do not add `--name NAME --resume auto` to the trainer arguments")
+    p.add_argument("-o", "--output", default="", help="write the manifest to this file instead of stdout")
+    p.add_argument("trainer_args", nargs=argparse.REMAINDER, help="arguments for the trainer, after --")
+    return p
+
+
+def spec_from_args(args: argparse.Namespace) -> K8sSpec:
+    env = {}
+    for item in args.env:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--env {item!r}: write NAME=VALUE")
+        env[name] = value
+    trainer = args.trainer_args[1:] if args.trainer_args[:1] == ["--"] else args.trainer_args
+    return K8sSpec(name=args.name, namespace=args.namespace, image=args.image, image_pull_policy=args.image_pull_policy,
+                   workers=args.workers,
+                   slots_per_worker=max(args.gpus, 1) if args.slots_per_worker is None else args.slots_per_worker,
+                   cpu=args.cpu, memory=args.memory, gpus=args.gpus, mca=[tuple(kv) for kv in args.mca], env=env,
+                   trainer_args=trainer, resume=not args.no_resume, runs_pvc=args.runs_pvc,
+                   runs_pvc_size=args.runs_pvc_size, storage_class=args.storage_class, tensorboard=args.tensorboard,
+                   grace_seconds=args.grace_period, backoff_limit=args.backoff_limit,
+                   clean_pod_policy=args.clean_pod_policy)
+
+
+def render(spec: K8sSpec, argv: list[str]) -> str:
+    spec.validate()
+    header = ["Rendered by: python -m launch k8s " + shlex.join(argv),
+              f"The launcher runs ({spec.np} ranks: {spec.workers} workers x {spec.slots_per_worker} per worker):",
+              "+ " + shlex.join(mpirun_command(spec))]
+    return to_yaml(manifests(spec), header)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = make_parser().parse_args(argv)
+    try:
+        text = render(spec_from_args(args), argv)
+    except ValueError as e:
+        print(f"launch k8s: error: {e}", file=sys.stderr)
+        return 2
+    if args.output:
+        with open(args.output, "w") as fh:
+            fh.write(text)
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0

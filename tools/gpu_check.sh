@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# make gpu-check: the GPU check for a machine with one GPU, its own PyTorch (a CUDA build), CMake
+# and nvcc, no network and no MPI. Builds Horovod 0.28.1 from the sdist carried with the tree
+# (third_party/; Gloo controller + NCCL operations, only the GPU's own CUDA architecture), then
+# trains LeNet-5, ResNet-18 and the small LSTM for a fixed number of steps at one rank through the
+# trainer, a bare Horovod (NCCL) loop and a bare DDP (NCCL) loop, and prints one table. Sized for
+# a short lease: ~3 min of build on 16 cores, ~2 min of runs. Nothing is installed into that
+# Python: Horovod goes to .gpucheck/site (PYTHONPATH).
+#
+#   tools/gpu_check.sh [--dry-run] [gpucheck options, e.g. --steps 100 --models lenet5]
+#
+# --dry-run (make gpu-check DRY=1): on this CPU machine with the project's .venv: checks the carried
+# sdist and that every patch applies, prints the build it would run, then runs the same table on
+# the CPU (Horovod's CPU operations, DDP over gloo) with a few steps. Results also go to $OUT when
+# set (a device machine's output folder), else .gpucheck/. docs/gpu.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. tools/gpu_common.sh
+root=$PWD
+
+dry=0
+if [ "${1:-}" = "--dry-run" ]; then dry=1; shift; fi
+out=${OUT:-$root/.gpucheck}
+mkdir -p "$out" "$root/.gpucheck"
+t0=$SECONDS
+
+if [ $dry = 1 ]; then
+    PY=${PYTHON:-.venv/bin/python}
+    [ -x "$PY" ] || PY=$(command -v "$PY") || die "no $PY; run make install (or set PYTHON)"
+else
+    PY=${PYTHON:-python3}
+    PY=$(command -v "$PY") || die "no python3 on PATH (set PYTHON to the Python that has torch)"
+fi
+
+log "step 1/4: the machine"
+"$PY" -c 'import torch' 2>/dev/null || die "$PY cannot import torch; set PYTHON to the Python that has it"
+"$PY" -c 'import numpy' 2>/dev/null || die "$PY has no numpy (the data code needs it); install it or set PYTHON"
+log "python: $PY ($("$PY" -c 'import sys; print(sys.version.split()[0])')), torch $("$PY" -c 'import torch; print(torch.__version__)')"
+cuda_ver=$(torch_cuda_version "$PY")
+if [ $dry = 0 ]; then
+    [ -n "$cuda_ver" ] || die "torch is a CPU build; this check needs a CUDA build of torch (or run with --dry-run)"
+    "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' || \
+        die "torch (CUDA $cuda_ver) sees no GPU; check nvidia-smi and CUDA_VISIBLE_DEVICES (or run with --dry-run)"
+    log "GPU: $("$PY" -c 'import torch; p = torch.cuda.get_device_properties(0); print(f"{p.name}, sm_{p.major}{p.minor}, {torch.cuda.device_count()} visible")')"
+fi
+cuda_home=$(find_system_cuda)
+nccl=$(nccl_dir "$PY")
+cc=$(if [ $dry = 0 ]; then "$PY" -c 'import torch; p = torch.cuda.get_device_properties(0); print(f"{p.major}{p.minor}")'; else echo "$GPU_CC_LIST"; fi)
+log "nvcc: ${cuda_home:-none found} $( [ -n "$cuda_home" ] && "$cuda_home/bin/nvcc" --version | sed -n 's/.*\(release [0-9.]*\).*/(\1)/p')"
+log "cmake: $(command -v cmake >/dev/null && cmake --version | head -1 || echo none)"
+if [ -n "$nccl" ]; then log "NCCL: $(nccl_version "$nccl/include") from $nccl"
+else log "NCCL: no pip wheel; the build searches the CUDA toolkit and the system paths"; fi
+missing=()
+command -v cmake >/dev/null || missing+=(cmake)
+command -v g++ >/dev/null || missing+=(g++)
+[ -n "$cuda_home" ] || missing+=("nvcc (set CUDA_HOME)")
+"$PY" -m pip --version >/dev/null 2>&1 || missing+=("pip in $PY")
+"$PY" -c 'import setuptools' 2>/dev/null || missing+=("setuptools in $PY")
+if [ ${#missing[@]} -gt 0 ]; then
+    [ $dry = 1 ] && log "missing for the real run here: ${missing[*]}" || die "missing: ${missing[*]}"
+fi
+
+# Horovod imports cloudpickle and packaging (pure Python); the tree carries both wheels for a
+# Python that lacks them.
+deps=""
+for mod in cloudpickle packaging; do
+    if ! "$PY" -c "import $mod" 2>/dev/null; then
+        whl=$(ls "$root"/third_party/"$mod"-*-py3-none-any.whl 2>/dev/null | head -1)
+        [ -n "$whl" ] || die "$PY has no $mod and third_party/ has no $mod wheel"
+        deps="$deps:$whl"
+        log "$mod: from $(basename "$whl") (not in $PY)"
+    fi
+done
+
+log "step 2/4: Horovod $HOROVOD_VERSION with NCCL operations, Gloo controller, no MPI, CUDA arch $cc"
+site=$root/.gpucheck/site
+build_horovod() {  # in a subshell: the build's variables never reach the runs
+    export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_WITHOUT_MPI=1 HOROVOD_BUILD_CUDA_CC_LIST=$cc
+    export HOROVOD_TARGET=$site ALLREDUCE_TRAIN_CACHE=$root/.gpucheck/cache MAKEFLAGS="-j$(nproc)"
+    if [ -n "$cuda_home" ]; then export HOROVOD_CUDA_HOME=$cuda_home PATH="$cuda_home/bin:$PATH"; fi
+    if [ -n "$nccl" ]; then
+        export HOROVOD_NCCL_INCLUDE=$nccl/include HOROVOD_NCCL_LINK=SHARED
+        HOROVOD_NCCL_LIB=$(nccl_link_dir "$nccl" "$root/.gpucheck/nccl")
+        export HOROVOD_NCCL_LIB
+    fi
+    if [ $dry = 0 ]; then
+        PY="$PY" tools/build_horovod.sh
+        return
+    fi
+    sdist=third_party/horovod-$HOROVOD_VERSION.tar.gz  # (a subshell: no locals needed)
+    work=$(mktemp -d)
+    trap 'rm -rf "$work"' EXIT
+    echo "92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f67ef0  $sdist" | sha256sum -c --quiet - || \
+        die "$sdist is not PyPI's sdist"
+    tar -xzf "$sdist" -C "$work"
+    shopt -s nullglob
+    for p in tools/patches/horovod-"$HOROVOD_VERSION"-*.patch tools/patches/gpu/horovod-"$HOROVOD_VERSION"-*.patch; do
+        (cd "$work/horovod-$HOROVOD_VERSION" && patch -p1 --forward --quiet < "$root/$p") || die "$p does not apply"
+        log "patch applies: $p"
+    done
+    log "dry run: the carried sdist is PyPI's; would run PY=$PY tools/build_horovod.sh with:"
+    env | grep -E '^HOROVOD_' | sort | sed 's/^/    /'
+}
+tb=$SECONDS
+(build_horovod)
+if [ $dry = 1 ]; then
+    export PYTHONPATH="$root${deps}${PYTHONPATH:+:$PYTHONPATH}"  # the CPU .venv's own Horovod
+else
+    log "Horovod built and installed in $((SECONDS - tb)) s"
+    export PYTHONPATH="$site:$root${deps}${PYTHONPATH:+:$PYTHONPATH}"
+fi
+
+log "step 3/4: import horovod.torch, and what it was built with"
+"$PY" - <<'PY'
+import horovod
+import horovod.torch as hvd
+print(f"    horovod {horovod.__version__} from {horovod.__path__[0]}: NCCL {bool(hvd.nccl_built())}, Gloo {hvd.gloo_built()}, MPI {hvd.mpi_built()}, "
+      f"CUDA {hvd.cuda_built()}")
+PY
+if [ $dry = 0 ]; then
+    "$PY" -c 'import horovod.torch as hvd, sys; sys.exit(0 if hvd.nccl_built() else 1)' || die "Horovod was built without NCCL"
+fi
+
+log "step 4/4: the runs (each prints what it does), then the table"
+device=cuda
+extra=()
+if [ $dry = 1 ]; then
+    device=cpu
+    extra=(--steps 2 --warmup-steps 1 --batch-size 4 --synthetic-samples 128)
+fi
+set +e
+"$PY" -m allreduce_train.experiments gpucheck --device $device "${extra[@]}" --out "$out/gpucheck.json" "$@" \
+    | tee "$out/gpucheck.txt"
+rc=${PIPESTATUS[0]}
+set -e
+log "gpu check $([ "$rc" = 0 ] && echo done || echo "FAILED (exit $rc)") in $((SECONDS - t0)) s; table in $out/gpucheck.txt"
+exit "$rc"

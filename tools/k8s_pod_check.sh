@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# The MPIJob's pod plumbing without a cluster (docs/kubernetes.md, "What was verified"): two network
+# namespaces stand in for the launcher pod and one worker pod, joined by a veth pair. As a non-root
+# user (uid 1000, like the image's mpiuser), the worker runs deploy/worker-entrypoint.sh with a real
+# sshd configured as deploy/sshd_config; the launcher runs deploy/launcher-entrypoint.sh with the
+# mpirun line `python -m launch k8s` renders, and Open MPI reads a hostfile and ssh options from the
+# environment, as mpi-operator sets them. After the ranks have trained a few steps it sends SIGTERM
+# to the launcher entrypoint, as Kubernetes does to a pod it stops, and reports how the job ended.
+#
+#   sudo SSHD=/path/to/sshd [STOP=worker] tools/k8s_pod_check.sh [trainer arguments]
+#
+# STOP=worker sends the SIGTERM to the worker pod's entrypoint instead (a worker pod evicted alone).
+#
+# Needs root (namespaces), iproute2, setpriv, ssh-keygen and an sshd binary (Debian's openssh-server;
+# `apt-get download openssh-server && dpkg -x` is enough, no service is installed or started).
+# Everything it creates is removed on exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+: "${SSHD:?set SSHD to an sshd binary}"
+PY=${PY:-$PWD/.venv/bin/python}
+RUNAS=${RUNAS:-1000}
+L=k8scheck-launcher W=k8scheck-worker0
+WORKER_IP=10.250.0.2
+
+work=$(mktemp -d /tmp/k8s_pod_check.XXXXXX)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    sleep 1
+    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+    ip netns del "$L" 2>/dev/null || true
+    ip netns del "$W" 2>/dev/null || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+ip netns add "$L"
+ip netns add "$W"
+ip link add k8scheck-l type veth peer name k8scheck-w
+ip link set k8scheck-l netns "$L"
+ip link set k8scheck-w netns "$W"
+ip -n "$L" addr add 10.250.0.1/30 dev k8scheck-l
+ip -n "$W" addr add "$WORKER_IP/30" dev k8scheck-w
+for ns in "$L" "$W"; do ip -n "$ns" link set lo up; done
+ip -n "$L" link set k8scheck-l up
+ip -n "$W" link set k8scheck-w up
+
+# the job's Secret as mpi-operator makes it: one key pair, the public key authorized, the private key
+# also the sshd host key (deploy/sshd_config)
+mkdir -p "$work/ssh" "$work/runs"
+ssh-keygen -q -t ecdsa -N "" -f "$work/ssh/id_rsa"
+cp "$work/ssh/id_rsa.pub" "$work/ssh/authorized_keys"
+cat >"$work/sshd_config" <<EOF
+Port 2222
+PidFile $work/sshd.pid
+HostKey $work/ssh/id_rsa
+StrictModes no
+AuthorizedKeysFile $work/ssh/authorized_keys
+ListenAddress $WORKER_IP
+EOF
+cat >"$work/ssh_config" <<EOF
+Host *
+    StrictHostKeyChecking no
+    UserKnownHostsFile /dev/null
+    Port 2222
+    IdentityFile $work/ssh/id_rsa
+    LogLevel ERROR
+EOF
+echo "$WORKER_IP slots=2" >"$work/hostfile"
+chown -R "$RUNAS" "$work"
+chmod 755 "$work"
+
+as_user() { local ns=$1; shift; exec ip netns exec "$ns" setpriv --reuid="$RUNAS" --regid="$RUNAS" --clear-groups -- "$@"; }
+
+(as_user "$W" env HOME="$work" SSHD="$SSHD" SSHD_CONFIG="$work/sshd_config" LD_LIBRARY_PATH="${SSHD_LIBS:-}" \
+    deploy/worker-entrypoint.sh) &
+worker=$!
+pids+=($worker)
+for _ in $(seq 50); do ip netns exec "$W" bash -c "exec 3<>/dev/tcp/$WORKER_IP/2222" 2>/dev/null && break; sleep 0.2; done
+
+# the launcher's line for 1 worker x 2 slots, with this checkout's Python in place of the image's
+mapfile -t cmd < <("$PY" - "$PY" "$@" <<'EOF'
+import sys
+from launch import k8s
+spec = k8s.K8sSpec(workers=1, slots_per_worker=2, resume=False,
+                   trainer_args=["--dataset", "synthetic", "--steps", "100000", "--log-every", "5", "--no-progress",
+                                 "--checkpoint-every", "20", *sys.argv[2:]])
+print("\n".join(sys.argv[1] if a == k8s.PYTHON else a for a in k8s.mpirun_command(spec)))
+EOF
+)
+echo "+ ${cmd[*]}"
+(as_user "$L" env HOME="$work" PATH="$PATH" HWLOC_COMPONENTS=-gl OMPI_MCA_orte_default_hostfile="$work/hostfile" \
+    OMPI_MCA_plm_rsh_args="-F $work/ssh_config" OMPI_MCA_orte_keep_fqdn_hostnames=true \
+    deploy/launcher-entrypoint.sh "${cmd[@]}" --run-dir "$work/runs" --name check >"$work/launcher.log" 2>&1) &
+launcher=$!
+pids+=($launcher)
+
+# trained and checkpointed at least once (--checkpoint-every 20)
+for _ in $(seq 600); do
+    [ -e "$work/runs/check/checkpoint.pt" ] || ! kill -0 "$launcher" 2>/dev/null && break
+    sleep 0.5
+done
+if kill -0 "$launcher" 2>/dev/null; then
+    if [ "${STOP:-launcher}" = worker ]; then
+        echo "ranks are training on the worker; SIGTERM to the worker entrypoint"
+        kill -TERM "$worker"
+    else
+        echo "ranks are training on the worker; SIGTERM to the launcher entrypoint"
+        kill -TERM "$launcher"
+    fi
+else
+    echo "the launcher ended before a checkpoint was written"
+fi
+status=0
+wait "$launcher" || status=$?
+echo "--- launcher output (last 15 lines)"
+tail -n 15 "$work/launcher.log"
+echo "--- launcher exit status: $status"
+ls -l "$work/runs/check" 2>/dev/null | sed 's/^/    /' || true
