@@ -122,6 +122,13 @@ class ExchangeConfig:
 
     strategy: str = _f("allreduce", "gradient exchange: ring allreduce (Horovod) or parameter servers (ps)",
                        STRATEGIES)
+    allreduce_engine: str = _f("horovod", "allreduce: horovod, or mpi = a ring of mpi4py messages from gradient hooks, "
+                                          "the PS's machinery (docs/engines.md)", ("horovod", "mpi"))
+    mpi_bucket_bytes: int = _f(1 << 20, "allreduce-engine mpi: gradients reduced together, started as soon as "
+                                        "backward has produced them")
+    mpi_algorithm: str = _f("ring", "allreduce-engine mpi: ring = reduce-scatter + allgather of Isend/Irecv; "
+                                    "iallreduce = MPI_Iallreduce per bucket (Open MPI's algorithm)",
+                            ("ring", "iallreduce"))
     compression: str = _f("none", "gradient compression on the wire (allreduce)", ("none", "fp16"))
     backward_passes_per_step: int = _f(1, "local gradient accumulation steps per exchange (allreduce)")
     reduce_op: str = _f("average", "allreduce reduction", ("average", "adasum"))
@@ -143,6 +150,7 @@ class ExchangeConfig:
         _check_choices(self)
         _check(self.backward_passes_per_step >= 1, "backward_passes_per_step", "must be >= 1", self.backward_passes_per_step)
         _check(self.ps_servers >= 0, "ps_servers", "must be >= 0", self.ps_servers)
+        _check(self.mpi_bucket_bytes >= 4, "mpi_bucket_bytes", "must be >= 4 (one float32)", self.mpi_bucket_bytes)
         _check(self.ps_bucket_bytes >= 4, "ps_bucket_bytes", "must be >= 4 (one float32)", self.ps_bucket_bytes)
         _check(self.ps_split_bytes >= 4, "ps_split_bytes", "must be >= 4 (one float32)", self.ps_split_bytes)
         _check(self.ps_timeout > 0, "ps_timeout", "must be > 0", self.ps_timeout)

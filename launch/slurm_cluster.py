@@ -387,7 +387,7 @@ def down(state_dir: Path = STATE_DIR, log=print, state: dict | None = None) -> l
     names = node_namespaces()
     if names:
         try:
-            netns.remove(names)
+            netns.remove(names, grace=2.0)  # a job being torn down need not finish its step
         except netns.ClusterError as e:
             raise SlurmClusterError(str(e).split("; retry")[0] + f"; retry with: {sys.executable} -m launch.slurm_cluster down") from e
         removed += names

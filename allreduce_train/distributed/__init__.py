@@ -19,6 +19,10 @@ __all__ = ["STRATEGIES", "create_exchange"]
 
 def create_exchange(cfg: "Config") -> "GradientExchange":
     """Initialise the communication backend of ``cfg.exchange.strategy`` and return the exchange."""
+    if cfg.exchange.strategy == "allreduce" and cfg.exchange.allreduce_engine == "mpi":
+        from .ring import MPIRingAllreduce
+
+        return MPIRingAllreduce(cfg)
     if cfg.exchange.strategy == "allreduce":
         from .horovod import HorovodAllreduce
 

@@ -158,6 +158,7 @@ class HorovodAllreduce(GradientExchange):
 
     def describe(self) -> dict[str, Any]:
         return {
+            "allreduce_engine": "horovod",
             "compression": self.cfg.compression,
             "backward_passes_per_step": self.cfg.backward_passes_per_step,
             "reduce_op": self.cfg.reduce_op,

@@ -74,7 +74,7 @@ class Browser:
                 raise BrowserError(f"Chromium did not answer within {self.timeout:g} s")
             chunk = os.read(self._out_r, 1 << 20)
             if not chunk:
-                raise BrowserError(f"Chromium exited (code {self.proc.poll()})")
+                raise BrowserError(f"Chromium exited (code {self.proc.poll()}): {self.log_tail()}")
             self._buf += chunk
         msg, _, self._buf = self._buf.partition(b"\0")
         return json.loads(msg)
@@ -102,6 +102,10 @@ class Browser:
         self.session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True},
                                  session=False)["sessionId"]
         self.send("Page.enable")
+        self.resize(width, height)
+
+    def resize(self, width: int, height: int) -> None:
+        """The page's viewport (a page that scrolls inside itself shows no more than this)."""
         self.send("Emulation.setDeviceMetricsOverride",
                   {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
 
@@ -137,17 +141,29 @@ class Browser:
         with open(path, "wb") as fh:
             fh.write(data)
 
-    def close(self) -> None:
+    def log_tail(self, chars: int = 300) -> str:
+        """The end of Chromium's own output (why it exited)."""
         try:
-            os.close(self._cmd_w)  # Chromium exits when its command pipe closes
+            with open(self._log.name, "rb") as fh:
+                return fh.read()[-chars:].decode(errors="replace").strip() or "no output"
         except OSError:
-            pass
+            return "no output"
+
+    def close(self) -> None:
+        """End the browser (it exits when its command pipe closes) and remove its profile; idempotent."""
+        if self.proc.returncode is not None and self._log.closed:
+            return
+        for fd in (self._cmd_w, self._out_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        os.close(self._out_r)
+        self._log.close()
         shutil.rmtree(self.profile, ignore_errors=True)
 
     def __enter__(self) -> "Browser":

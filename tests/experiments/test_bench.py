@@ -53,8 +53,9 @@ def test_every_implementation_computes_the_same_averaged_gradient(tmp_path, mode
     """Equal work: for the same inputs each implementation's averaged gradient is the gradient of
     the union batch in one process; without the exchange a rank's own gradient is far from it."""
     grads = {}
-    impls = (("horovod", []), ("ddp", []), ("trainer", []), ("trainer-gloo", ["--horovod-backend", "gloo"]))
-    for impl, extra in impls if model_name == "lenet5" else impls[:3]:
+    impls = (("horovod", []), ("ddp", []), ("trainer", []), ("trainer-mpi", ["--allreduce-engine", "mpi"]),
+             ("trainer-gloo", ["--horovod-backend", "gloo"]))
+    for impl, extra in impls if model_name == "lenet5" else impls[:4]:
         check(launch(2, ["--impl", impl.split("-")[0], "--model", model_name, *extra, "--port", str(free_port()),
                          "--dump-grads", str(tmp_path / f"{impl}-{{rank}}.pt")], module="allreduce_train.experiments.bench.rank"))
         r0 = torch.load(tmp_path / f"{impl}-0.pt", weights_only=True)
@@ -95,7 +96,7 @@ def test_bench_times_a_language_model_and_variants(tmp_path):
 
 
 def test_variant_parsing():
-    known = ["trainer", "horovod", "ddp", "trainer-ps"]
+    known = ["trainer", "horovod", "ddp", "trainer-mpi", "trainer-ps"]
     v = parse_variant("fp16=trainer HOROVOD_CYCLE_TIME=1 OMPI_MCA_mpi_yield_when_idle=0 --compression fp16", known)
     assert (v.name, v.base) == ("fp16", "trainer")
     assert v.env == {"HOROVOD_CYCLE_TIME": "1", "OMPI_MCA_mpi_yield_when_idle": "0"}

@@ -11,7 +11,7 @@ import pytest
 from helpers import ROOT, check
 from allreduce_train.experiments.commbench.main import expected_sum, parse_size, rank_input, shard_bounds, timeline_phases
 
-IMPLS = ("mpi", "ps-colocated", "horovod", "horovod-fp16", "ps-dedicated")
+IMPLS = ("mpi", "mpi-ring", "ps-colocated", "horovod", "horovod-fp16", "ps-dedicated")
 
 
 def test_parse_size_and_shards():
@@ -87,4 +87,4 @@ def test_bad_input_one_error_line(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "commbench: error: --impls: unknown implementation 'nccl'; choose from: "
-        "mpi, ps-colocated, horovod, horovod-fp16, ps-dedicated"]
+        "mpi, mpi-ring, ps-colocated, horovod, horovod-fp16, ps-dedicated"]

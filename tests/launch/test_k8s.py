@@ -285,7 +285,7 @@ def test_worker_entrypoint_asks_its_ranks_to_checkpoint_before_sshd_stops(tmp_pa
 # -- the helm chart -------------------------------------------------------------------------------
 
 CHART = ROOT / "deploy" / "helm" / "allreduce-train"
-ALLREDUCE = ["--model", "lenet5", "--dataset", "fashion-mnist", "--epochs", "2", "--strategy", "allreduce"]
+ALLREDUCE = ["--model", "lenet5", "--epochs", "2", "--strategy", "allreduce"]
 
 
 def test_chart_default_render_is_the_job_launch_k8s_renders():
@@ -331,8 +331,12 @@ def test_chart_colocated_ps_and_no_resume():
     worker = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
     assert worker["resources"]["limits"]["cpu"] == "4"
     args = launcher_container(job)["args"]
-    assert args[args.index("train") + 1:] == ["--model", "lenet5", "--dataset", "fashion-mnist", "--epochs", "2",
+    assert args[args.index("train") + 1:] == ["--model", "lenet5", "--epochs", "2",
                                               "--strategy", "ps", "--ps-placement", "colocated", "--ps-mode", "sync"]
+    # the model's own defaults where dataset and epochs are left out
+    job = docs_of(render_chart(CHART, "lm", {"model": "ptb-lstm-small", "epochs": 0}))[0]
+    args = launcher_container(job)["args"]
+    assert "--dataset" not in args and "--epochs" not in args
 
 
 @pytest.mark.parametrize("values, message", [

@@ -121,7 +121,7 @@ def trainer_grads(args: argparse.Namespace) -> tuple[dict[str, torch.Tensor], in
     cfg = Config(model=ModelConfig(args.model),
                  data=DataConfig(dataset="synthetic", batch_size=args.batch_size,
                                  synthetic_samples=args.synthetic_samples),
-                 exchange=ExchangeConfig(horovod_backend=args.horovod_backend),
+                 exchange=ExchangeConfig(horovod_backend=args.horovod_backend, allreduce_engine=args.allreduce_engine),
                  train=TrainConfig(seed=args.seed, threads=args.threads, device="cpu"),
                  run=RunConfig(tensorboard=False, progress=False))
     ex = create_exchange(cfg)
@@ -184,6 +184,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--synthetic-samples", type=int, default=6400)
     p.add_argument("--horovod-backend", default="mpi", choices=("mpi", "gloo"), help="the trainer's (--impl trainer)")
+    p.add_argument("--allreduce-engine", default="horovod", choices=("horovod", "mpi"), help="the trainer's (--impl trainer)")
     p.add_argument("--port", type=int, default=0, help="rendezvous port on 127.0.0.1 (ddp)")
     p.add_argument("--result", default="", help="rank 0 writes the throughput here as JSON")
     p.add_argument("--dump-grads", default="", help="take one step, save the averaged gradients to this file "

@@ -27,7 +27,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .. import tblog
+from .. import engines, tblog
 from ..jobs import TRAINER, local_launcher, loadavg, read_json, run
 
 RANK_MODULE = "allreduce_train.experiments.bench.rank"  # the bare loops, on every rank
@@ -35,6 +35,12 @@ RANK_MODULE = "allreduce_train.experiments.bench.rank"  # the bare loops, on eve
 DEFAULT_STEPS = {"lenet5": 400, "resnet18": 12, "ptb-lstm-small": 60, "ptb-lstm-medium": 12}
 DEFAULT_WARMUP = {"lenet5": 30, "resnet18": 3, "ptb-lstm-small": 5, "ptb-lstm-medium": 2}
 BASELINES = ("horovod", "ddp")
+# Implementations of the trainer besides "trainer" (ring allreduce, Horovod): their trainer flags.
+TRAINER_IMPLS = {
+    "trainer-mpi": ["--strategy", "allreduce", "--allreduce-engine", "mpi"],  # the ring on mpi4py messages
+    # every rank trains, as with allreduce: the same number of workers computing
+    "trainer-ps": ["--strategy", "ps", "--ps-placement", "colocated"],
+}
 # The optimizer every implementation runs, so that the update costs the same everywhere (the
 # trainer would otherwise take a model's recipe, e.g. the LSTM's clipping and no momentum).
 SAME_OPTIMIZER = ["--momentum", "0.9", "--weight-decay", "0", "--grad-clip", "0"]
@@ -112,10 +118,8 @@ def parse_variant(text: str, known: list[str]) -> Override:
 
 
 def default_impls() -> list[str]:
-    from allreduce_train.distributed import STRATEGIES
-
-    # "trainer" is the allreduce strategy; other strategies (the parameter server) by their name
-    return ["trainer", *BASELINES, *(f"trainer-{s}" for s in STRATEGIES if s != "allreduce")]
+    # "trainer" is the allreduce strategy on Horovod; the other engine and strategies by their name
+    return ["trainer", *BASELINES, *TRAINER_IMPLS]
 
 
 def free_port() -> int:
@@ -132,11 +136,9 @@ def job_args(impl: str, model: str, spec: BenchSpec, result: str, run_dir: str, 
     variant = spec.variant(impl)
     impl = variant.base
     if impl.startswith("trainer"):
-        strategy = impl.partition("-")[2] or "allreduce"
-        # every rank trains, as with allreduce: the same number of workers computing
-        placement = ["--ps-placement", "colocated"] if strategy == "ps" else []
+        exchange = TRAINER_IMPLS.get(impl, ["--strategy", "allreduce"])
         never = str(warmup + steps + 1)  # evaluation and checkpoints only after the last timed step
-        return TRAINER, [*common, "--dataset", "synthetic", "--strategy", strategy, *placement,
+        return TRAINER, [*common, "--dataset", "synthetic", *exchange,
                          "--steps", str(warmup + steps), "--perf-warmup-steps", str(warmup),
                          "--eval-every", never, "--checkpoint-every", never,
                          *SAME_OPTIMIZER, "--run-dir", run_dir, "--name", name, "--no-progress", *variant.args]
@@ -261,6 +263,16 @@ def table(rows: list[dict[str, Any]], impls: list[str]) -> str:
     return "\n".join(lines)
 
 
+def concept_engine(rows: list[dict[str, Any]]) -> str:
+    """Below the table: per model and rank count > 1, the concept x engine split (:mod:`..engines`)."""
+    lines: list[str] = []
+    for r in rows:
+        if r["np"] > 1:
+            lines += engines.markdown(f"{r['model']}, {r['np']} ranks, concept x engine",
+                                      {i: s["median"] for i, s in r["impls"].items()}, engines.BENCH)
+    return "\n\n" + "\n".join(lines).rstrip() if lines else ""
+
+
 BENCH_FIGURES = ("perf/samples_per_sec", "scaling/speedup", "scaling/efficiency", "perf/trainer_over")
 
 
@@ -285,12 +297,12 @@ def write_tensorboard(out: str, rows: list[dict[str, Any]], jobs: list[dict[str,
     sessions = []
     for j in jobs:
         v = spec.variant(j["impl"])
-        # the baselines (bare Horovod loop, DDP) are ring allreduce too
-        strategy = (v.base.partition("-")[2] if v.base.startswith("trainer") else "") or "allreduce"
-        engine = {"horovod": "horovod", "ddp": "torch-ddp"}.get(v.base, "mpi4py" if strategy == "ps" else "horovod")
-        hp = {"impl": j["impl"], "base": v.base, "model": j["model"], "workers": j["np"], "strategy": strategy,
-              "engine": tblog.flag_value(v.args, "--allreduce-engine", engine),
-              "settings": " ".join([*(f"{k}={x}" for k, x in v.env.items()), *v.args]) or "-"}
+        # the baselines (a bare Horovod loop, DDP) are ring allreduce too
+        concept, engine = engines.BENCH.get(v.base, (engines.RING, {"ddp": "torch DDP"}.get(v.base, engines.HOROVOD)))
+        if "--allreduce-engine" in v.args:  # a variant that switches the engine
+            engine = engines.MPI4PY if tblog.flag_value(v.args, "--allreduce-engine", "") == "mpi" else engines.HOROVOD
+        hp = {"impl": j["impl"], "base": v.base, "model": j["model"], "workers": j["np"], "concept": concept,
+              "engine": engine, "settings": " ".join([*(f"{k}={x}" for k, x in v.env.items()), *v.args]) or "-"}
         ms = {}
         if "samples_per_sec" in j:
             base = one.get((j["model"], j["impl"]))
@@ -320,7 +332,7 @@ def run_bench(spec: BenchSpec) -> int:
                     print(f"{model} np{np} round {rep + 1}/{spec.repeats} {impl:>10}: {fig} "
                           f"(load {j['loadavg_before'][:1]})", file=sys.stderr, flush=True)
     rows = summarise(jobs, spec, impls)
-    text = table(rows, impls)
+    text = table(rows, impls) + concept_engine(rows)
     report = {"spec": asdict(spec), "impls": impls, "started": started, "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
               "command": [os.path.basename(sys.executable), "-m", "allreduce_train.experiments", *sys.argv[1:]],
               "cores": os.cpu_count(), "rows": rows, "jobs": jobs, "table": text}
@@ -380,8 +392,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def add_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("--models", default="lenet5", help="comma-separated models (default: lenet5)")
     b.add_argument("--np", default="1,2", help="comma-separated rank counts (default: 1,2)")
-    b.add_argument("--impls", default="", help="comma-separated subset of: trainer, horovod, ddp, "
-                                              "trainer-<strategy> (default: all)")
+    b.add_argument("--impls", default="", help=f"comma-separated subset of: {', '.join(default_impls())} "
+                                              "(default: all)")
     b.add_argument("--repeats", type=int, default=4, help="rounds of alternating jobs (default: 4)")
     b.add_argument("--steps", type=int, default=0,
                    help=f"timed steps per job (default per model: {DEFAULT_STEPS}, else 50)")

@@ -17,6 +17,8 @@ Implementations (all sum S bytes of float32 over N workers):
     horovod        hvd.allreduce_async_ per tensor + synchronize, as DistributedOptimizer does
     horovod-fp16   the same with Horovod's fp16 compression (half the bytes on the wire)
     mpi            one MPI_Allreduce of the flat buffer (mpi4py): the floor for an allreduce
+    mpi-ring       the trainer's second allreduce engine (``--allreduce-engine mpi``) on the
+                   workload's tensors: its buckets, each a ring of Isend/Irecv (mpi4py)
     ps-colocated   every rank serves 1/N of the buffer: push shards to their owners, owners sum,
                    pull the sums back (point-to-point, mpi4py)
     ps-dedicated   K extra server ranks (the first K, as in the ps strategy) each own 1/K of the
@@ -49,8 +51,9 @@ import numpy as np
 from .. import costmodel
 from ..jobs import Launcher, local_launcher
 
-IMPLS = ("mpi", "ps-colocated", "horovod", "horovod-fp16", "ps-dedicated")
-KIND = {"mpi": costmodel.ALLREDUCE, "horovod": costmodel.ALLREDUCE, "horovod-fp16": costmodel.ALLREDUCE,
+IMPLS = ("mpi", "mpi-ring", "ps-colocated", "horovod", "horovod-fp16", "ps-dedicated")
+KIND = {"mpi": costmodel.ALLREDUCE, "mpi-ring": costmodel.ALLREDUCE, "horovod": costmodel.ALLREDUCE,
+        "horovod-fp16": costmodel.ALLREDUCE,
         "ps-colocated": costmodel.PS_COLOCATED, "ps-dedicated": costmodel.PS_DEDICATED}
 RANK_IMPLS = tuple(i for i in IMPLS if i != "ps-dedicated")
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M,256M"
@@ -171,6 +174,33 @@ def mpi_allreduce(comm, src: np.ndarray) -> Callable[[np.ndarray], None]:
 
     def exchange(dst):
         comm.Allreduce(src, dst, op=MPI.SUM)  # communication
+    return exchange
+
+
+def mpi_ring(src: np.ndarray, shapes, total: bool, bucket_bytes: int) -> Callable[[np.ndarray], None]:
+    """The mpi engine's exchange as the trainer runs it, all buckets started at once (as the
+    Horovod row enqueues every tensor before it waits)."""
+    import torch
+
+    from allreduce_train.config import Config, ExchangeConfig
+    from allreduce_train.distributed.ring import MPIRingAllreduce
+
+    cfg = Config(exchange=ExchangeConfig(allreduce_engine="mpi", mpi_bucket_bytes=bucket_bytes))
+    ex = MPIRingAllreduce(cfg, average=not total)  # communication: its own communicator
+    flat = torch.from_numpy(src.copy())
+    params, off = [], 0
+    for s in shapes:
+        n = int(np.prod(s))
+        p = torch.nn.Parameter(torch.zeros(s))
+        p.grad = flat[off:off + n].view(s)  # the exchange writes the result back into .grad: into flat
+        params.append(p)
+        off += n
+    ex.attach(params)
+
+    def exchange(dst):
+        flat.copy_(torch.from_numpy(src))
+        ex.synchronize()  # communication: every bucket's ring
+        np.copyto(dst, flat.numpy())
     return exchange
 
 
@@ -302,6 +332,8 @@ def run_rank(args: argparse.Namespace) -> int:
             src = rank_input(worker_index, w.n_elems) if is_worker else None
             if impl == "mpi":
                 make = lambda op: mpi_allreduce(comm, src)  # noqa: E731
+            elif impl == "mpi-ring":
+                make = lambda op: mpi_ring(src, w.shapes, op == "sum", args.mpi_bucket_bytes)  # noqa: E731
             elif impl == "ps-colocated":
                 make = lambda op: ps_colocated(comm, src)  # noqa: E731
             elif impl == "ps-dedicated":
@@ -310,12 +342,12 @@ def run_rank(args: argparse.Namespace) -> int:
                 make = lambda op: horovod_allreduce(hvd, src, w.shapes, impl == "horovod-fp16", op)  # noqa: E731
             dst = np.empty(w.n_elems, dtype=np.float32) if is_worker else None
             # 1) correctness: one summing exchange of the fresh input
-            make(hvd.Sum if hvd else None)(dst)
+            make(hvd.Sum if hvd else "sum")(dst)
             max_err = float(np.abs(dst - expected_sum(workers, w.n_elems)).max()) if is_worker else 0.0
             if args.dump_dir and is_worker:
                 np.save(os.path.join(args.dump_dir, f"{impl}-{w.name}-worker{worker_index}.npy"), dst)
             # 2) timing; Horovod averages as in training (in-place sums would grow without bound)
-            times = _time(make(hvd.Average if hvd else None), dst, args.warmup, args.iters, args.budget, comm)
+            times = _time(make(hvd.Average if hvd else "average"), dst, args.warmup, args.iters, args.budget, comm)
             everyone = comm.gather((times, max_err) if is_worker else None, root=0)  # communication
             if comm.rank == 0:
                 per_iter = [max(col) for col in zip(*(t for t, _ in filter(None, everyone)))]
@@ -481,7 +513,7 @@ def run_front(args: argparse.Namespace, launcher: Launcher = local_launcher) -> 
         models = args.models if job.models is None else job.models
         rank_args = ["--impls", job.impls, "--sizes", job.sizes or args.sizes, "--models", models, "--out", part,
                      "--iters", str(args.iters), "--budget", str(args.budget), "--warmup", str(args.warmup),
-                     *job.extra]
+                     "--mpi-bucket-bytes", str(args.mpi_bucket_bytes), *job.extra]
         if args.dump_dir:
             rank_args += ["--dump-dir", args.dump_dir]
         print(f"[{job.label}] {job.np} ranks: {job.impls} {' '.join(f'{k}={v}' for k, v in job.env.items())}",
@@ -570,6 +602,8 @@ def _shared_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds of timed exchanges per implementation and workload when --iters is 0 (default: 0.5)")
     p.add_argument("--warmup", type=int, default=3, help="untimed iterations first (default: 3)")
     p.add_argument("--dump-dir", default="", help="every worker saves each result array here (tests)")
+    p.add_argument("--mpi-bucket-bytes", type=int, default=1 << 20,
+                   help="mpi-ring: the trainer's --mpi-bucket-bytes (default: its default, 1 MB)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -25,11 +25,12 @@ import json
 import os
 import re
 import shlex
+import statistics
 import sys
 import time
 from typing import Any
 
-from .. import costmodel, tblog
+from .. import costmodel, engines, tblog
 from . import grid as scaling
 from . import report as grid_report
 
@@ -89,12 +90,17 @@ def traffic(log_path: str) -> dict[str, list[int]]:
     return {h: [int(tx), int(rx)] for h, tx, rx in TRAFFIC_RE.findall(line)}
 
 
-def compare(rate: str, res: dict[str, Any], cfg: scaling.GridConfig) -> list[dict[str, Any]]:
-    """One row per job of the grid: what was measured and what the cost model says for ``rate``."""
+def link_network(rate: str) -> costmodel.Network:
+    """The cost model's network for emulated links of ``rate``: no latency is added, B = rate / 8."""
     from launch.netns import parse_rate
 
     bits = parse_rate(rate)
-    net = costmodel.Network(alpha=0.0, bandwidth=bits / 8 if bits else float("inf"))
+    return costmodel.Network(alpha=0.0, bandwidth=bits / 8 if bits else float("inf"))
+
+
+def compare(rate: str, res: dict[str, Any], cfg: scaling.GridConfig) -> list[dict[str, Any]]:
+    """One row per job of the grid: what was measured and what the cost model says for ``rate``."""
+    net = link_network(rate)
     kinds = {v.name: v.kind for v in scaling.variants(cfg.ps_servers).values()}
     rows = []
     for job in res["jobs"]:
@@ -173,7 +179,18 @@ def markdown(report: dict[str, Any]) -> str:
             out.append(f"| {name} | {ranks} | {r['step_ms']:.1f} | {r['wait_ms']:.1f} | {r['compute_ms']:.1f} | "
                        f"{r['pred_exchange_ms']:.1f} | {r['pred_step_ms']:.1f} | "
                        f"{r['step_ms'] / r['pred_step_ms']:.2f} | {link} | {r['model_bytes_per_step'] / 1e6:.2f} |")
-        out += ["", f"The grid's own report for this rate: [{rate}/report.md]({rate}/report.md).", ""]
+        out.append("")
+        for m, n in dict.fromkeys((r["model"], r["workers"]) for r in report["rows"]
+                                  if r["rate"] == rate and r["workers"] > 1):
+            # 1 / step time: the same workers and batch in these jobs, so its ratios are throughput's
+            steps: dict[str, list[float]] = {}
+            for r in report["rows"]:
+                if (r["rate"], r["model"], r["workers"]) == (rate, m, n) and r["ok"]:
+                    steps.setdefault(r["strategy"], []).append(r["step_ms"])
+            speed = {s: 1e3 / statistics.median(v) for s, v in steps.items()}
+            out += engines.markdown(f"{m}, {n} hosts at {rate}, concept x engine", speed, engines.SCALING,
+                                    "steps/s", ".2f")
+        out += [f"The grid's own report for this rate: [{rate}/report.md]({rate}/report.md).", ""]
     return "\n".join(out)
 
 
@@ -198,7 +215,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"== {rate} per link: {args.hosts} emulated workers", flush=True)
         # The launcher stops an overdue job itself (and removes its cluster) a minute before the
         # grid would kill the launcher, which would leave the namespaces behind.
-        res = scaling.run(cfg, launcher=emulated_launcher(rate, timeout=cfg.job_timeout - 60))
+        res = scaling.run(cfg, launcher=emulated_launcher(rate, timeout=cfg.job_timeout - 60),
+                          network=(link_network(rate), f"the emulated links, {rate} per direction, no added latency"))
         all_ok &= all(j["ok"] for j in res["jobs"])
         rows += compare(rate, res, cfg)
         grids.append(res)

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from typing import Any
 
-from .. import tblog
+from .. import engines, tblog
 
 def _stats(values: list[float]) -> tuple[float, float, float, float]:
     """mean, sample standard deviation (0 for one value), min, max."""
@@ -130,7 +130,8 @@ def write_tensorboard(out: str, res: dict[str, Any], run_prefix: str = "") -> di
     return lay
 
 
-STYLE = {"allreduce": ("tab:blue", "o"), "ps-dedicated": ("tab:red", "s"), "ps-colocated": ("tab:green", "^")}
+STYLE = {"allreduce": ("tab:blue", "o"), "ps-dedicated": ("tab:red", "s"), "ps-colocated": ("tab:green", "^"),
+         "allreduce-mpi": ("tab:purple", "D")}
 
 
 def plot_measured(path: str, rows: list[dict], models: list[str]) -> list[str]:
@@ -238,6 +239,29 @@ def _fmt(v: float, spec: str = ".3g") -> str:
     return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
 
+def compute_sentence(res: dict[str, Any]) -> str:
+    """What compute per step the model used, per model, and where each figure came from."""
+    from .calibrate import COMPUTE_SOURCES
+
+    if not res["compute_s"]:
+        return "Compute per step: not known (no job of the grid succeeded), so nothing is predicted."
+    by_source: dict[str, list[str]] = {}
+    for m, c in res["compute_s"].items():
+        by_source.setdefault(res.get("compute_source", {}).get(m, "one-worker"), []).append(f"{m} {1e3 * c:.1f} ms")
+    return " ".join(f"Compute per step = {COMPUTE_SOURCES[src]}: {', '.join(figs)}." for src, figs in by_source.items())
+
+
+def concept_engine(rows: list[dict], models: list[str]) -> list[str]:
+    """Per model and worker count > 1: the concept x engine table (:mod:`..engines`)."""
+    out = []
+    for m in models:
+        for n in sorted({r["workers"] for r in rows if r["model"] == m and r["workers"] > 1}):
+            speed = {r["strategy"]: r["samples_per_sec_mean"] for r in rows
+                     if r["model"] == m and r["workers"] == n and r["repeats"]}
+            out += engines.markdown(f"{m}, N={n}, concept x engine", speed, engines.SCALING, fmt=".1f")
+    return (["## Concept or implementation?", ""] + out) if out else []
+
+
 def report_markdown(res: dict[str, Any]) -> str:
     cfg, rows = res["config"], res["rows"]
     L = [f"# Scaling: ring allreduce vs parameter server ({res['started']})", "",
@@ -277,6 +301,7 @@ def report_markdown(res: dict[str, Any]) -> str:
                      f"{_fmt(r['comm_wait_ms_mean'], '.2f')} | {_fmt(r['predicted_samples_per_sec'], '.1f')} | "
                      f"{_fmt(r['prediction_error_pct'], '+.0f')}{'' if math.isnan(r['prediction_error_pct']) else ' %'} |")
         L.append("")
+    L += concept_engine(rows, res["models"])
     L += ["![measured speedup](scaling.png)", ""]
     if res["notes"]:
         L += ["## Skipped or failed", ""] + [f"- {n}" for n in res["notes"]] + [""]
@@ -286,15 +311,18 @@ def report_markdown(res: dict[str, Any]) -> str:
           "- ring allreduce: 2(N-1) alpha + 2(N-1)/N S/B",
           "- PS, K dedicated servers: 2 max(K, N) alpha + 2 max(S/B, N S/(K B)) (push + pull)",
           "- PS colocated: 2(N-1) alpha + 2(N-1)/N S/B", "",
-          "Compute per step = the one-worker allreduce step minus its exchange wait: "
-          + ", ".join(f"{m} {1e3 * c:.1f} ms" for m, c in res["compute_s"].items()) + ".", ""]
-    if res["calibration"]:
+          compute_sentence(res), ""]
+    if res["calibration"] and res["calibration_source"]:
         L += [f"Calibrated from `{res['calibration_source']}` (least squares on relative error over the size sweep):",
               "", "| strategy | from commbench | N | alpha us | B GB/s |", "|---|---|---:|---:|---:|"]
         for s, c in res["calibration"].items():
             L.append(f"| {s} | {c['impl']} | {c['workers']} | {1e6 * c['alpha_s']:.1f} | "
                      f"{c['bandwidth_Bps'] / 1e9:.3f} |")
         L.append("")
+    elif res["calibration"]:  # a known network, not a fit
+        c = next(iter(res["calibration"].values()))
+        L += [f"Network: {c['impl']} (alpha {1e6 * c['alpha_s']:.1f} us, B {c['bandwidth_Bps'] / 1e6:.2f} MB/s per "
+              "link and direction), for every strategy: no calibration run needed.", ""]
     else:
         L += ["No calibration (commbench skipped or failed): the measured table has no model column.", ""]
     if res["curves"]:

@@ -28,6 +28,9 @@ def variants(ps_servers: int = 1) -> dict[str, Variant]:
     k = str(ps_servers)
     return {v.name: v for v in (
         Variant("allreduce", "allreduce", (), 0, costmodel.ALLREDUCE, "horovod", "Horovod ring allreduce"),
+        # the same concept on the PS's machinery: separates the concept from the implementation
+        Variant("allreduce-mpi", "allreduce", ("--allreduce-engine", "mpi"), 0, costmodel.ALLREDUCE, "mpi-ring",
+                "ring allreduce on mpi4py messages from gradient hooks (--allreduce-engine mpi)"),
         Variant("ps-dedicated", "ps", ("--ps-placement", "dedicated", "--ps-servers", k), ps_servers,
                 costmodel.PS_DEDICATED, "ps-dedicated", f"parameter server, {k} dedicated server process(es)"),
         Variant("ps-colocated", "ps", ("--ps-placement", "colocated"), 0, costmodel.PS_COLOCATED,

@@ -21,10 +21,14 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 - "--model"
 - {{ $v.model | quote }}
+{{- if $v.dataset }}
 - "--dataset"
 - {{ $v.dataset | quote }}
+{{- end }}
+{{- if $v.epochs }}
 - "--epochs"
 - {{ $v.epochs | quote }}
+{{- end }}
 {{- if eq $v.strategy "allreduce" }}
 - "--strategy"
 - "allreduce"

@@ -1,0 +1,326 @@
+"""Ring allreduce on mpi4py: the second allreduce engine (``--allreduce-engine mpi``).
+
+The same concept as :mod:`.horovod` on the parameter server's own machinery, so that a comparison
+of the two concepts can hold the implementation fixed: gradients are grouped into the PS's buckets
+(``--mpi-bucket-bytes``, reverse parameter order), a bucket leaves from a gradient hook as soon as
+backward has produced all of it, and is reduced by a ring of non-blocking point-to-point messages:
+
+* reduce-scatter: the bucket is cut into N chunks; in step t rank r sends chunk r-t to rank r+1
+  and adds chunk r-t-1 from rank r-1 to its own; after N-1 steps rank r holds chunk r+1 summed
+  over every rank;
+* allgather: N-1 more steps pass the summed chunks round the ring.
+
+Every rank sends and receives 2(N-1)/N of the bucket, the bandwidth-optimal figure of Patarasuk &
+Yuan that Horovod's (and Baidu's) ring reaches. ``--mpi-algorithm iallreduce`` hands each bucket
+to MPI_Iallreduce instead (Open MPI picks its own algorithm). The sum is divided by N (Horovod's
+Average); clipping stays in the trainer (after the exchange, on the averaged gradient) and
+``--compression fp16`` sends and sums float16, as Horovod's fp16 compression does.
+
+There is no background thread: messages advance whenever this rank's Python runs the exchange --
+in every gradient hook, and in :meth:`synchronize` until every bucket is done, which sleeps between
+tests like the PS (a spinning rank would take the core from the peer it waits for when ranks
+outnumber cores). Every wait has a deadline: no progress for the stall timeout raises, and the
+command line turns that into MPI_Abort of the job.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..config import Config
+from ..errors import ConfigError, UserError
+from .base import GradientExchange
+from .ps.exchange import MAX_BUCKETS, _import_mpi, poll
+from .ps.sharding import plan
+
+
+def check_config(cfg: Config) -> None:
+    """What ``--allreduce-engine mpi`` cannot do, checked before MPI starts (every rank fails alike)."""
+    x = cfg.exchange
+    if x.reduce_op != "average":
+        raise ConfigError("--reduce-op adasum is Horovod's; --allreduce-engine mpi averages "
+                          "(use --reduce-op average, or --allreduce-engine horovod)")
+    if x.compression == "fp16" and x.mpi_algorithm == "iallreduce":
+        raise ConfigError("--compression fp16 with --mpi-algorithm iallreduce: MPI has no float16 sum; "
+                          "use --mpi-algorithm ring (it sums float16 itself) or --compression none")
+
+
+def chunk_bounds(numel: int, n: int) -> list[int]:
+    """Offsets of the n ring chunks of a bucket: as equal as possible, empty ones when numel < n."""
+    return [numel * i // n for i in range(n + 1)]
+
+
+class _Bucket:
+    """One bucket's flat buffer and the state of its reduction (ring steps or one MPI request)."""
+
+    def __init__(self, index: int, members: list[int], sizes: list[int], dtype: torch.dtype, rank: int,
+                 size: int) -> None:
+        self.index, self.members = index, members
+        self.offsets = [0]
+        for p in members:
+            self.offsets.append(self.offsets[-1] + sizes[p])
+        self.flat = torch.zeros(self.offsets[-1], dtype=dtype)
+        self.arr = self.flat.numpy()  # the same memory, for MPI
+        self.cut = chunk_bounds(len(self.flat), size)
+        # Reduce-scatter step t receives rank r-1's partial sum of chunk r-t-1 into a scratch of its own.
+        self.scratch = [np.empty(self.chunk(rank - t - 1).nbytes, dtype=np.uint8) for t in range(size - 1)]
+        # Ring steps: 0 .. N-2 reduce-scatter, N-1 between the phases, N .. 2N-2 allgather, 2N-1 done.
+        # MPI_Iallreduce: 0 in flight, 1 done. -1: not started in this training step.
+        self.step = -1
+        self.recvs: list[Any] = []
+        self.sends: list[Any] = []
+        self.phase_sends: list[Any] = []
+
+    def chunk(self, c: int) -> np.ndarray:
+        """Chunk ``c`` (mod N) of the bucket, as raw bytes."""
+        c %= len(self.cut) - 1
+        return self.arr[self.cut[c]:self.cut[c + 1]].view(np.uint8)
+
+
+class MPIRingAllreduce(GradientExchange):
+    """``--strategy allreduce --allreduce-engine mpi``: see the module docstring."""
+
+    name = "allreduce"
+
+    def __init__(self, cfg: Config, average: bool = True) -> None:
+        """``average=False``: leave the sum (commbench checks it exactly on integer inputs)."""
+        check_config(cfg)
+        self.cfg = x = cfg.exchange
+        # As with Horovod: a rank waiting inside MPI yields its core (docs/performance.md).
+        os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+        self.MPI = MPI = _import_mpi()
+        world = self.world = MPI.COMM_WORLD
+        self.rank, self.size = world.Get_rank(), world.Get_size()
+        # communication: collectives over every rank, in the same order everywhere
+        node = world.Split_type(MPI.COMM_TYPE_SHARED)
+        self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
+        node.Free()
+        # Gradients on their own communicator: bucket indices are its tags, and nothing else
+        # (metrics, set-up objects) can match a gradient's receive.
+        self.comm = world.Dup()
+        self.timeout = x.ps_timeout
+        self.algorithm = x.mpi_algorithm
+        self.dtype = torch.float16 if x.compression == "fp16" else torch.float32
+        self.divisor = self.size if average else 1
+        self._hooks: list[Any] = []
+        self._buckets: list[_Bucket] = []
+        self._closed = False
+
+    # ------------------------------------------------------------ set-up
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"allreduce_engine": "mpi", "mpi_algorithm": self.algorithm,
+                               "mpi_bucket_bytes": self.cfg.mpi_bucket_bytes, "compression": self.cfg.compression,
+                               "backward_passes_per_step": self.cfg.backward_passes_per_step,
+                               "reduce_op": self.cfg.reduce_op}
+        if self._buckets:
+            out["mpi_buckets"] = len(self._buckets)
+        return out
+
+    def prepare(self, model, optimizer):
+        if self.size == 1:
+            return optimizer  # the average over one worker is its own gradient: nothing to send
+        # communication: rank 0's parameters, buffers and optimizer state (fresh, or from a checkpoint)
+        state = self.broadcast_object(
+            {"model": model.state_dict(), "optimizer": optimizer.state_dict()} if self.is_main else None)
+        if not self.is_main:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+        self.attach([p for p in model.parameters() if p.requires_grad])
+        return optimizer
+
+    def attach(self, params: list[torch.Tensor]) -> None:
+        """Bucket ``params`` and start each bucket's reduction from their gradient hooks (without
+        :meth:`prepare`'s broadcast: commbench exchanges tensors that are no model's)."""
+        if self.size == 1:
+            return
+        self.params = params
+        sizes = [p.numel() for p in params]
+        elem = torch.finfo(self.dtype).bits // 8
+        buckets = plan(sizes, 1, max(sizes), max(1, self.cfg.mpi_bucket_bytes // elem)).buckets
+        if len(buckets) > MAX_BUCKETS:
+            raise UserError(f"{len(buckets)} buckets are too many message tags; raise --mpi-bucket-bytes")
+        self._buckets = [_Bucket(b, members, sizes, self.dtype, self.rank, self.size)
+                         for b, members in enumerate(buckets)]
+        self._k = self.cfg.backward_passes_per_step
+        self._reset_step()
+        for bucket in self._buckets:
+            for p in bucket.members:
+                self._hooks.append(params[p].register_post_accumulate_grad_hook(
+                    lambda _p, b=bucket.index: self._grad_ready(b)))
+
+    # ------------------------------------------------------------ one step
+    def _reset_step(self) -> None:
+        self._missing = [len(b.members) * self._k for b in self._buckets]
+        self._next = 0  # buckets start in index order on every rank (MPI collectives must match)
+        for b in self._buckets:
+            b.step = -1
+
+    def _grad_ready(self, b: int) -> None:
+        self._missing[b] -= 1
+        while self._next < len(self._buckets) and self._missing[self._next] <= 0:
+            self._start(self._buckets[self._next])
+            self._next += 1
+        self._advance()  # move the buckets in flight on between layers of backward
+
+    def _start(self, bucket: _Bucket) -> None:
+        for p, lo, hi in zip(bucket.members, bucket.offsets, bucket.offsets[1:]):
+            g = self.params[p].grad
+            # A parameter that took no part in this step's loss sends zeros, as Horovod does.
+            if g is None:
+                bucket.flat[lo:hi].zero_()
+            else:
+                bucket.flat[lo:hi].copy_(g.reshape(-1))
+        bucket.step = 0
+        if self.algorithm == "iallreduce":
+            # communication: the whole bucket, summed by MPI's own algorithm
+            bucket.recvs = [self.comm.Iallreduce(self.MPI.IN_PLACE, bucket.arr, op=self.MPI.SUM)]
+            return
+        # communication: every reduce-scatter receive is posted now, before the first send, into
+        # its own scratch (the allgather's receives come later: they land in the bucket itself)
+        left, MPI = (self.rank - 1) % self.size, self.MPI
+        bucket.recvs = [self.comm.Irecv([buf, MPI.BYTE], source=left, tag=bucket.index) for buf in bucket.scratch]
+        bucket.sends = []
+        self._send(bucket, self.rank)
+
+    def _send(self, bucket: _Bucket, c: int) -> None:
+        # communication: chunk c to the right neighbour
+        bucket.sends.append(self.comm.Isend([bucket.chunk(c), self.MPI.BYTE], dest=(self.rank + 1) % self.size,
+                                            tag=bucket.index))
+
+    def _advance(self) -> bool:
+        """Move every bucket in flight as far as its messages allow; True if any moved."""
+        moved = False
+        for bucket in self._buckets[:self._next]:
+            if self.algorithm == "iallreduce":
+                if bucket.step == 0 and bucket.recvs[0].Test():
+                    bucket.step, moved = 1, True
+                continue
+            while not self._ring_done(bucket) and self._ring_step(bucket):
+                moved = True
+        return moved
+
+    def _ring_done(self, bucket: _Bucket) -> bool:
+        return bucket.step >= 2 * (self.size - 1) + 1
+
+    def _ring_step(self, bucket: _Bucket) -> bool:
+        """Complete ring step ``bucket.step`` if its receive has arrived; False if it has not."""
+        n, r, t = self.size, self.rank, bucket.step
+        if t < n - 1:  # reduce-scatter: add the left neighbour's partial sum of chunk r-t-1, pass it on
+            if not bucket.recvs[t].Test():
+                return False
+            c = (r - t - 1) % n
+            partial = torch.from_numpy(bucket.scratch[t].view(bucket.arr.dtype))
+            bucket.flat[bucket.cut[c]:bucket.cut[c + 1]].add_(partial)
+            bucket.step += 1
+            if t + 1 < n - 1:
+                self._send(bucket, c)
+                return True
+            # Chunk r+1 is summed. Before the allgather's receives may overwrite chunks, the
+            # reduce-scatter's sends of them must have left.
+            bucket.phase_sends, bucket.sends = bucket.sends, []
+            return True
+        if t == n - 1:  # between the phases
+            if not self.MPI.Request.Testall(bucket.phase_sends):
+                return False
+            # communication: the allgather's receives, straight into the bucket, then its first send
+            left = (r - 1) % n
+            bucket.recvs = []
+            for s in range(n - 1):
+                bucket.recvs.append(self.comm.Irecv([bucket.chunk(r - s), self.MPI.BYTE], source=left,
+                                                    tag=bucket.index))
+            self._send(bucket, (r + 1) % n)
+            bucket.step += 1
+            return True
+        s = t - n  # allgather step s: chunk r-s has arrived complete; pass it on unless it is the last
+        if not bucket.recvs[s].Test():
+            return False
+        bucket.step += 1
+        if s + 1 < n - 1:
+            self._send(bucket, (r - s) % n)
+        return True
+
+    def _bucket_done(self, bucket: _Bucket) -> bool:
+        if self.algorithm == "iallreduce":
+            return bucket.step == 1
+        return self._ring_done(bucket) and self.MPI.Request.Testall(bucket.sends)
+
+    def synchronize(self) -> None:
+        if not self._buckets:  # one worker: nothing to exchange
+            return
+        # A bucket whose gradients were not all produced (a parameter outside this step's loss)
+        # starts now, with zeros for what is missing.
+        while self._next < len(self._buckets):
+            self._start(self._buckets[self._next])
+            self._next += 1
+        # communication: wait for every bucket, advancing the rings
+        poll(lambda: all(self._bucket_done(b) for b in self._buckets), self.timeout,
+             "the ring allreduce of the gradients", self._advance)
+        with torch.no_grad():
+            for bucket in self._buckets:
+                avg = bucket.flat.float() if self.dtype != torch.float32 else bucket.flat
+                if self.divisor != 1:
+                    avg.div_(self.divisor)
+                for p, lo, hi in zip(bucket.members, bucket.offsets, bucket.offsets[1:]):
+                    param = self.params[p]
+                    if param.grad is None:
+                        param.grad = torch.zeros_like(param)
+                    param.grad.view(-1).copy_(avg[lo:hi])
+        self._reset_step()
+
+    def apply(self, optimizer) -> None:
+        optimizer.step()
+
+    # ------------------------------------------------------------ collectives for the trainer
+    def sum_over_workers(self, values: torch.Tensor) -> torch.Tensor:
+        if self.size == 1:
+            return values
+        arr = values.detach().cpu().numpy().copy()
+        # communication: non-blocking underneath, so that a stuck rank times out
+        poll(self.world.Iallreduce(self.MPI.IN_PLACE, arr, op=self.MPI.SUM).Test, self.timeout,
+             "the other workers (metrics)")
+        return torch.from_numpy(arr)
+
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
+        if self.size == 1:
+            return obj
+        mine = self.rank == root
+        data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy() if mine else None
+        size = np.array([data.size if mine else 0], dtype=np.int64)
+        poll(self.world.Ibcast(size, root=root).Test, self.timeout, "the other ranks")  # communication
+        buf = data if mine else np.empty(int(size[0]), dtype=np.uint8)
+        poll(self.world.Ibcast([buf, self.MPI.BYTE], root=root).Test, self.timeout, "the other ranks")  # communication
+        return obj if mine else pickle.loads(buf.tobytes())
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        if self.size == 1:
+            return [obj]
+        MPI = self.MPI
+        data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy()
+        sizes = np.zeros(self.size, dtype=np.int64)
+        # communication: the sizes, then the pickles
+        poll(self.world.Iallgather(np.array([data.size], dtype=np.int64), sizes).Test, self.timeout,
+             "every rank's set-up")
+        counts = [int(n) for n in sizes]
+        displs = [sum(counts[:i]) for i in range(len(counts))]
+        out = np.empty(sum(counts), dtype=np.uint8)
+        poll(self.world.Iallgatherv([data, MPI.BYTE], [out, (counts, displs), MPI.BYTE]).Test, self.timeout,
+             "every rank's set-up")
+        return [pickle.loads(out[d:d + n].tobytes()) for d, n in zip(displs, counts)]
+
+    # ------------------------------------------------------------ shutdown
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for h in self._hooks:
+            h.remove()
+
+    def abort(self, code: int) -> None:
+        if self.size > 1:
+            self.world.Abort(code)  # mpirun ends every rank: none waits for the one that failed
+        os._exit(code)

@@ -1,0 +1,67 @@
+"""Concept x engine: which part of a difference between ring allreduce and the parameter server is
+the concept's, and which the implementation's.
+
+Ring allreduce runs on two engines: Horovod (C++ background thread, negotiation cycle, MPI
+collectives) and the mpi engine (``--allreduce-engine mpi``: buckets sent from gradient hooks as
+mpi4py point-to-point messages, in this process's Python), which is the parameter server's own
+machinery. The colocated PS moves the same bytes per link and step as the ring (2(N-1)/N S each
+way), so on the same engine the ring/PS ratio is the concept's difference, and on the same
+concept the Horovod/mpi ratio is the implementation's; the Horovod ring against the PS, the
+comparison a reader sees first, is the product of the two.
+"""
+
+from __future__ import annotations
+
+HOROVOD, MPI4PY = "Horovod", "mpi4py"
+ENGINES = {HOROVOD: "Horovod (C++ background thread, MPI collectives)",
+           MPI4PY: "mpi4py (buckets from gradient hooks, point-to-point messages)"}
+RING, PS_COLOCATED, PS_DEDICATED = "ring allreduce", "PS colocated", "PS dedicated"
+
+# what each experiment calls its implementations -> (concept, engine)
+SCALING = {"allreduce": (RING, HOROVOD), "allreduce-mpi": (RING, MPI4PY),
+           "ps-colocated": (PS_COLOCATED, MPI4PY), "ps-dedicated": (PS_DEDICATED, MPI4PY)}
+BENCH = {"trainer": (RING, HOROVOD), "trainer-mpi": (RING, MPI4PY), "trainer-ps": (PS_COLOCATED, MPI4PY)}
+
+
+def cells(speed: dict[str, float], names: dict[str, tuple[str, str]]) -> dict[tuple[str, str], float]:
+    """{(concept, engine): figure} of the implementations that were measured."""
+    return {names[impl]: v for impl, v in speed.items() if impl in names and v and v > 0}
+
+
+def markdown(title: str, speed: dict[str, float], names: dict[str, tuple[str, str]], unit: str = "samples/s",
+             fmt: str = ".0f") -> list[str]:
+    """A concept x engine table of ``speed`` (higher is better) and the sentences that split the
+    Horovod-ring vs colocated-PS ratio into the concept's and the implementation's parts."""
+    c = cells(speed, names)
+    if not c:
+        return []
+    concepts = [k for k in (RING, PS_COLOCATED, PS_DEDICATED) if any(key[0] == k for key in c)]
+    engines = [e for e in (HOROVOD, MPI4PY) if any(key[1] == e for key in c)]
+    out = [f"{title} ({unit}):", "", "| concept \\ engine | " + " | ".join(ENGINES[e] for e in engines) + " |",
+           "|---|" + "---:|" * len(engines)]
+    for k in concepts:
+        out.append(f"| {k} | " + " | ".join(format(c[(k, e)], fmt) if (k, e) in c else "–" for e in engines) + " |")
+    out += ["", verdict(c), ""]
+    return out
+
+
+def verdict(c: dict[tuple[str, str], float]) -> str:
+    """The split of the difference, in words (ratios > 1: the first named is faster)."""
+    hr, mr, mp = c.get((RING, HOROVOD)), c.get((RING, MPI4PY)), c.get((PS_COLOCATED, MPI4PY))
+    said = []
+    if mr and mp:
+        said.append(f"Same engine (mpi4py), ring / colocated PS = {mr / mp:.2f}: the concept's difference "
+                    "(both move 2(N-1)/N of the gradient through every link per step; what remains is the "
+                    "ring's 2(N-1) sequential messages against the PS's parallel ones, and the PS's SGD on the "
+                    "servers).")
+    if hr and mr:
+        said.append(f"Same concept (ring), Horovod / mpi4py = {hr / mr:.2f}: the implementation's difference "
+                    "(Horovod's background thread, its negotiation cycle and fusion buffer against "
+                    "messages sent from this process's gradient hooks).")
+    if hr and mp and mr:
+        said.append(f"The Horovod ring / colocated PS = {hr / mp:.2f} is their product "
+                    f"({mr / mp:.2f} x {hr / mr:.2f}).")
+    elif hr and mp:
+        said.append(f"Horovod ring / colocated PS = {hr / mp:.2f}, concept and implementation together "
+                    "(the mpi engine was not measured, so they cannot be told apart).")
+    return " ".join(said) if said else "One concept or one engine only: nothing to separate."

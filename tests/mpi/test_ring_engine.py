@@ -1,0 +1,89 @@
+"""``--allreduce-engine mpi`` with real ranks under mpirun: the ring of mpi4py messages averages the
+same gradients as Horovod and as one process with the whole global batch, at even and odd world
+sizes, with buckets and ring chunks of uneven sizes (empty ones included)."""
+
+import json
+
+import pytest
+import torch
+
+from helpers import RANKS, ROOT, check, launch, load_params, rel_diff, run_single
+
+pytestmark = pytest.mark.mpi
+
+# No warm-up and no LR scaling: one process with the global batch runs the workers' schedule.
+# Momentum and weight decay on, so every step's gradient carries into the end parameters.
+QUICK = ["--dataset", "synthetic", "--synthetic-samples", "960", "--no-progress", "--log-every", "4",
+         "--batch-size", "8", "--steps", "12", "--warmup-steps", "0", "--no-scale-lr", "--lr", "0.05",
+         "--weight-decay", "1e-3"]
+# LeNet-5's ten tensors in buckets of at most 3,000 bytes: 9 buckets of 10 to 48,000 elements,
+# most of them not a multiple of 3 or 4, so the ring's chunks differ in size.
+MPI_ENGINE = ["--allreduce-engine", "mpi", "--mpi-bucket-bytes", "3000"]
+
+
+def run_args(tmp_path, name, *extra):
+    return ["--run-dir", str(tmp_path), "--name", name, "--dump-params", str(tmp_path / f"{name}-{{rank}}.pt"), *extra]
+
+
+def same_on_every_rank(tmp_path, name, np):
+    first = load_params(tmp_path / f"{name}-0.pt")
+    for r in range(1, np):
+        params = load_params(tmp_path / f"{name}-{r}.pt")
+        for k in first:
+            assert torch.equal(params[k], first[k]), f"{k} differs on rank {r}"
+    return first
+
+
+@pytest.mark.parametrize("np", [2, 3, 4])
+def test_mpi_engine_ends_where_horovod_and_one_process_end(tmp_path, np):
+    check(launch(np, QUICK + MPI_ENGINE + run_args(tmp_path, "mpi"), oversubscribe=True))
+    mine = same_on_every_rank(tmp_path, "mpi", np)  # bit-identical: every rank holds the same sums
+    check(launch(np, QUICK + run_args(tmp_path, "hvd"), oversubscribe=True))
+    assert rel_diff(mine, load_params(tmp_path / "hvd-0.pt")) <= 1e-5
+    check(run_single(QUICK + run_args(tmp_path, "one", "--batch-size", str(8 * np))))
+    single = load_params(tmp_path / "one-0.pt")
+    assert rel_diff(mine, single) <= 1e-5
+    m = json.loads((tmp_path / "mpi" / "metrics.json").read_text())
+    assert (m["strategy"], m["allreduce_engine"], m["mpi_algorithm"]) == ("allreduce", "mpi", "ring")
+    assert (m["workers"], m["global_batch"], m["mpi_buckets"]) == (np, 8 * np, 9)
+    if np == 2:  # the control: training moved the parameters far more than the tolerance above
+        check(run_single(QUICK + run_args(tmp_path, "short", "--batch-size", "16", "--steps", "1")))
+        assert rel_diff(load_params(tmp_path / "short-0.pt"), single) > 1e-2
+
+
+def test_resume_continues_exactly_with_rank_0s_optimizer_state(tmp_path):
+    """The momentum saved by rank 0 reaches every rank at the restart: a cut run ends where an
+    uncut one does, bit for bit."""
+    args = QUICK + MPI_ENGINE + ["--checkpoint-every", "5"]
+    check(launch(2, args + run_args(tmp_path, "full")))
+    check(launch(2, args + run_args(tmp_path, "cut", "--exit-after-steps", "5")))
+    assert torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)["optimizer"]["state"]
+    check(launch(2, args + run_args(tmp_path, "cut", "--resume", "auto")))
+    full = load_params(tmp_path / "full-1.pt")
+    resumed = same_on_every_rank(tmp_path, "cut", 2)
+    for k in full:
+        assert torch.equal(full[k], resumed[k]), k
+
+
+@pytest.mark.parametrize("np", [2, 3, 4])
+def test_every_rank_gets_the_average_of_every_ranks_gradient(np):
+    """The exchange alone on a model with tensors of 1, 2, 5 and 1000 elements (chunks of none,
+    one and many elements), buckets of 1 to 3 tensors, both algorithms, and fp16 on the wire: the
+    rank program compares each rank's result with the average of all ranks' raw gradients."""
+    proc = check(launch(np, ["--mpi-bucket-bytes", "24"], module="ring_rank", oversubscribe=True,
+                        env={"PYTHONPATH": f"{RANKS}:{ROOT}"}))
+    assert proc.stdout.count("ring_rank ok") == np, proc.stdout
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--reduce-op", "adasum"], "--reduce-op adasum"),
+    (["--compression", "fp16", "--mpi-algorithm", "iallreduce"], "--mpi-algorithm iallreduce"),
+    (["--mpi-bucket-bytes", "2"], "--mpi-bucket-bytes"),
+])
+def test_bad_config_one_line_nonzero_exit_no_hang(tmp_path, args, needle):
+    proc = launch(2, ["--allreduce-engine", "mpi", "--dataset", "synthetic", "--run-dir", str(tmp_path), *args],
+                  timeout=90)
+    assert proc.returncode != 0
+    ours = [ln for ln in proc.stderr.splitlines() if ln.startswith("allreduce_train: error")]
+    assert len(ours) == 1, proc.stderr
+    assert needle in ours[0]

@@ -1,0 +1,31 @@
+"""The mpi engine's pieces that need no MPI: ring chunks and the configurations it refuses."""
+
+import pytest
+
+from allreduce_train.distributed.ring import check_config, chunk_bounds
+from allreduce_train.errors import ConfigError
+
+from helpers import parse
+
+
+@pytest.mark.parametrize("numel, n", [(10, 3), (1000, 4), (2, 4), (0, 2), (7, 7)])
+def test_ring_chunks_cover_the_bucket_in_sizes_one_apart(numel, n):
+    cut = chunk_bounds(numel, n)
+    sizes = [hi - lo for lo, hi in zip(cut, cut[1:])]
+    assert cut[0] == 0 and cut[-1] == numel and len(sizes) == n
+    assert min(sizes) >= 0 and max(sizes) - min(sizes) <= 1
+
+
+def test_engine_flags_default_to_horovod_and_parse():
+    assert parse([]).exchange.allreduce_engine == "horovod"
+    x = parse(["--allreduce-engine", "mpi", "--mpi-algorithm", "iallreduce", "--mpi-bucket-bytes", "4096"]).exchange
+    assert (x.allreduce_engine, x.mpi_algorithm, x.mpi_bucket_bytes) == ("mpi", "iallreduce", 4096)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--reduce-op", "adasum"], "--reduce-op adasum"),
+    (["--compression", "fp16", "--mpi-algorithm", "iallreduce"], "--mpi-algorithm ring"),
+])
+def test_what_the_mpi_engine_refuses_is_named(argv, needle):
+    with pytest.raises(ConfigError, match=needle):
+        check_config(parse(["--allreduce-engine", "mpi", *argv]))
