@@ -109,8 +109,10 @@ def build_command(spec: LaunchSpec, environ: dict[str, str] | None = None, is_ro
     cmd += ["-bind-to", "none", "-map-by", "slot"]
     cmd += ["-mca", "pml", "ob1"]
     if cluster:
-        for key, value in cluster.mca():  # includes btl tcp,self
-            cmd += ["-mca", key, value]
+        mine = {key for key, _ in spec.mca}
+        for key, value in cluster.mca():  # includes btl tcp,self; a key the user gives is the user's
+            if key not in mine:
+                cmd += ["-mca", key, value]
     else:
         cmd += ["-mca", "btl", "^openib"]
     for key, value in spec.mca:
