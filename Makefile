@@ -8,7 +8,7 @@ NP      ?= 2
 ARGS    ?=
 INSTALL_INPUTS := pyproject.toml tools/install.sh tools/build_horovod.sh $(wildcard tools/patches/*.patch)
 
-.PHONY: install install-gpu check-gpu-build gpu-check train train-ptb test test-fast tensorboard tb-check clean help scaling commbench scaling-netns train-ps train-ps-colocated bench bench-tuning slurm-train
+.PHONY: install install-gpu check-gpu-build gpu-check train train-ptb test test-fast tensorboard tb-check clean help scaling commbench scaling-netns train-ps train-ps-colocated bench bench-tuning slurm-train time-to-accuracy commbench-netns
 
 help:
 	@echo "make install      Debian packages, .venv, torch (CPU), patched Horovod (cached wheel)"
@@ -28,6 +28,8 @@ help:
 	@echo "make tb-check     open a comparison (RUN=<grid dir>, else a small grid it runs) in headless Chromium and check it"
 	@echo "make scaling      allreduce vs PS grid, 1 and 2 workers -> runs/scaling/<time>/report.md (~20 min)"
 	@echo "make scaling-netns the grid on 1, 2 and 4 emulated hosts at 1gbit and 100mbit (root) -> runs/scaling-netns/<time>/report.md"
+	@echo "make commbench-netns the exchange alone on 2 and 4 emulated hosts at 1gbit and 100mbit vs the cost model (root)"
+	@echo "make time-to-accuracy wall time/steps/epochs to test accuracy 0.89 (LeNet-5) and a perplexity (LSTM) per method, 1/2/4 workers"
 	@echo "make commbench    gradient exchange alone: Horovod, raw MPI, PS, $(NP) workers -> runs/commbench/<time>/"
 	@echo "make clean        remove runs/ and caches (keeps .venv and the Horovod wheel cache)"
 
@@ -94,6 +96,14 @@ scaling: install
 
 scaling-netns: install
 	$(PY) -m allreduce_train.experiments scaling-netns $(ARGS)
+
+commbench-netns: install
+	$(PY) -m allreduce_train.experiments commbench-netns $(ARGS)
+
+# Ring vs PS sync/async to a quality target; 4 workers on emulated hosts (root). TTA_MODELS=lenet5 for one model.
+TTA_MODELS ?= lenet5,ptb-lstm-small
+time-to-accuracy: install
+	$(PY) -m allreduce_train.experiments time-to-accuracy --models $(TTA_MODELS) $(ARGS)
 
 commbench: install
 	$(PY) -m allreduce_train.experiments commbench --np $(NP) --models lenet5,ptb-lstm-small,resnet18 $(ARGS)

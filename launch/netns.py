@@ -98,6 +98,7 @@ class ClusterSpec:
     hosts: int = 2
     link_rate: str = "1gbit"
     prefix: str = ""  # default: art-<pid>-<n>
+    lost: frozenset[int] = frozenset()  # hosts (1-based) that disappeared: no ranks go there (elastic restart)
 
     def __post_init__(self):
         if not 1 <= self.hosts <= MAX_HOSTS:
@@ -133,12 +134,17 @@ class ClusterSpec:
     def namespaces(self) -> list[str]:
         return [self.head] + [self.netns(i) for i in range(1, self.hosts + 1)]
 
+    @property
+    def live_hosts(self) -> list[int]:
+        return [i for i in range(1, self.hosts + 1) if i not in self.lost]
+
     def host_list(self, np: int) -> str:
         """``-H`` for ``np`` ranks spread evenly, the first hosts taking one extra when it does not divide."""
-        if np < self.hosts:
-            raise ValueError(f"-np {np} is fewer than --emulate-hosts {self.hosts}: every emulated host needs a rank")
-        q, r = divmod(np, self.hosts)
-        return ",".join(f"{self.hostname(i)}:{q + (1 if i <= r else 0)}" for i in range(1, self.hosts + 1))
+        live = self.live_hosts
+        if np < len(live):
+            raise ValueError(f"-np {np} is fewer than --emulate-hosts {len(live)}: every emulated host needs a rank")
+        q, r = divmod(np, len(live))
+        return ",".join(f"{self.hostname(i)}:{q + (1 if n < r else 0)}" for n, i in enumerate(live))
 
     def setup_commands(self) -> list[list[str]]:
         """The ip/tc commands that build the cluster, in order."""
@@ -179,7 +185,11 @@ class ClusterSpec:
                 ("plm_rsh_no_tree_spawn", "1"),  # every orted is started by mpirun, through the agent
                 ("btl", "tcp,self"),  # never shared memory: /dev/shm is common to all namespaces
                 ("btl_tcp_if_include", net),
-                ("oob_tcp_if_include", net)]
+                ("oob_tcp_if_include", net),
+                # One TCP connection per pair of ranks halves an exchange that sends both ways at once
+                # (ring, colocated PS: 2.1x the link-rate bound at 100 Mbit/s, while two plain TCP
+                # streams fill both directions); four per pair come within 10 % (docs/emulated_cluster.md).
+                ("btl_tcp_links", "4")]
 
     def env(self) -> dict[str, str]:
         """Interface selection for libraries that open their own sockets (Gloo, NCCL)."""
@@ -401,14 +411,17 @@ class EmulatedCluster:
         return float(bps), int(nbytes)
 
 
-def emulated_launcher(link_rate: str, timeout: float = 0):
+def emulated_launcher(link_rate: str, timeout: float = 0, mca: list[tuple[str, str]] | tuple = ()):
     """A drop-in for the benchmark runners' ``launcher(np, args, module) -> argv`` hook: the same
-    job on ``np`` emulated hosts, one rank each, every link at ``link_rate``."""
+    job on ``np`` emulated hosts, one rank each, every link at ``link_rate``; ``mca``: Open MPI
+    parameters for every job (they override the emulation's own)."""
     parse_rate(link_rate)
 
     def argv(np_: int, args: list[str], module: str = "allreduce_train") -> list[str]:
         cmd = [sys.executable, "-m", "launch", "-np", str(np_), "--emulate-hosts", str(np_),
                "--link-rate", link_rate]
+        for key, value in mca:
+            cmd += ["--mca", key, value]
         if module != "allreduce_train":
             cmd += ["--module", module]
         if timeout:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -40,10 +41,47 @@ class JobResult:
     def ok(self) -> bool:
         return self.returncode == 0
 
+    cause: str = ""  # why it failed, from its whole output (see failure_cause)
+
     def error_line(self) -> str:
-        """The first line that says "error", else the exit status: why the job failed, in one line."""
-        said = [ln.strip() for ln in self.output.splitlines() if "error" in ln.lower()]
-        return said[0] if said else ("timed out" if self.returncode == -1 else f"exit {self.returncode}")
+        """Why the job failed, in one line."""
+        return self.cause or failure_cause(self.output, self.returncode)
+
+
+# What a failed job's output says about why, strongest evidence first. The last lines are often
+# not it: the launcher of an emulated cluster ends every job with its "link traffic" line, mpirun
+# adds its own epilogue ("MPI_ABORT was invoked ... errorcode 1"), and a traceback names files
+# such as errors.py on the way to the exception.
+_OWN_ERROR = re.compile(r"^[\w.\-]+: error\b")  # "allreduce_train: error on rank 1: ...", "launch: error: ..."
+_EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit|Timeout)\b(?::.*)?$")
+_SIGNAL = re.compile(r"exited on signal \d+|killed|out of memory", re.IGNORECASE)
+_NOISE = ("link traffic", "emulated cluster", "+ ", "MPI_ABORT was invoked", "File \"", "NOTE: invoking MPI_ABORT")
+
+
+def failure_cause(output: str, returncode: int) -> str:
+    """The line of a failed job's ``output`` that says why it failed, else its exit status.
+
+    In order: a program's own error line (a rank's before the launcher's, which only reports a
+    timeout or a cluster that could not be built), the exception a Python traceback ends in, mpirun's
+    report of a rank killed by a signal, any other line that says "error" and is not launcher or
+    mpirun boilerplate."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    own = [ln for ln in lines if _OWN_ERROR.match(ln)]
+    if own:
+        return next((ln for ln in own if not ln.startswith("launch:")), own[0])
+    seen_traceback = False
+    for ln in lines:
+        if ln.startswith("Traceback (most recent call last)"):
+            seen_traceback = True
+        elif seen_traceback and _EXCEPTION.match(ln):
+            return ln
+    for test in (lambda ln: _SIGNAL.search(ln), lambda ln: "error" in ln.lower()):
+        found = next((ln for ln in lines if test(ln) and not ln.startswith(_NOISE)), None)
+        if found:
+            return found
+    if returncode == -1:
+        return "timed out"
+    return f"killed by signal {-returncode}" if returncode < 0 else f"exit {returncode}"
 
 
 def run(argv: list[str], env: dict[str, str] | None = None, timeout: float = 600.0, log_path: str = "",
@@ -64,7 +102,8 @@ def run(argv: list[str], env: dict[str, str] | None = None, timeout: float = 600
     if log_path:
         with open(log_path, errors="replace") as fh:
             out = fh.read() + ("" if rc != -1 else f"\ntimed out after {timeout:.0f} s")
-    return JobResult(rc, out[-tail_chars:], time.monotonic() - t0)
+    cause = failure_cause(out, rc) if rc != 0 else ""  # from the whole output, not only the tail kept
+    return JobResult(rc, out[-tail_chars:], time.monotonic() - t0, cause)
 
 
 def read_json(path: str) -> dict[str, Any] | None:

@@ -131,3 +131,36 @@ def test_tiny_grid_writes_report_plot_csv_and_tensorboard(tmp_path):
     assert "custom_scalars__config__" in first.Tags()["tensors"]
     # one HParams session per job
     assert len(list((out / "hparams" / "lenet5").iterdir())) == 2 * len(strategies)
+
+
+def _row(strategy, n, step_ms, wait_ms, sps=100.0):
+    return {"model": "lenet5", "strategy": strategy, "workers": n, "servers": 0, "repeats": 1,
+            "samples_per_sec_mean": sps, "step_ms_mean": step_ms, "comm_wait_ms_mean": wait_ms}
+
+
+def test_without_a_one_worker_run_compute_comes_from_the_fewest_workers_and_the_report_says_so():
+    from allreduce_train.experiments.scaling.calibrate import compute_times, known_network
+    from allreduce_train.experiments.scaling.report import report_markdown
+    from allreduce_train.experiments.scaling.spec import PLANS
+
+    rows = [_row("ps-colocated", 4, 30.0, 10.0), _row("allreduce", 4, 50.0, 20.0)]  # the emulated grid: N=4 only
+    compute, source = compute_times(rows, {"lenet5": PLANS["lenet5"]})
+    assert compute == {"lenet5": pytest.approx(0.030)} and source == {"lenet5": "fewest-workers"}  # allreduce's row
+    with_one = rows + [_row("allreduce", 1, 0.0, 2.0, sps=6400.0)]  # 64 samples per step -> 10 ms, minus 2 ms
+    assert compute_times(with_one, {"lenet5": PLANS["lenet5"]}) == ({"lenet5": pytest.approx(0.008)},
+                                                                     {"lenet5": "one-worker"})
+
+    net = costmodel.Network(0.0, 12.5e6)
+    res = {"started": "now", "command": ["x"], "machine": {"cores": 2, "platform": "p"}, "seconds": 60.0,
+           "code": "abc", "config": {"data": "synthetic", "repeats": 1, "workers": [4], "horovod_cycle_ms": "auto"},
+           "horovod_cycle": {"knob": "1 ms"}, "loadavg": "1", "models": [], "plans": {}, "gradient_bytes": {},
+           "notes": [], "compute_s": compute, "compute_source": source, "calibration_source": "",
+           "calibration": known_network(list(variants().values()), net, "the emulated links, 100mbit"), "curves": {},
+           "out_dir": "o", "rows": []}
+    text = report_markdown(res)
+    assert "Compute per step = the grid has no one-worker run" in text and "lenet5 30.0 ms." in text
+    assert "Network: the emulated links, 100mbit (alpha 0.0 us, B 12.50 MB/s" in text
+    assert "No calibration" not in text and ": ." not in text
+    res.update(compute_s={}, compute_source={}, calibration={})
+    text = report_markdown(res)
+    assert "Compute per step: not known" in text and "No calibration" in text and ": ." not in text

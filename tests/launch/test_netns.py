@@ -60,6 +60,7 @@ def test_emulated_command_runs_mpirun_in_the_head_namespace_over_tcp():
     assert mca["btl"] == "tcp,self" and "^openib" not in cmd  # never shared memory between "hosts"
     assert mca["plm_rsh_agent"] == str(ROOT / "launch" / "rsh_netns.sh")
     assert mca["btl_tcp_if_include"] == mca["oob_tcp_if_include"] == "10.213.0.0/24"
+    assert mca["btl_tcp_links"] == "4"  # one connection per pair halves two-way exchanges (docs/emulated_cluster.md)
     exported = [cmd[i + 1] for i, c in enumerate(cmd) if c == "-x"]
     assert "HOROVOD_GLOO_IFACE=emu0" in exported and "HOROVOD_GLOO_IFACE" not in exported
     assert "HOROVOD_FUSION_THRESHOLD" in exported
@@ -70,6 +71,16 @@ def test_emulated_command_runs_mpirun_in_the_head_namespace_over_tcp():
     assert all(c[c.index("rate") + 1] == "100000000bit" for c in tbf)
     with pytest.raises(ValueError, match="--emulate-hosts or -H"):
         build_command(LaunchSpec(np=2, hosts="a:1,b:1", cluster=spec), environ={}, is_root=True)
+
+
+def test_the_users_mca_overrides_the_emulations_own():
+    spec = netns.ClusterSpec(hosts=2, link_rate="100mbit", prefix="art-1-0")
+    cmd = build_command(LaunchSpec(np=2, cluster=spec, mca=[("btl_tcp_if_include", "10.213.0.0/16")]),
+                        environ={}, is_root=True)
+    given = [cmd[i + 2] for i in range(len(cmd) - 2) if cmd[i] == "-mca" and cmd[i + 1] == "btl_tcp_if_include"]
+    assert given == ["10.213.0.0/16"]  # once, the user's: Open MPI would otherwise see both
+    launcher = netns.emulated_launcher("100mbit", mca=[("btl_tcp_links", "4")])
+    assert launcher(2, ["--steps", "1"])[-6:] == ["--mca", "btl_tcp_links", "4", "--", "--steps", "1"]
 
 
 def test_dry_run_prints_every_setup_command_and_builds_nothing():
@@ -200,7 +211,8 @@ def test_interrupted_or_overdue_run_removes_the_cluster(tmp_path, namespaces_per
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == {"ctrl-c": 130, "sigterm": 128 + signal.SIGTERM, "timeout": 124}[how], err
+    # SIGTERM is a preemption: the ranks checkpoint and the job exits 75 (docs/faults.md)
+    assert proc.returncode == {"ctrl-c": 130, "sigterm": 75, "timeout": 124}[how], err
     assert gone(prefix) and netns._holders(inodes) == []
 
 

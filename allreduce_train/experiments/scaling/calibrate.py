@@ -50,24 +50,44 @@ def calibrate(commbench_report: dict[str, Any], vs: list[Variant], horovod_job: 
     return out
 
 
-def compute_times(rows: list[dict[str, Any]], plans: dict[str, Plan]) -> dict[str, float]:
-    """Seconds of compute per step and model: the one-worker allreduce step (from its throughput,
-    so that the prediction at N=1 reproduces it) minus its exchange wait; any strategy's
-    one-worker run when allreduce has none."""
+COMPUTE_SOURCES = {
+    "one-worker": "the one-worker allreduce step (any strategy's when allreduce has none) minus its exchange wait",
+    "fewest-workers": "the grid has no one-worker run: the median step of the fewest workers measured minus their "
+                      "exchange wait, which on shared cores includes the other ranks' competition for them",
+}
+
+
+def compute_times(rows: list[dict[str, Any]], plans: dict[str, Plan]) -> tuple[dict[str, float], dict[str, str]]:
+    """Seconds of compute per step and model, and where each came from (a key of COMPUTE_SOURCES):
+    the one-worker allreduce step (from its throughput, so that the prediction at N=1 reproduces
+    it) minus its exchange wait; any strategy's one-worker run when allreduce has none; without any
+    one-worker run (the emulated grid runs N hosts only) the fewest workers' median step minus wait."""
     out: dict[str, float] = {}
+    source: dict[str, str] = {}
     for any_strategy in (False, True):
         for r in rows:
             if r["workers"] == 1 and r["repeats"] and (any_strategy or r["strategy"] == "allreduce"):
                 step_s = plans[r["model"]].batch_size / r["samples_per_sec_mean"]
                 out.setdefault(r["model"], max(0.0, step_s - r["comm_wait_ms_mean"] / 1e3))
-    return out
+                source.setdefault(r["model"], "one-worker")
+    for r in sorted((r for r in rows if r["repeats"]), key=lambda r: (r["workers"], r["strategy"] != "allreduce")):
+        if r["model"] not in out:
+            out[r["model"]] = max(0.0, (r["step_ms_mean"] - r["comm_wait_ms_mean"]) / 1e3)
+            source[r["model"]] = "fewest-workers"
+    return out, source
+
+
+def known_network(vs: list[Variant], net: costmodel.Network, label: str) -> dict[str, dict[str, Any]]:
+    """The calibration table when the network is known, not fitted (emulated links of a set rate)."""
+    return {v.name: {"impl": label, "workers": 0, "alpha_s": net.alpha, "bandwidth_Bps": net.bandwidth, "points": 0}
+            for v in vs}
 
 
 def predictions(rows, vs: list[Variant], models: list[str], plans: dict[str, Plan], calib, given: costmodel.Network,
                 sizes: dict[str, int]) -> tuple[dict, dict]:
-    """(beside each measured row: the calibrated prediction; per model and strategy: the curve to
-    1024 workers on the given network)."""
-    compute = compute_times(rows, plans)
+    """(per model: compute seconds per step and where they came from; beside each measured row:
+    the calibrated prediction; per model and strategy: the curve to 1024 workers on the given network)."""
+    compute, source = compute_times(rows, plans)
     table = {v.name: v for v in vs}
     for r in rows:
         v, c = table.get(r["strategy"]), compute.get(r["model"])
@@ -90,7 +110,7 @@ def predictions(rows, vs: list[Variant], models: list[str], plans: dict[str, Pla
                 asdict(costmodel.predict(v.kind, n, sizes[m], compute[m], plans[m].batch_size, given,
                                          servers=max(1, v.servers)))
                 for n in REPORT_WORKERS]
-    return compute, curves
+    return compute, source, curves
 
 
 

@@ -34,11 +34,11 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .. import costmodel, tblog
+from .. import costmodel, engines, tblog
 from ..commbench import main as commbench
 from ..jobs import Launcher, local_launcher, read_json
 from ..jobs import run as run_job_argv
-from .calibrate import CYCLE_CANDIDATES, calibrate, choose_cycle, predictions, run_commbench
+from .calibrate import CYCLE_CANDIDATES, calibrate, choose_cycle, known_network, predictions, run_commbench
 from .report import aggregate, code_version, load_summary, write_outputs
 from .spec import GridConfig, GridError, Plan, Variant, variants
 
@@ -114,12 +114,11 @@ def job_hparams(cfg: GridConfig, job: Job) -> dict[str, Any]:
     """What a job ran, as the HParams view shows it (the trainer's defaults where no flag says)."""
     flags = [*job.variant.flags, *cfg.extra]
     ps = job.variant.strategy == "ps"
+    engine = engines.MPI4PY if ps or tblog.flag_value(flags, "--allreduce-engine", "") == "mpi" else engines.HOROVOD
     return {"model": job.model, "variant": job.variant.name, "strategy": job.variant.strategy,
             "placement": tblog.flag_value(flags, "--ps-placement", "dedicated") if ps else "-",
-            "mode": tblog.flag_value(flags, "--ps-mode", "sync") if ps else "sync",
-            "engine": "mpi4py" if ps else tblog.flag_value(flags, "--allreduce-engine", "horovod"),
-            "workers": job.workers, "servers": job.variant.servers,
-            "link_rate": cfg.link_rate or "this host"}
+            "mode": tblog.flag_value(flags, "--ps-mode", "sync") if ps else "sync", "engine": engine,
+            "workers": job.workers, "servers": job.variant.servers, "link_rate": cfg.link_rate or "this host"}
 
 
 def run_job(cfg: GridConfig, job: Job, out: str, launcher: Launcher, cycle_ms: float | None = None) -> dict[str, Any]:
@@ -147,8 +146,12 @@ def run_job(cfg: GridConfig, job: Job, out: str, launcher: Launcher, cycle_ms: f
 
 # ------------------------------------------------------------------------- the run
 
-def run(cfg: GridConfig, launcher: Launcher = local_launcher) -> dict[str, Any]:
-    """Run the grid and write every output; returns the results (as in results.json)."""
+def run(cfg: GridConfig, launcher: Launcher = local_launcher,
+        network: tuple[costmodel.Network, str] | None = None) -> dict[str, Any]:
+    """Run the grid and write every output; returns the results (as in results.json).
+
+    ``network``: the network is known (the emulated grid's link rate) and its (alpha, B) stand for
+    every strategy instead of a commbench calibration; the second item says where it came from."""
     started, code = time.strftime("%Y-%m-%d %H:%M:%S"), code_version()
     t_start = time.perf_counter()
     vs, models, notes = available(cfg)
@@ -200,10 +203,10 @@ def run(cfg: GridConfig, launcher: Launcher = local_launcher) -> dict[str, Any]:
     rows = aggregate(records)
     plans = {m: cfg.plan(m) for m in models}
     sizes = {m: gradient_bytes(m) for m in models}
-    calib = calibrate(report, vs, horovod_job) if report else {}
+    calib = known_network(vs, *network) if network else calibrate(report, vs, horovod_job) if report else {}
     given = costmodel.Network.from_gbit_us(cfg.net_gbps, cfg.net_latency_us)
     given_label = f"{cfg.net_gbps:g} Gbit/s, {cfg.net_latency_us:g} us"
-    compute, curves = predictions(rows, vs, models, plans, calib, given, sizes)
+    compute, compute_source, curves = predictions(rows, vs, models, plans, calib, given, sizes)
 
     res = {"started": started, "seconds": time.perf_counter() - t_start,
            "command": ["python", "-m", "allreduce_train.experiments", *sys.argv[1:]], "out_dir": out, "code": code,
@@ -212,6 +215,7 @@ def run(cfg: GridConfig, launcher: Launcher = local_launcher) -> dict[str, Any]:
            "plans": {m: asdict(p) for m, p in plans.items()}, "gradient_bytes": sizes,
            "horovod_cycle": {"setting": cfg.horovod_cycle_ms, "used_ms": cycle_ms, "knob": knob},
            "loadavg": load_summary(records), "rows": rows, "jobs": records, "notes": notes, "compute_s": compute,
+           "compute_source": compute_source,
            "calibration": calib, "calibration_source": os.path.relpath(calib_path, out) if calib_path else "",
            "given_network": {"gbps": cfg.net_gbps, "latency_us": cfg.net_latency_us, "label": given_label},
            "curves": curves}

@@ -90,12 +90,17 @@ def traffic(log_path: str) -> dict[str, list[int]]:
     return {h: [int(tx), int(rx)] for h, tx, rx in TRAFFIC_RE.findall(line)}
 
 
-def compare(rate: str, res: dict[str, Any], cfg: scaling.GridConfig) -> list[dict[str, Any]]:
-    """One row per job of the grid: what was measured and what the cost model says for ``rate``."""
+def link_network(rate: str) -> costmodel.Network:
+    """The cost model's network for emulated links of ``rate``: no latency is added, B = rate / 8."""
     from launch.netns import parse_rate
 
     bits = parse_rate(rate)
-    net = costmodel.Network(alpha=0.0, bandwidth=bits / 8 if bits else float("inf"))
+    return costmodel.Network(alpha=0.0, bandwidth=bits / 8 if bits else float("inf"))
+
+
+def compare(rate: str, res: dict[str, Any], cfg: scaling.GridConfig) -> list[dict[str, Any]]:
+    """One row per job of the grid: what was measured and what the cost model says for ``rate``."""
+    net = link_network(rate)
     kinds = {v.name: v.kind for v in scaling.variants(cfg.ps_servers).values()}
     rows = []
     for job in res["jobs"]:
@@ -210,7 +215,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"== {rate} per link: {args.hosts} emulated workers", flush=True)
         # The launcher stops an overdue job itself (and removes its cluster) a minute before the
         # grid would kill the launcher, which would leave the namespaces behind.
-        res = scaling.run(cfg, launcher=emulated_launcher(rate, timeout=cfg.job_timeout - 60))
+        res = scaling.run(cfg, launcher=emulated_launcher(rate, timeout=cfg.job_timeout - 60),
+                          network=(link_network(rate), f"the emulated links, {rate} per direction, no added latency"))
         all_ok &= all(j["ok"] for j in res["jobs"])
         rows += compare(rate, res, cfg)
         grids.append(res)

@@ -130,7 +130,8 @@ def write_tensorboard(out: str, res: dict[str, Any], run_prefix: str = "") -> di
     return lay
 
 
-STYLE = {"allreduce": ("tab:blue", "o"), "ps-dedicated": ("tab:red", "s"), "ps-colocated": ("tab:green", "^")}
+STYLE = {"allreduce": ("tab:blue", "o"), "ps-dedicated": ("tab:red", "s"), "ps-colocated": ("tab:green", "^"),
+         "allreduce-mpi": ("tab:purple", "D")}
 
 
 def plot_measured(path: str, rows: list[dict], models: list[str]) -> list[str]:
@@ -238,6 +239,18 @@ def _fmt(v: float, spec: str = ".3g") -> str:
     return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
 
+def compute_sentence(res: dict[str, Any]) -> str:
+    """What compute per step the model used, per model, and where each figure came from."""
+    from .calibrate import COMPUTE_SOURCES
+
+    if not res["compute_s"]:
+        return "Compute per step: not known (no job of the grid succeeded), so nothing is predicted."
+    by_source: dict[str, list[str]] = {}
+    for m, c in res["compute_s"].items():
+        by_source.setdefault(res.get("compute_source", {}).get(m, "one-worker"), []).append(f"{m} {1e3 * c:.1f} ms")
+    return " ".join(f"Compute per step = {COMPUTE_SOURCES[src]}: {', '.join(figs)}." for src, figs in by_source.items())
+
+
 def concept_engine(rows: list[dict], models: list[str]) -> list[str]:
     """Per model and worker count > 1: the concept x engine table (:mod:`..engines`)."""
     out = []
@@ -298,15 +311,18 @@ def report_markdown(res: dict[str, Any]) -> str:
           "- ring allreduce: 2(N-1) alpha + 2(N-1)/N S/B",
           "- PS, K dedicated servers: 2 max(K, N) alpha + 2 max(S/B, N S/(K B)) (push + pull)",
           "- PS colocated: 2(N-1) alpha + 2(N-1)/N S/B", "",
-          "Compute per step = the one-worker allreduce step minus its exchange wait: "
-          + ", ".join(f"{m} {1e3 * c:.1f} ms" for m, c in res["compute_s"].items()) + ".", ""]
-    if res["calibration"]:
+          compute_sentence(res), ""]
+    if res["calibration"] and res["calibration_source"]:
         L += [f"Calibrated from `{res['calibration_source']}` (least squares on relative error over the size sweep):",
               "", "| strategy | from commbench | N | alpha us | B GB/s |", "|---|---|---:|---:|---:|"]
         for s, c in res["calibration"].items():
             L.append(f"| {s} | {c['impl']} | {c['workers']} | {1e6 * c['alpha_s']:.1f} | "
                      f"{c['bandwidth_Bps'] / 1e9:.3f} |")
         L.append("")
+    elif res["calibration"]:  # a known network, not a fit
+        c = next(iter(res["calibration"].values()))
+        L += [f"Network: {c['impl']} (alpha {1e6 * c['alpha_s']:.1f} us, B {c['bandwidth_Bps'] / 1e6:.2f} MB/s per "
+              "link and direction), for every strategy: no calibration run needed.", ""]
     else:
         L += ["No calibration (commbench skipped or failed): the measured table has no model column.", ""]
     if res["curves"]:

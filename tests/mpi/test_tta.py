@@ -1,0 +1,67 @@
+"""time-to-accuracy: real jobs train to a target, stop there, and the report says when."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import ROOT, check, needs_fashion_mnist
+
+
+def tta(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "allreduce_train.experiments", "time-to-accuracy", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--methods", "gossip"], "--methods"),
+    (["--models", "resnet18"], "--models"),
+    (["--target", "lenet5=accuracy>0.5"], "--target"),
+    (["--workers", "0"], "--workers"),
+    (["--link-rate", "fast"], "--link-rate"),
+])
+def test_bad_input_is_one_line(args, needle):
+    proc = tta(*args, timeout=60)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr, proc.stderr
+
+
+@pytest.mark.mpi
+@needs_fashion_mnist
+def test_two_workers_reach_a_low_target_stop_there_and_report_it(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "tta"
+    # one job (each costs a launch and a Fashion-MNIST load): the asynchronous PS, whose staleness the grid reports
+    proc = check(tta("--models", "lenet5", "--methods", "ps-async-colocated", "--workers", "2",
+                     "--target", "lenet5=eval/accuracy>=0.6", "--max-epochs", "1", "--evals-per-epoch", "8",
+                     "--out-dir", str(out)))
+    res = json.loads((out / "results.json").read_text())
+    (j,) = res["jobs"]
+    assert (j["method"], j["workers"], j["ok"], j["reached"]) == ("ps-async-colocated", 2, True, True), proc.stdout
+    spe = 60_000 // (2 * 64)  # Fashion-MNIST's training set, 2 workers x batch 64
+    assert j["steps_per_epoch"] == spe and j["eval_every"] == spe // 8
+    # the run stopped at the first evaluation over the target: every earlier one was below it
+    evals = j["evals"]
+    assert evals[-1]["step"] == j["steps_to_target"] == j["steps"] and evals[-1]["eval_accuracy"] >= 0.6
+    assert all(e["eval_accuracy"] < 0.6 for e in evals[:-1])
+    assert [e["step"] for e in evals] == [j["eval_every"] * (i + 1) for i in range(len(evals))]
+    assert j["epochs_to_target"] == pytest.approx(j["steps_to_target"] / spe)
+    assert 0 < j["seconds_to_target"] and j["samples_to_target"] == j["steps_to_target"] * 128
+    assert j["staleness_mean"] is not None  # the servers counted the updates each gradient missed
+    # the TensorBoard summary: the figure against the step and against wall-clock milliseconds
+    ea = EventAccumulator(str(out / "summary" / "lenet5" / "ps-async-colocated-n2-r1")).Reload()
+    by_step = ea.Scalars("tta/eval_accuracy")
+    assert [e.step for e in by_step] == [e["step"] for e in evals]
+    assert [e.wall_time - by_step[0].wall_time for e in by_step] == pytest.approx(
+        [e["seconds"] - evals[0]["seconds"] for e in evals], abs=1e-3)
+    assert [e.step for e in ea.Scalars("tta/eval_accuracy_vs_ms")] == [round(1e3 * e["seconds"]) for e in evals]
+    report = (out / "report.md").read_text()
+    assert "## lenet5: eval/accuracy>=0.6" in report
+    assert (f"| ps-async-colocated | 2 | this machine | yes | {j['seconds_to_target']:.1f} | {j['steps_to_target']} |"
+            in report)
+    with open(out / "results.csv") as fh:
+        (row,) = list(csv.DictReader(fh))
+    assert int(row["steps_to_target"]) == j["steps_to_target"]
