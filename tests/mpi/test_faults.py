@@ -52,6 +52,22 @@ def test_a_frozen_rank_ends_the_job_naming_it(tmp_path, strategy, np, frozen):
     assert left == [], f"ranks {left} survived the job"
 
 
+def test_a_killed_parameter_server_ends_the_job(tmp_path):
+    """kill -9 (the out-of-memory killer) of the dedicated server: mpirun ends the job at once."""
+    tag = f"{os.getpid()}-killed-server"
+    job = Job(3, QUICK + ["--strategy", "ps", "--steps", "100000", "--run-dir", str(tmp_path)], tag, oversubscribe=True)
+    try:
+        job.wait_for(", from step 0")
+        time.sleep(1.0)
+        os.kill(job_pids(tag)[0], signal.SIGKILL)
+        rc = job.finish(timeout=60)
+        left = job.kill_leftovers()
+    finally:
+        job.kill_leftovers()
+    assert rc == 128 + signal.SIGKILL, job.text()
+    assert left == [], f"ranks {left} survived the job"
+
+
 def dump(tmp_path: Path, name: str) -> list[str]:
     return ["--name", name, "--dump-params", str(tmp_path / f"{name}-{{rank}}.pt")]
 
