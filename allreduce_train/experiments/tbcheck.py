@@ -10,7 +10,8 @@ is loaded as ``make tensorboard`` prints it (smoothing 0 in the URL), and the ch
 - the logdir holds at most 40 runs and the page ticks every one of them by default (above 40,
   TensorBoard ticks none and every chart is empty);
 - every chart of the layout draws a line for each run that TensorBoard's HTTP API has data for
-  under the chart's tag, and for at least one run (no empty chart);
+  under the chart's tag, and for at least one run (no empty chart), and a run that has a figure
+  for one model has it for every model (a concept missing from a chart means failed jobs);
 - the runs have distinct colours, and the smoothing is 0.
 
 A screenshot of the tab is saved (``--screenshot``); ``--images DIR`` also redraws the grid's
@@ -143,8 +144,10 @@ def expected(tb: TensorBoard) -> dict[str, Any]:
             regexes = (chart.get("multiline") or {}).get("tag", [])
             have = [run for run in runs for rx in regexes
                     if tb.get(f"/data/plugin/{DASHBOARD}/scalars", run=run, tag=rx).get("tag_to_events")]
+            # the figure a chart shows, without its model: "^scaling/speedup/lenet5$" -> scaling/speedup
+            figure = re.sub(r"\\(.)", r"\1", regexes[0].strip("^$")).rpartition("/")[0] if regexes else ""
             charts.append({"category": cat["title"], "title": chart["title"], "regexes": regexes,
-                           "runs": sorted(set(have))})
+                           "figure": figure, "runs": sorted(set(have))})
     return {"runs": runs, "charts": charts}
 
 
@@ -185,6 +188,10 @@ def verify(exp: dict[str, Any], page: dict[str, Any]) -> list[str]:
     colors = [c for c in page["colors"].values() if c]
     if len(set(colors)) < len(page["colors"]):
         problems.append(f"runs share colours: {page['colors']}")
+    # a run that has a figure for one model should have it for every model: else a job failed
+    by_figure: dict[str, set[str]] = {}
+    for chart in exp["charts"]:
+        by_figure.setdefault(chart["figure"], set()).update(chart["runs"])
     cards = {c["title"]: c for c in page["charts"]}
     if not exp["charts"]:
         problems.append("the logdir has no Custom Scalars layout")
@@ -199,6 +206,9 @@ def verify(exp: dict[str, Any], page: dict[str, Any]) -> list[str]:
             problems.append(f"chart {name}: empty, no run has data for {chart['regexes']}")
         elif drawn != chart["runs"]:
             problems.append(f"chart {name}: draws {drawn or 'nothing'}, the data is in {chart['runs']}")
+        missing = sorted(by_figure.get(chart["figure"], set()) - set(chart["runs"]))
+        if missing:
+            problems.append(f"chart {name}: no data for {', '.join(missing)} (their jobs failed or did not run?)")
     return problems
 
 

@@ -48,4 +48,7 @@ def test_grid_measures_over_the_links_and_predicts_the_configured_bandwidth(tmp_
     # no empty compute sentence and no "No calibration": the network is the configured rate
     assert "Compute per step = the grid has no one-worker run" in grid_report and ": ." not in grid_report
     assert "No calibration" not in grid_report and "Network: the emulated links, 100mbit" in grid_report
+    # every rate's comparison in one logdir, runs <rate>/<strategy>, and the job in the HParams logdir
+    assert [p.name for p in (tmp_path / "tensorboard" / "100mbit").iterdir()] == ["allreduce"]
+    assert (tmp_path / "hparams" / "100mbit" / "lenet5" / "allreduce-n2-r1").is_dir()
     assert netns.leftovers() == []

@@ -60,6 +60,16 @@ def scalars(path, tag):
     return [(e.step, e.value) for e in ea.Scalars(tag)] if tag in ea.Tags()["scalars"] else []
 
 
+def session_hparams(path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import metadata
+
+    ea = EventAccumulator(str(path)).Reload()
+    ssi = metadata.parse_session_start_info_plugin_data(
+        ea.SummaryMetadata(metadata.SESSION_START_INFO_TAG).plugin_data.content)
+    return {k: v.string_value or v.number_value for k, v in ssi.hparams.items()}
+
+
 def test_comparison_has_one_run_per_concept_with_the_same_tags_and_one_chart_per_tag(tmp_path):
     res = results()
     layout = report.write_tensorboard(str(tmp_path), res)
@@ -201,3 +211,36 @@ def test_bench_comparison_has_one_run_per_implementation_and_one_session_per_job
         (1, pytest.approx(100 / 90)), (2, pytest.approx(100 / 90))]
     assert len(list((tmp_path / "hparams").iterdir())) == 1 + len(jobs)
     assert scalars(tmp_path / "hparams" / "lenet5-fp16-np2-r0", "efficiency") == [(0, 0.75)]
+    for job, concept, engine in (("lenet5-fp16-np2-r0", "ring allreduce", "Horovod"),
+                                 ("lenet5-ddp-np1-r0", "ring allreduce", "torch DDP")):
+        hp = session_hparams(tmp_path / "hparams" / job)
+        assert (hp["concept"], hp["engine"]) == (concept, engine), job
+    assert session_hparams(tmp_path / "hparams" / "lenet5-fp16-np2-r0")["settings"] == "--compression fp16"
+
+
+def test_the_check_names_a_concept_missing_from_one_model_and_a_chart_that_draws_less_than_its_data():
+    def chart(model, runs):
+        return {"category": model, "title": f"{model}: speedup", "regexes": [tblog.tag_pattern(f"scaling/speedup/{model}")],
+                "figure": "scaling/speedup", "runs": runs}
+
+    exp = {"runs": ["allreduce", "ps"], "charts": [chart("lenet5", ["allreduce", "ps"]), chart("resnet18", ["allreduce"])]}
+    page = {"selected": ["allreduce", "ps"], "smoothing": 0, "colors": {"allreduce": "#f00", "ps": "#00f"},
+            "charts": [{"title": "lenet5: speedup", "lines": ["scaling/speedup/lenet5 (allreduce)"]},
+                       {"title": "resnet18: speedup", "lines": ["scaling/speedup/resnet18 (allreduce)"]}]}
+    problems = tbcheck.verify(exp, page)
+    assert problems == ["chart lenet5 / lenet5: speedup: draws ['allreduce'], the data is in ['allreduce', 'ps']",
+                        "chart resnet18 / resnet18: speedup: no data for ps (their jobs failed or did not run?)"]
+
+
+def test_a_grid_job_names_its_concept_engine_placement_mode_and_link_rate():
+    from allreduce_train.experiments.scaling.grid import Job, job_hparams
+    from allreduce_train.experiments.scaling.spec import GridConfig, variants
+
+    vs = variants()
+    hp = job_hparams(GridConfig(link_rate="100mbit"), Job("lenet5", vs["ps-dedicated"], 2, 1))
+    assert hp == {"model": "lenet5", "variant": "ps-dedicated", "strategy": "ps", "placement": "dedicated",
+                  "mode": "sync", "engine": "mpi4py", "workers": 2, "servers": 1, "link_rate": "100mbit"}
+    hp = job_hparams(GridConfig(extra=["--ps-mode", "async"]), Job("lenet5", vs["ps-colocated"], 4, 1))
+    assert (hp["placement"], hp["mode"], hp["link_rate"]) == ("colocated", "async", "this host")
+    assert job_hparams(GridConfig(), Job("lenet5", vs["allreduce"], 2, 1))["engine"] == "Horovod"
+    assert job_hparams(GridConfig(), Job("lenet5", vs["allreduce-mpi"], 2, 1))["engine"] == "mpi4py"

@@ -297,12 +297,12 @@ def write_tensorboard(out: str, rows: list[dict[str, Any]], jobs: list[dict[str,
     sessions = []
     for j in jobs:
         v = spec.variant(j["impl"])
-        # the baselines (bare Horovod loop, DDP) are ring allreduce too
-        strategy = (v.base.partition("-")[2] if v.base.startswith("trainer") else "") or "allreduce"
-        engine = {"horovod": "horovod", "ddp": "torch-ddp"}.get(v.base, "mpi4py" if strategy == "ps" else "horovod")
-        hp = {"impl": j["impl"], "base": v.base, "model": j["model"], "workers": j["np"], "strategy": strategy,
-              "engine": tblog.flag_value(v.args, "--allreduce-engine", engine),
-              "settings": " ".join([*(f"{k}={x}" for k, x in v.env.items()), *v.args]) or "-"}
+        # the baselines (a bare Horovod loop, DDP) are ring allreduce too
+        concept, engine = engines.BENCH.get(v.base, (engines.RING, {"ddp": "torch DDP"}.get(v.base, engines.HOROVOD)))
+        if "--allreduce-engine" in v.args:  # a variant that switches the engine
+            engine = engines.MPI4PY if tblog.flag_value(v.args, "--allreduce-engine", "") == "mpi" else engines.HOROVOD
+        hp = {"impl": j["impl"], "base": v.base, "model": j["model"], "workers": j["np"], "concept": concept,
+              "engine": engine, "settings": " ".join([*(f"{k}={x}" for k, x in v.env.items()), *v.args]) or "-"}
         ms = {}
         if "samples_per_sec" in j:
             base = one.get((j["model"], j["impl"]))

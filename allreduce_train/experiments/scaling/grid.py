@@ -34,7 +34,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .. import costmodel, tblog
+from .. import costmodel, engines, tblog
 from ..commbench import main as commbench
 from ..jobs import Launcher, local_launcher, read_json
 from ..jobs import run as run_job_argv
@@ -114,12 +114,11 @@ def job_hparams(cfg: GridConfig, job: Job) -> dict[str, Any]:
     """What a job ran, as the HParams view shows it (the trainer's defaults where no flag says)."""
     flags = [*job.variant.flags, *cfg.extra]
     ps = job.variant.strategy == "ps"
+    engine = engines.MPI4PY if ps or tblog.flag_value(flags, "--allreduce-engine", "") == "mpi" else engines.HOROVOD
     return {"model": job.model, "variant": job.variant.name, "strategy": job.variant.strategy,
             "placement": tblog.flag_value(flags, "--ps-placement", "dedicated") if ps else "-",
-            "mode": tblog.flag_value(flags, "--ps-mode", "sync") if ps else "sync",
-            "engine": "mpi4py" if ps else tblog.flag_value(flags, "--allreduce-engine", "horovod"),
-            "workers": job.workers, "servers": job.variant.servers,
-            "link_rate": cfg.link_rate or "this host"}
+            "mode": tblog.flag_value(flags, "--ps-mode", "sync") if ps else "sync", "engine": engine,
+            "workers": job.workers, "servers": job.variant.servers, "link_rate": cfg.link_rate or "this host"}
 
 
 def run_job(cfg: GridConfig, job: Job, out: str, launcher: Launcher, cycle_ms: float | None = None) -> dict[str, Any]:

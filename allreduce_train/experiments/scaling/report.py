@@ -130,7 +130,8 @@ def write_tensorboard(out: str, res: dict[str, Any], run_prefix: str = "") -> di
     return lay
 
 
-STYLE = {"allreduce": ("tab:blue", "o"), "ps-dedicated": ("tab:red", "s"), "ps-colocated": ("tab:green", "^")}
+STYLE = {"allreduce": ("tab:blue", "o"), "ps-dedicated": ("tab:red", "s"), "ps-colocated": ("tab:green", "^"),
+         "allreduce-mpi": ("tab:purple", "D")}
 
 
 def plot_measured(path: str, rows: list[dict], models: list[str]) -> list[str]:
