@@ -83,7 +83,8 @@ def test_dry_run_prints_the_script_and_writes_nothing(tmp_path):
 
 def test_without_submit_the_script_is_written_as_printed(tmp_path):
     script = tmp_path / "job.sbatch"
-    proc = check(run_launcher(["--script", str(script), "--", "--steps", "1"], timeout=60))
+    proc = check(run_launcher(["--script", str(script), "--output", str(tmp_path / "o-%j.out"), "--",
+                               "--steps", "1"], timeout=60))
     assert script.read_text() in proc.stdout and f"sbatch {script}" in proc.stdout
 
 
