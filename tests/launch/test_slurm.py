@@ -83,7 +83,8 @@ def test_dry_run_prints_the_script_and_writes_nothing(tmp_path):
 
 def test_without_submit_the_script_is_written_as_printed(tmp_path):
     script = tmp_path / "job.sbatch"
-    proc = check(run_launcher(["--script", str(script), "--", "--steps", "1"], timeout=60))
+    proc = check(run_launcher(["--script", str(script), "--output", str(tmp_path / "o-%j.out"), "--",
+                               "--steps", "1"], timeout=60))
     assert script.read_text() in proc.stdout and f"sbatch {script}" in proc.stdout
 
 
@@ -323,7 +324,7 @@ def test_launcher_without_a_controller_says_how_to_start_one(tmp_path):
         pytest.skip("slurm-client not installed")
     conf = tmp_path / "slurm.conf"
     conf.write_text("ClusterName=none\nSlurmctldHost=nowhere(127.0.0.1)\nSlurmctldPort=1\n"
-                    "NodeName=x CPUs=1\nPartitionName=p Nodes=x\n")
+                    "MessageTimeout=1\nNodeName=x CPUs=1\nPartitionName=p Nodes=x\n")  # refused in 0.2 s, not 9
     proc = run_launcher(["--submit", "--output", str(tmp_path / "o"), "--script", str(tmp_path / "s"), "--",
                          "--steps", "1"], timeout=120, env={"SLURM_CONF": str(conf)})
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
