@@ -4,7 +4,8 @@ Parse -> build -> run -> close. Bad input ends every rank with one error line an
 configuration is checked before any process group forms (every rank parses the same argv, so
 every rank fails alike and only rank 0 speaks); set-up errors (data files, checkpoint) are agreed
 on by all ranks in one collective so that the lowest failing rank reports and nobody waits on a
-peer that gave up; anything that fails once training runs aborts the whole MPI job.
+peer that gave up; anything that fails once training runs aborts the whole MPI job. Faults have
+their own exit codes (errors.py, docs/faults.md): divergence 65, a stall 69, preemption 75.
 """
 
 from __future__ import annotations
@@ -18,9 +19,7 @@ import traceback
 
 from . import __version__
 from .config import add_arguments, build_config
-from .errors import UserError
-
-EXIT_USAGE = 2
+from .errors import EXIT_DIVERGED, EXIT_PREEMPTED, EXIT_STALLED, EXIT_USAGE, Diverged, Preempted, Stalled, UserError
 
 
 def env_rank() -> int:
@@ -53,7 +52,10 @@ def default_run_name(cfg, world: int) -> str:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from . import preempt
     from .memory import keep_freed_memory
+
+    preempt.install()  # first: a stop signal from now on means finish the step, checkpoint, exit 75
 
     try:
         keep_freed_memory()  # before the data and the model are allocated (docs/performance.md)
@@ -70,8 +72,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     from .trainer import Trainer, config_text
     from .run_logger import NullLogger, RunLogger
+    from .watchdog import Watchdog
 
     log = NullLogger()
+    wd = None
     try:
         # Every rank must agree on the run directory; rank 0's clock names it.
         name = ex.broadcast_object(cfg.run.name or default_run_name(cfg, ex.size))  # communication
@@ -93,18 +97,35 @@ def cmd_train(args: argparse.Namespace) -> int:
             ex.close()
             return EXIT_USAGE
 
+        if cfg.exchange.stall_timeout:
+            wd = Watchdog(ex.rank, ex.size, cfg.exchange.stall_timeout, compare=ex.is_worker)
+            # communication: where the main rank's heartbeat board listens
+            wd.start(ex.broadcast_object(wd.address() if ex.is_main else None))
         if not ex.is_worker:
             ex.serve()
+            if wd:
+                wd.stop()
             ex.close()
             return 0
         if ex.is_main:
             log = RunLogger(run_dir, setup.total_steps, setup.start_step, cfg.run.tensorboard, cfg.run.progress)
             log.text("config", config_text(cfg))
-        result = trainer.run(setup, log)
+        try:
+            result = trainer.run(setup, log)
+        except (Diverged, Preempted) as e:  # every worker raised it at the same step
+            log.close()
+            if ex.is_main:
+                print(f"allreduce_train: {'error: ' if isinstance(e, Diverged) else ''}{e}", file=sys.stderr, flush=True)
+            if wd:
+                wd.stop()
+            ex.close()
+            return EXIT_DIVERGED if isinstance(e, Diverged) else EXIT_PREEMPTED
         result["run_dir"] = run_dir
         result["hosts"] = hosts
         trainer.report(result, log)
         log.close()
+        if wd:
+            wd.stop()
         ex.close()
         return 0
     except KeyboardInterrupt:
@@ -112,6 +133,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         ex.abort(130)
     except Exception as e:  # a failure mid-run: report on this rank, take every rank down
         log.close()
+        if isinstance(e, Stalled) or type(e).__name__ == "HorovodInternalError":
+            # a wait that gave up (the parameter server's deadline; Horovod's stall shutdown, or
+            # Gloo's timeout): the watchdog names who is missing and ends with exit 69
+            if wd:
+                wd.fire(f"{type(e).__name__}: {e}")
+            print(f"allreduce_train: error on rank {ex.rank}: stalled: {e}", file=sys.stderr, flush=True)
+            ex.abort(EXIT_STALLED)
         print(f"allreduce_train: error on rank {ex.rank}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         if os.environ.get("ALLREDUCE_TRAIN_TRACEBACK"):
             traceback.print_exc()

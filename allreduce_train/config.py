@@ -144,7 +144,8 @@ class ExchangeConfig:
     ps_bucket_bytes: int = _f(1 << 20, "ps: gradients pushed in one message per server as soon as backward has produced them")
     ps_split_bytes: int = _f(1 << 16, "ps: parameters larger than this are cut into chunks of at most this size, "
                                       "spread over the servers")
-    ps_timeout: float = _f(300.0, "ps: seconds without progress after which a waiting rank ends the job with an error")
+    stall_timeout: float = _f(120.0, "seconds without progress after which every live rank ends the job, naming the "
+                                     "rank(s) that did not arrive (exit 69; 0 = wait forever; docs/faults.md)")
 
     def __post_init__(self) -> None:
         _check_choices(self)
@@ -153,7 +154,7 @@ class ExchangeConfig:
         _check(self.mpi_bucket_bytes >= 4, "mpi_bucket_bytes", "must be >= 4 (one float32)", self.mpi_bucket_bytes)
         _check(self.ps_bucket_bytes >= 4, "ps_bucket_bytes", "must be >= 4 (one float32)", self.ps_bucket_bytes)
         _check(self.ps_split_bytes >= 4, "ps_split_bytes", "must be >= 4 (one float32)", self.ps_split_bytes)
-        _check(self.ps_timeout > 0, "ps_timeout", "must be > 0", self.ps_timeout)
+        _check(self.stall_timeout >= 0, "stall_timeout", "must be >= 0 (0 = off)", self.stall_timeout)
 
 
 @dataclass

@@ -52,6 +52,13 @@ class Task(Protocol):
         """Called before every epoch's first step (a language model restarts its state)."""
         ...
 
+    def state_dict(self) -> dict[str, Any]:
+        """What this worker carries from step to step besides the model (checkpointed per worker)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any], device: torch.device | None = None) -> None:
+        ...
+
     def loss(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, rows: slice) -> torch.Tensor:
         """The mean loss of one (micro-)batch: rows ``rows`` of this worker's batch."""
         ...
@@ -101,6 +108,12 @@ class ClassifyTask:
         return self.spec.build()
 
     def start_epoch(self) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any], device: torch.device | None = None) -> None:
         pass
 
     def loss(self, model, x: torch.Tensor, y: torch.Tensor, rows: slice) -> torch.Tensor:
@@ -170,6 +183,13 @@ class LanguageModelTask:
 
     def start_epoch(self) -> None:
         self.hidden = {}  # the text starts over: so does the state
+
+    def state_dict(self) -> dict[str, Any]:
+        # the LSTM state after the last window: a resumed run continues the text mid-epoch from it
+        return {"hidden": {k: tuple(h.cpu() for h in v) for k, v in self.hidden.items()}}
+
+    def load_state_dict(self, state: dict[str, Any], device: torch.device | None = None) -> None:
+        self.hidden = {k: tuple(h.to(device) if device else h for h in v) for k, v in state.get("hidden", {}).items()}
 
     def loss(self, model, x: torch.Tensor, y: torch.Tensor, rows: slice) -> torch.Tensor:
         """x, y: (b, bptt), rows ``rows`` of this worker's batch (micro-batches cut the rows)."""

@@ -19,11 +19,11 @@ from typing import Any
 
 import torch
 
-from . import checkpoint
+from . import checkpoint, preempt, watchdog
 from .config import Config, parse_target
 from .devices import pick_device
 from .distributed.base import GradientExchange
-from .errors import ConfigError
+from .errors import ConfigError, Diverged, Preempted
 from .run_logger import NullLogger
 from .tasks import Batches, make_task
 
@@ -57,6 +57,7 @@ class Setup:
     eval_set: Any  # this worker's evaluation share: a TensorDataset or a ptb.EvalStream
     total_steps: int
     start_step: int
+    worker_states: list[dict[str, Any]] | None = None  # from the checkpoint (rank 0), one per worker
 
 
 class Throughput:
@@ -130,9 +131,12 @@ class Trainer:
         torch.manual_seed(cfg.train.seed + 1_000_003 * (ex.worker_index + 1))
         optimizer = torch.optim.SGD(model.parameters(), lr=lr_at(0, cfg, ex.num_workers, batches.steps_per_epoch),
                                     momentum=cfg.optim.momentum, weight_decay=cfg.optim.weight_decay)
-        start = 0
-        if cfg.run.resume and ex.is_main:  # rank 0 reads, prepare() broadcasts
-            path = os.path.join(self.run_dir, checkpoint.CHECKPOINT_NAME) if cfg.run.resume == "auto" else cfg.run.resume
+        start, workers = 0, None
+        path = os.path.join(self.run_dir, checkpoint.CHECKPOINT_NAME) if cfg.run.resume == "auto" else cfg.run.resume
+        # --resume auto with nothing saved yet starts fresh: the same command line serves the first
+        # run and every restart after a preemption
+        if cfg.run.resume and ex.is_main and (cfg.run.resume != "auto" or os.path.isfile(path)):
+            # rank 0 reads, prepare() and run() broadcast
             state = checkpoint.load(path)
             saved = state["config"]
             for section, key in (("model", "model"), ("data", "batch_size")):
@@ -142,11 +146,17 @@ class Trainer:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
             start = int(state["step"])
-        return Setup(device, model, optimizer, batches, eval_set, total, start)
+            workers = state.get("workers")
+        return Setup(device, model, optimizer, batches, eval_set, total, start, workers)
 
     # ---------------------------------------------------------------- one step
-    def train_step(self, model, optimizer, inputs, targets, k: int) -> tuple[torch.Tensor, float]:
-        """Forward/backward over ``k`` micro-batches, exchange gradients, update. Returns (loss, wait s)."""
+    def train_step(self, model, optimizer, inputs, targets, k: int, step: int = 0) -> tuple[torch.Tensor, float, bool]:
+        """Forward/backward over ``k`` micro-batches, exchange gradients, update step ``step`` (1-based).
+
+        Returns (loss, wait s, stop): ``stop`` when a worker received a stop signal (see
+        :mod:`.preempt`). Raises :class:`Diverged` on every worker alike, before the update, when
+        a worker's loss or the averaged gradient's norm is not finite.
+        """
         optimizer.zero_grad()
         loss_sum = torch.zeros((), device=inputs.device)
         rows = len(inputs) // k
@@ -155,14 +165,26 @@ class Trainer:
             loss = self.task.loss(model, inputs[part], targets[part], part) / k
             loss.backward()  # the allreduce of each gradient starts from its hook, overlapping backward
             loss_sum += loss.detach()
+        # communication: the step's vote, summed over workers beside the gradients: [stop signals,
+        # losses]; a sum is finite only if every worker's loss is, so all decide alike
+        flags = torch.zeros(2, dtype=torch.float64)
+        flags[0] = float(bool(preempt.requested()))
+        flags[1] = loss_sum.detach().to("cpu", torch.float64)
+        self.ex.start_vote(flags)
+        watchdog.note(step, watchdog.EXCHANGING)
         t0 = time.perf_counter()
         self.ex.synchronize()
+        votes = self.ex.end_vote()
         wait = time.perf_counter() - t0
+        if not torch.isfinite(votes[1]):
+            raise Diverged(step, "the training loss (mean over workers)", votes[1].item() / self.ex.num_workers)
         if self.cfg.optim.grad_clip > 0:
             # after the exchange: the norm of the averaged gradient, identical on every worker
-            torch.nn.utils.clip_grad_norm_(model.parameters(), self.cfg.optim.grad_clip)
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.cfg.optim.grad_clip)
+            if not torch.isfinite(norm):
+                raise Diverged(step, "the gradient norm", norm.item())
         self.ex.apply(optimizer)
-        return loss_sum, wait
+        return loss_sum, wait, votes[0].item() > 0
 
     @torch.no_grad()
     def evaluate(self, model, eval_set, device) -> dict[str, float]:
@@ -174,9 +196,20 @@ class Trainer:
         return self.task.eval_metrics(self.ex.sum_over_workers(totals))  # communication: global sums
 
     def save_checkpoint(self, model, optimizer, step: int) -> None:
+        # Every worker checks its own copy (identical parameters, so all decide alike): a diverged
+        # model never replaces the last good checkpoint.
+        for name, p in model.named_parameters():
+            if not torch.isfinite(p).all():
+                raise Diverged(step, f"parameter {name}", p[~torch.isfinite(p)].flatten()[0].item())
+        # communication: every worker's RNG and task state (an LSTM's hidden state), so that a resumed
+        # run continues bit-exactly mid-epoch (dropout masks, the text's state)
+        mine = {"rng": torch.get_rng_state(), "task": self.task.state_dict()}
+        if torch.cuda.is_available():
+            mine["cuda_rng"] = torch.cuda.get_rng_state()
+        workers = self.ex.gather_from_workers(mine)
         if self.ex.is_main:
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                     "config": self.cfg.to_dict()}
+                     "config": self.cfg.to_dict(), "workers": workers}
             checkpoint.save(os.path.join(self.run_dir, checkpoint.CHECKPOINT_NAME), state)
 
     def mean_loss(self, loss_sum: torch.Tensor, steps: int) -> float:
@@ -191,6 +224,21 @@ class Trainer:
         model, device = s.model, s.device
         optimizer = ex.prepare(model, s.optimizer)
         step = ex.broadcast_object(s.start_step)  # communication: the resumed step, from rank 0
+        resumed = ex.broadcast_object(s.worker_states)  # communication: each worker's saved RNG and task state
+        task_state = None
+        if resumed and len(resumed) == ex.num_workers:
+            mine = resumed[ex.worker_index]
+            torch.set_rng_state(mine["rng"])
+            if "cuda_rng" in mine and device.type == "cuda":
+                torch.cuda.set_rng_state(mine["cuda_rng"])
+            task_state = mine["task"]
+        elif resumed:  # another worker count (an elastic restart): per-worker state does not carry over
+            old, new, spe = len(resumed), ex.num_workers, s.batches.steps_per_epoch
+            log.message(f"elastic: resumed with {new} workers from a checkpoint of {old}: global batch "
+                        f"{old * cfg.data.batch_size * cfg.exchange.backward_passes_per_step} -> "
+                        f"{new * cfg.data.batch_size * cfg.exchange.backward_passes_per_step}, LR "
+                        f"{lr_at(step, cfg, old, spe):g} -> {lr_at(step, cfg, new, spe):g}; RNG and task state "
+                        "start afresh")
         k = cfg.exchange.backward_passes_per_step
         workers, per_step = ex.num_workers, cfg.data.batch_size * k
         spe = s.batches.steps_per_epoch
@@ -212,16 +260,21 @@ class Trainer:
         while step < stop_at:
             epoch, in_epoch = divmod(step, spe)
             self.task.start_epoch()
+            if task_state is not None and in_epoch:  # resumed mid-epoch: the state of the saved step
+                self.task.load_state_dict(task_state, device)
+            task_state = None
             for inputs, targets in s.batches.batches(epoch, in_epoch):  # the shard order of this epoch
                 started = time.perf_counter()
                 lr = lr_at(step, cfg, workers, spe)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
+                watchdog.note(step + 1, watchdog.COMPUTING)
                 inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-                loss, wait = self.train_step(model, optimizer, inputs, targets, k)
+                loss, wait, stop = self.train_step(model, optimizer, inputs, targets, k, step + 1)
                 if device.type == "cuda":
                     torch.cuda.synchronize()  # honest step times
                 step += 1
+                watchdog.note(step, watchdog.AFTER)
                 meter.record(started, wait)
                 loss_sum += loss
                 since_log += 1
@@ -245,8 +298,10 @@ class Trainer:
                         log.message(f"target {cfg.train.target} reached at step {step} (epoch {step / spe:.2f}) "
                                     f"after {target.reached['seconds']:.1f} s")
                         stop_at = step  # every rank evaluated the same global figures: all stop here
-                if step % ckpt_every == 0 or step == stop_at:
+                if step % ckpt_every == 0 or step == stop_at or stop:
                     self.save_checkpoint(model, optimizer, step)
+                if stop:  # every worker saw the same vote: all stop after this step
+                    raise Preempted(step, preempt.requested() or "a signal to another rank")
                 if step >= stop_at:
                     break
 

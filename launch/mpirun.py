@@ -20,11 +20,15 @@ replaces ssh (see launch/netns.py). Only the transport to the hosts changes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -36,6 +40,7 @@ FORWARD_VARS = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "OMP_NUM_THREADS", "MKL
                 "ALLREDUCE_TRAIN_PROGRESS", "ALLREDUCE_TRAIN_TRACEBACK", "CUDA_VISIBLE_DEVICES")
 FORWARD_PREFIXES = ("HOROVOD_", "NCCL_")
 TRAINER = "allreduce_train"
+EXIT_PREEMPTED, EXIT_TIMEOUT = 75, 124  # as allreduce_train/errors.py documents (launch does not import the trainer)
 
 
 def no_gl_probe(environ: dict[str, str]) -> dict[str, str]:
@@ -46,6 +51,8 @@ def no_gl_probe(environ: dict[str, str]) -> dict[str, str]:
     TensorBoard's default. mpirun then waits forever for an X handshake and no rank starts.
     """
     return environ if "HWLOC_COMPONENTS" in environ else {**environ, "HWLOC_COMPONENTS": "-gl"}
+
+
 EMULATED_TIMEOUT = 3600.0  # seconds; an emulated cluster is never left running unattended
 
 
@@ -84,7 +91,12 @@ def build_command(spec: LaunchSpec, environ: dict[str, str] | None = None, is_ro
     if cluster and (spec.hosts or spec.hostfile):
         raise ValueError("give either --emulate-hosts or -H/--hostfile, not both")
     # mpirun runs inside the emulated cluster's head namespace, where the switch is
-    cmd = [*cluster.exec_prefix(), spec.mpirun] if cluster else [spec.mpirun]
+    cmd = [*cluster.exec_prefix()] if cluster else []
+    if "HWLOC_COMPONENTS" not in environ:
+        # In the command itself, so that the printed line is safe to copy: see no_gl_probe
+        cmd += ["env", "HWLOC_COMPONENTS=-gl"]
+        environ = no_gl_probe(environ)  # ... and forwarded to the ranks with -x
+    cmd.append(spec.mpirun)
     if is_root:
         cmd.append("--allow-run-as-root")  # Open MPI refuses root otherwise
     cmd += ["-np", str(spec.np)]
@@ -137,6 +149,12 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--command", default="train", help="allreduce_train subcommand to run on every rank (default: train)")
     p.add_argument("--module", default=TRAINER,
                    help="run `python -m MODULE ARGS` on every rank instead of the trainer (experiments' rank programs)")
+    p.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                   help="relaunch a failed job (a rank killed, a stall, a rank preempted) up to N times with "
+                        "--resume auto (default: 0); pin the run with the trainer's --name")
+    p.add_argument("--min-np", type=int, default=0, metavar="N",
+                   help="with --emulate-hosts and --max-restarts: when hosts are lost, restart on the remaining "
+                        "ones as long as at least N ranks fit (elastic shrink; default: never shrink)")
     p.add_argument("--dry-run", action="store_true", help="print the mpirun line and exit")
     p.add_argument("trainer_args", nargs=argparse.REMAINDER, help="arguments for the trainer, after --")
     return p
@@ -153,14 +171,20 @@ def main(argv: list[str] | None = None) -> int:
             cluster = ClusterSpec(hosts=args.emulate_hosts, link_rate=args.link_rate)
         if args.timeout < 0:
             raise ValueError(f"--timeout must be >= 0 (got {args.timeout:g})")
+        if args.max_restarts < 0 or args.min_np < 0:
+            raise ValueError("--max-restarts and --min-np must be >= 0")
+        if args.min_np and not (args.emulate_hosts and args.max_restarts):
+            raise ValueError("--min-np shrinks an emulated cluster on restart: give --emulate-hosts and --max-restarts")
+        if args.max_restarts and args.module == TRAINER:
+            trainer_args = pinned_name(trainer_args)
         spec = LaunchSpec(np=args.np, hosts=args.hosts, hostfile=args.hostfile, oversubscribe=args.oversubscribe,
                           mca=[tuple(kv) for kv in args.mca], module=args.module,
                           module_args=[args.command] if args.module == TRAINER else [], trainer_args=trainer_args,
                           cluster=cluster)
         if spec.hostfile and not os.path.isfile(spec.hostfile):
             raise ValueError(f"--hostfile {spec.hostfile}: file not found")
-        env = no_gl_probe(dict(os.environ))
-        cmd = build_command(spec, environ=env)
+        env = dict(os.environ)
+        cmd = build_command(spec, environ=env)  # sets HWLOC_COMPONENTS=-gl in the line unless env has it
     except ValueError as e:
         print(f"launch: error: {e}", file=sys.stderr)
         return 2
@@ -187,21 +211,111 @@ def main(argv: list[str] | None = None) -> int:
         env["ALLREDUCE_TRAIN_PROGRESS"] = "1"
         cmd = build_command(spec, environ=env)
     if spec.cluster:
-        return run_emulated(spec.cluster, cmd, env, args.timeout or EMULATED_TIMEOUT)
-    if args.timeout:
-        return run_bounded(cmd, env, args.timeout)
-    return subprocess.call(cmd, env=env)
-
-
-def run_bounded(cmd: list[str], env: dict[str, str], timeout: float) -> int:
-    """Run ``cmd``; past ``timeout`` seconds (or on Ctrl-C) stop mpirun, which takes its job down."""
-    proc = subprocess.Popen(cmd, env=env)
+        return run_emulated(spec.cluster, cmd, env, args.timeout or EMULATED_TIMEOUT,
+                            spec=spec, max_restarts=args.max_restarts, min_np=args.min_np)
     try:
-        return proc.wait(timeout=timeout)
+        return supervise(spec, cmd, env, args.timeout, args.max_restarts)
+    except KeyboardInterrupt:
+        print("launch: interrupted", file=sys.stderr)
+        return 130
+
+
+# Exit codes as allreduce_train/errors.py documents them (launch does not import the trainer).
+NOT_RESTARTED = {0: "finished", 2: "a usage error", 65: "diverged", EXIT_TIMEOUT: "--timeout", 130: "interrupted"}
+WHY = {1: "a rank failed", 69: "stalled", 75: "a rank was preempted"}
+
+
+def why(rc: int) -> str:
+    """A job's exit code in words."""
+    if rc > 128:
+        try:
+            return f"a rank was killed by {signal.Signals(rc - 128).name}"
+        except ValueError:
+            pass
+    return WHY.get(rc) or NOT_RESTARTED.get(rc) or "mpirun failed"
+
+
+def pinned_name(args: list[str]) -> list[str]:
+    """Trainer arguments with a fixed ``--name``: a restart must find the run's checkpoint."""
+    if "--name" in args or any(a.startswith("--name=") for a in args) or "--config" in args:
+        return args
+    name = f"run-{time.strftime('%Y%m%d-%H%M%S')}"
+    print(f"launch: --max-restarts: the run is named {name} (--name), so that a restart resumes it", flush=True)
+    return [*args, "--name", name]
+
+
+def resuming(args: list[str]) -> list[str]:
+    """Trainer arguments with ``--resume auto`` (replacing any other --resume)."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a == "--resume":
+            skip = True
+        elif not a.startswith("--resume="):
+            out.append(a)
+    return [*out, "--resume", "auto"]
+
+
+def supervise(spec: LaunchSpec, cmd: list[str], env: dict[str, str], timeout: float, max_restarts: int,
+              shrink=None) -> int:
+    """Run the job; relaunch it with ``--resume auto`` after a failure, up to ``max_restarts`` times.
+
+    Not restarted: success, usage errors, divergence (each would fail the same way again), the
+    launcher's own --timeout, and a stop signal sent to this launcher (the whole job is being
+    preempted: exit 75 and let the scheduler requeue it). ``shrink(spec, rc) -> spec | None``:
+    the emulated cluster's elastic step (None ends the job).
+    """
+    for attempt in range(max_restarts + 1):
+        stops: list[str] = []
+        rc = run_bounded(cmd, env, timeout, stops)
+        if rc in NOT_RESTARTED or stops or attempt == max_restarts:
+            return rc
+        print(f"launch: the job ended with exit {rc} ({why(rc)}); restart {attempt + 1} of {max_restarts} "
+              "with --resume auto", file=sys.stderr, flush=True)
+        spec = dataclasses.replace(spec, trainer_args=resuming(spec.trainer_args))
+        if shrink is not None:
+            spec = shrink(spec, rc)
+            if spec is None:
+                return rc
+        cmd = build_command(spec, environ=env)
+        print("+ " + shlex.join(cmd), flush=True)
+    return rc
+
+
+def run_bounded(cmd: list[str], env: dict[str, str], timeout: float = 0, stops: list[str] | None = None) -> int:
+    """Run ``cmd``; past ``timeout`` seconds (0 = none), or on Ctrl-C, stop mpirun, which takes its job down.
+
+    Preemption: SIGTERM or SIGUSR1 to this launcher becomes SIGUSR1 to mpirun, which Open MPI
+    forwards to every rank (a SIGTERM to mpirun itself would end the ranks a second later); the
+    ranks finish their step, checkpoint and exit 75 (allreduce_train/preempt.py).
+    """
+    proc = subprocess.Popen(cmd, env=env)
+
+    def forward(signum, _frame):
+        stops.append(signal.Signals(signum).name)
+        if proc.poll() is None:
+            print(f"launch: {signal.Signals(signum).name}: asking the job to checkpoint and stop (SIGUSR1 to mpirun)",
+                  file=sys.stderr, flush=True)
+            proc.send_signal(signal.SIGUSR1)
+
+    stops = [] if stops is None else stops
+    main_thread = threading.current_thread() is threading.main_thread()
+    old = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGUSR1)} if main_thread else {}
+    try:
+        rc = proc.wait(timeout=timeout or None)
+        if stops and rc == 128 + signal.SIGUSR1:
+            # a rank still starting up (its handler not yet installed) died of the forwarded signal:
+            # nothing had been trained, so nothing is lost; the job was preempted all the same
+            print("launch: the job was stopped before training began; nothing to checkpoint", file=sys.stderr)
+            rc = EXIT_PREEMPTED
+        return rc
     except subprocess.TimeoutExpired:
         print(f"launch: error: the job ran past --timeout {timeout:g}s; stopping it", file=sys.stderr, flush=True)
-        return 124
+        return EXIT_TIMEOUT
     finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
         if proc.poll() is None:
             proc.terminate()
             try:
@@ -211,13 +325,39 @@ def run_bounded(cmd: list[str], env: dict[str, str], timeout: float) -> int:
                 proc.wait()
 
 
-def run_emulated(cluster: ClusterSpec, cmd: list[str], env: dict[str, str], timeout: float) -> int:
-    """Build the emulated cluster, run the job in it, and remove the cluster however the job ended."""
+def run_emulated(cluster: ClusterSpec, cmd: list[str], env: dict[str, str], timeout: float,
+                 spec: LaunchSpec | None = None, max_restarts: int = 0, min_np: int = 0) -> int:
+    """Build the emulated cluster, run the job in it, and remove the cluster however the job ended.
+
+    With ``max_restarts``, a failed job is relaunched; hosts whose namespace disappeared get no
+    ranks, and with ``min_np`` the job shrinks onto the remaining hosts (elastic, Horovod-style,
+    through a restart from the checkpoint instead of Gloo's rendezvous).
+    """
     from .netns import ClusterError, EmulatedCluster
+
+    def shrink(job: LaunchSpec, rc: int) -> LaunchSpec | None:
+        em = job.cluster
+        gone = {i for i in em.live_hosts if not os.path.exists(f"/run/netns/{em.netns(i)}")}
+        if not gone:
+            return job
+        names = ", ".join(em.hostname(i) for i in sorted(gone))
+        live = len(em.live_hosts) - len(gone)
+        np = job.np * live // len(em.live_hosts)  # the same ranks per host as before
+        if not min_np or live == 0 or np < min_np:
+            print(f"launch: host(s) {names} lost; {np} ranks would remain, " +
+                  (f"fewer than --min-np {min_np}" if min_np else "and without --min-np the job does not shrink") +
+                  "; not restarting", file=sys.stderr, flush=True)
+            return None
+        print(f"launch: elastic: host(s) {names} lost; continuing on {live} host(s): world size {job.np} -> {np} "
+              "(the global batch is workers x --batch-size, and with --scale-lr the LR follows the workers: "
+              "the trainer prints both)", file=sys.stderr, flush=True)
+        return dataclasses.replace(job, np=np, cluster=dataclasses.replace(em, lost=em.lost | gone))
 
     try:
         with EmulatedCluster(cluster, log=lambda msg: print(msg, flush=True)):
-            return run_bounded(cmd, env, timeout)
+            if spec is None:
+                return run_bounded(cmd, env, timeout)
+            return supervise(spec, cmd, env, timeout, max_restarts, shrink)
     except ClusterError as e:
         print(f"launch: error: {e}", file=sys.stderr)
         return 2

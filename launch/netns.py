@@ -98,6 +98,7 @@ class ClusterSpec:
     hosts: int = 2
     link_rate: str = "1gbit"
     prefix: str = ""  # default: art-<pid>-<n>
+    lost: frozenset[int] = frozenset()  # hosts (1-based) that disappeared: no ranks go there (elastic restart)
 
     def __post_init__(self):
         if not 1 <= self.hosts <= MAX_HOSTS:
@@ -133,12 +134,17 @@ class ClusterSpec:
     def namespaces(self) -> list[str]:
         return [self.head] + [self.netns(i) for i in range(1, self.hosts + 1)]
 
+    @property
+    def live_hosts(self) -> list[int]:
+        return [i for i in range(1, self.hosts + 1) if i not in self.lost]
+
     def host_list(self, np: int) -> str:
         """``-H`` for ``np`` ranks spread evenly, the first hosts taking one extra when it does not divide."""
-        if np < self.hosts:
-            raise ValueError(f"-np {np} is fewer than --emulate-hosts {self.hosts}: every emulated host needs a rank")
-        q, r = divmod(np, self.hosts)
-        return ",".join(f"{self.hostname(i)}:{q + (1 if i <= r else 0)}" for i in range(1, self.hosts + 1))
+        live = self.live_hosts
+        if np < len(live):
+            raise ValueError(f"-np {np} is fewer than --emulate-hosts {len(live)}: every emulated host needs a rank")
+        q, r = divmod(np, len(live))
+        return ",".join(f"{self.hostname(i)}:{q + (1 if n < r else 0)}" for n, i in enumerate(live))
 
     def setup_commands(self) -> list[list[str]]:
         """The ip/tc commands that build the cluster, in order."""

@@ -118,7 +118,9 @@ def job_command(job: SlurmJob, environ: dict[str, str], is_root: bool) -> tuple[
     program = [job.python, "-m", TRAINER, "train"]
     if job.srun:
         env = [("OMPI_MCA_pml", "ob1"), ("OMPI_MCA_btl", "^openib"), *((f"OMPI_MCA_{k}", v) for k, v in job.mca)]
-        launcher = ["srun", "--mpi=pmix", "--kill-on-bad-exit=1"]
+        # Not --kill-on-bad-exit: after a preemption every rank exits 75 by itself, and srun killing the
+        # last ones as soon as the first has exited would turn the job's 75 into a failure (no requeue).
+        launcher = ["srun", "--mpi=pmix"]
         groups = [[shlex.quote(w) for w in launcher]]
     else:
         env = []

@@ -7,9 +7,12 @@ from __future__ import annotations
 import gzip
 import os
 import random
+import signal
 import struct
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -23,10 +26,11 @@ FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 
 
 def launch(np: int, args: list[str], timeout: float = 240, command: str = "train", module: str = "",
-           oversubscribe: bool = False, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """``python -m launch -np N -- ARGS`` with a hard timeout: a hanging rank fails the test.
+           oversubscribe: bool = False, env: dict[str, str] | None = None,
+           launcher: list[str] = ()) -> subprocess.CompletedProcess:
+    """``python -m launch -np N [LAUNCHER...] -- ARGS`` with a hard timeout: a hanging rank fails the test.
     ``module``: run that rank program (``python -m MODULE ARGS``) instead of the trainer."""
-    cmd = [sys.executable, "-m", "launch", "-np", str(np), "--command", command]
+    cmd = [sys.executable, "-m", "launch", "-np", str(np), "--command", command, *launcher]
     if module:
         cmd += ["--module", module]
     if oversubscribe:
@@ -57,6 +61,77 @@ def rel_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     num = sum(float((a[k].double() - b[k].double()).pow(2).sum()) for k in a)
     den = sum(float(b[k].double().pow(2).sum()) for k in b)
     return (num / den) ** 0.5
+
+
+# ------------------------------------------------------------------ jobs in the background (fault tests)
+
+def job_pids(tag: str) -> dict[int, int]:
+    """Global rank -> pid of the ranks of the job whose environment carries FAULT_TEST_TAG=tag."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            env = open(f"/proc/{entry}/environ", "rb").read().split(b"\0")
+            cmd = open(f"/proc/{entry}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if b"allreduce_train" not in cmd:
+            continue
+        vars_ = dict(v.split(b"=", 1) for v in env if b"=" in v)
+        if vars_.get(b"FAULT_TEST_TAG") == tag.encode() and b"OMPI_COMM_WORLD_RANK" in vars_:
+            found[int(vars_[b"OMPI_COMM_WORLD_RANK"])] = int(entry)
+    return found
+
+
+class Job:
+    """A launcher run in the background whose output lines are collected as they come."""
+
+    def __init__(self, np: int, args: list[str], tag: str, oversubscribe: bool = False,
+                 launcher: list[str] = ()) -> None:
+        cmd = [sys.executable, "-m", "launch", "-np", str(np), *(["--oversubscribe"] if oversubscribe else []),
+               *launcher, "--", *args]
+        self.tag = tag
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "FAULT_TEST_TAG": tag}
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self._readers = [threading.Thread(target=lambda s=s, d=d: d.extend(s), daemon=True)
+                         for s, d in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
+        for r in self._readers:
+            r.start()
+
+    def wait_for(self, needle: str, timeout: float = 240) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(needle in ln for ln in self.out):
+            assert self.proc.poll() is None, f"the job ended early: {self.text()}"
+            assert time.monotonic() < deadline, f"{needle!r} never came: {self.text()}"
+            time.sleep(0.2)
+
+    def finish(self, timeout: float) -> int:
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError(f"the job did not end within {timeout} s: {self.text()}") from None
+        for r in self._readers:
+            r.join(timeout=10)
+        return self.proc.returncode
+
+    def text(self) -> str:
+        return "stdout:\n" + "".join(self.out)[-3000:] + "\nstderr:\n" + "".join(self.err)[-3000:]
+
+    def kill_leftovers(self) -> list[int]:
+        left = job_pids(self.tag)
+        for pid in left.values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        return sorted(left)
 
 
 needs_fashion_mnist = pytest.mark.skipif(

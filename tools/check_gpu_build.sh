@@ -28,9 +28,10 @@ grep -Eq '\[X\] PyTorch' <<<"$build" || die "horovodrun --check-build does not l
 log "check 2/3: import horovod.torch"
 "$VENV/bin/python" - <<'PY'
 import torch
+import horovod
 import horovod.torch as hvd
 built = {"NCCL": hvd.nccl_built(), "CUDA": hvd.cuda_built(), "MPI": hvd.mpi_built(), "Gloo": hvd.gloo_built()}
-print(f"horovod {hvd.__version__} on torch {torch.__version__} (CUDA {torch.version.cuda}):",
+print(f"horovod {horovod.__version__} on torch {torch.__version__} (CUDA {torch.version.cuda}):",
       ", ".join(f"{k} {v}" for k, v in built.items()), f"; GPU visible: {torch.cuda.is_available()}")
 missing = [k for k, v in built.items() if not v]
 if missing:

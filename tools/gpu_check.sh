@@ -7,19 +7,22 @@
 # a short lease: ~3 min of build on 16 cores, ~2 min of runs. Nothing is installed into that
 # Python: Horovod goes to .gpucheck/site (PYTHONPATH).
 #
-#   tools/gpu_check.sh [--dry-run] [gpucheck options, e.g. --steps 100 --models lenet5]
+#   tools/gpu_check.sh [--dry-run | --build-only] [gpucheck options, e.g. --steps 100 --models lenet5]
 #
 # --dry-run (make gpu-check DRY=1): on this CPU machine with the project's .venv: checks the carried
 # sdist and that every patch applies, prints the build it would run, then runs the same table on
-# the CPU (Horovod's CPU operations, DDP over gloo) with a few steps. Results also go to $OUT when
+# the CPU (Horovod's CPU operations, DDP over gloo) with a few steps. --build-only: steps 1-3 for real
+# without a GPU (PYTHON=.venv-gpu/bin/python here), to check the build itself. Results also go to $OUT when
 # set (a device machine's output folder), else .gpucheck/. docs/gpu.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . tools/gpu_common.sh
 root=$PWD
 
-dry=0
+dry=0 build_only=0
 if [ "${1:-}" = "--dry-run" ]; then dry=1; shift; fi
+# --build-only: steps 1-3 for real (the no-MPI NCCL build and its import) on a machine without a GPU.
+if [ "${1:-}" = "--build-only" ]; then build_only=1; shift; fi
 out=${OUT:-$root/.gpucheck}
 mkdir -p "$out" "$root/.gpucheck"
 t0=$SECONDS
@@ -37,7 +40,7 @@ log "step 1/4: the machine"
 "$PY" -c 'import numpy' 2>/dev/null || die "$PY has no numpy (the data code needs it); install it or set PYTHON"
 log "python: $PY ($("$PY" -c 'import sys; print(sys.version.split()[0])')), torch $("$PY" -c 'import torch; print(torch.__version__)')"
 cuda_ver=$(torch_cuda_version "$PY")
-if [ $dry = 0 ]; then
+if [ $dry = 0 ] && [ $build_only = 0 ]; then
     [ -n "$cuda_ver" ] || die "torch is a CPU build; this check needs a CUDA build of torch (or run with --dry-run)"
     "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' || \
         die "torch (CUDA $cuda_ver) sees no GPU; check nvidia-smi and CUDA_VISIBLE_DEVICES (or run with --dry-run)"
@@ -45,7 +48,7 @@ if [ $dry = 0 ]; then
 fi
 cuda_home=$(find_system_cuda)
 nccl=$(nccl_dir "$PY")
-cc=$(if [ $dry = 0 ]; then "$PY" -c 'import torch; p = torch.cuda.get_device_properties(0); print(f"{p.major}{p.minor}")'; else echo "$GPU_CC_LIST"; fi)
+cc=$(if [ $dry = 0 ] && [ $build_only = 0 ]; then "$PY" -c 'import torch; p = torch.cuda.get_device_properties(0); print(f"{p.major}{p.minor}")'; else echo "$GPU_CC_LIST"; fi)
 log "nvcc: ${cuda_home:-none found} $( [ -n "$cuda_home" ] && "$cuda_home/bin/nvcc" --version | sed -n 's/.*\(release [0-9.]*\).*/(\1)/p')"
 log "cmake: $(command -v cmake >/dev/null && cmake --version | head -1 || echo none)"
 if [ -n "$nccl" ]; then log "NCCL: $(nccl_version "$nccl/include") from $nccl"
@@ -60,10 +63,11 @@ if [ ${#missing[@]} -gt 0 ]; then
     [ $dry = 1 ] && log "missing for the real run here: ${missing[*]}" || die "missing: ${missing[*]}"
 fi
 
-# Horovod imports cloudpickle and packaging (pure Python); the tree carries both wheels for a
-# Python that lacks them.
+# Horovod imports cloudpickle and packaging, the project's config tomli before Python 3.11 (all pure
+# Python); the tree carries their wheels for a Python that lacks them.
+"$PY" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || die "$PY is older than Python 3.10 (the project needs >= 3.10)"
 deps=""
-for mod in cloudpickle packaging; do
+for mod in cloudpickle packaging $("$PY" -c 'import sys; print("tomli" if sys.version_info < (3, 11) else "")'); do
     if ! "$PY" -c "import $mod" 2>/dev/null; then
         whl=$(ls "$root"/third_party/"$mod"-*-py3-none-any.whl 2>/dev/null | head -1)
         [ -n "$whl" ] || die "$PY has no $mod and third_party/ has no $mod wheel"
@@ -77,7 +81,7 @@ site=$root/.gpucheck/site
 build_horovod() {  # in a subshell: the build's variables never reach the runs
     export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_WITHOUT_MPI=1 HOROVOD_BUILD_CUDA_CC_LIST=$cc
     export HOROVOD_TARGET=$site ALLREDUCE_TRAIN_CACHE=$root/.gpucheck/cache MAKEFLAGS="-j$(nproc)"
-    if [ -n "$cuda_home" ]; then export HOROVOD_CUDA_HOME=$cuda_home PATH="$cuda_home/bin:$PATH"; fi
+    if [ -n "$cuda_home" ]; then export HOROVOD_CUDA_HOME=$cuda_home CUDA_HOME=$cuda_home PATH="$cuda_home/bin:$PATH"; fi
     if [ -n "$nccl" ]; then
         export HOROVOD_NCCL_INCLUDE=$nccl/include HOROVOD_NCCL_LINK=SHARED
         HOROVOD_NCCL_LIB=$(nccl_link_dir "$nccl" "$root/.gpucheck/nccl")
@@ -121,6 +125,10 @@ if [ $dry = 0 ]; then
     "$PY" -c 'import horovod.torch as hvd, sys; sys.exit(0 if hvd.nccl_built() else 1)' || die "Horovod was built without NCCL"
 fi
 
+if [ $build_only = 1 ]; then
+    log "build only: Horovod built and imported in $((SECONDS - t0)) s; no runs"
+    exit 0
+fi
 log "step 4/4: the runs (each prints what it does), then the table"
 device=cuda
 extra=()

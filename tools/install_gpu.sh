@@ -19,19 +19,23 @@ done
 
 [ -x "$VENV/bin/python" ] || { log "creating $VENV"; "$PYTHON" -m venv "$VENV"; }
 PY=$VENV/bin/python
-"$PY" -m pip install -q --upgrade pip setuptools wheel
-
-# torch===2.13.0 (exactly, no local label): PyPI's default Linux wheel, built with CUDA 13.0. Its
-# dependencies bring the CUDA 13 runtime libraries and NCCL (nvidia-nccl-cu13, pinned by torch).
-# "==" would also accept a local 2.13.0+cpu wheel where pip finds one.
-log "torch 2.13.0 with CUDA (a ~0.5 GB wheel plus ~3 GB of NVIDIA libraries, once)"
-"$PY" -m pip install -q "torch===2.13.0" "numpy>=1.24"
+# The pip steps run again only when their inputs changed (a re-run then takes seconds).
+pip_key=$(cat pyproject.toml tools/install_gpu.sh | sha256sum | cut -c1-16)
+pip_stamp=$VENV/.install-gpu-pip
+if [ "$(cat "$pip_stamp" 2>/dev/null)" != "$pip_key" ]; then
+    "$PY" -m pip install -q --upgrade pip setuptools wheel
+    # torch===2.13.0 (exactly, no local label): PyPI's default Linux wheel, built with CUDA 13.0. Its
+    # dependencies bring the CUDA 13 runtime libraries and NCCL (nvidia-nccl-cu13, pinned by torch).
+    # "==" would also accept a local 2.13.0+cpu wheel where pip finds one.
+    log "torch 2.13.0 with CUDA (a ~0.5 GB wheel plus ~3 GB of NVIDIA libraries, once)"
+    "$PY" -m pip install -q "torch===2.13.0" "numpy>=1.24"
+    "$PY" -m pip install -q --no-binary mpi4py "mpi4py>=4.0"
+    "$PY" -m pip install -q -e ".[dev,build]"
+    echo "$pip_key" > "$pip_stamp"
+fi
 cuda_ver=$(torch_cuda_version "$PY")
 [ -n "$cuda_ver" ] || die "$VENV has a CPU build of torch; remove $VENV and re-run make install-gpu"
 log "torch $("$PY" -c 'import torch; print(torch.__version__)') built with CUDA $cuda_ver"
-
-"$PY" -m pip install -q --no-binary mpi4py "mpi4py>=4.0"
-"$PY" -m pip install -q -e ".[dev,build]"
 
 # A CUDA compiler and headers: the system's toolkit, else NVIDIA's PyPI wheels at the version of
 # torch's own CUDA libraries (cuda-toolkit, pinned in torch's requirements).
@@ -60,7 +64,8 @@ nccl=$(nccl_dir "$PY")
 [ -n "$nccl" ] && [ -f "$nccl/include/nccl.h" ] || die "torch brought no nvidia-nccl wheel into $VENV"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_CUDA_HOME="$cuda_home" HOROVOD_NCCL_LINK=SHARED
+# CUDA_HOME too: Horovod asks torch.utils.cpp_extension whether torch has CUDA, and that looks there.
+export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_CUDA_HOME="$cuda_home" CUDA_HOME="$cuda_home" HOROVOD_NCCL_LINK=SHARED
 export HOROVOD_NCCL_INCLUDE="$nccl/include" HOROVOD_NCCL_LIB=$(nccl_link_dir "$nccl" "$work/nccl")
 export HOROVOD_BUILD_CUDA_CC_LIST=$GPU_CC_LIST PATH="$cuda_home/bin:$PATH"
 log "Horovod $HOROVOD_VERSION with NCCL ops (NCCL $(nccl_version "$nccl/include") from $nccl), CUDA archs $GPU_CC_LIST"

@@ -4,8 +4,9 @@
 # user (uid 1000, like the image's mpiuser), the worker runs deploy/worker-entrypoint.sh with a real
 # sshd configured as deploy/sshd_config; the launcher runs deploy/launcher-entrypoint.sh with the
 # mpirun line `python -m launch k8s` renders, and Open MPI reads a hostfile and ssh options from the
-# environment, as mpi-operator sets them. After the ranks have trained a few steps it sends SIGTERM
-# to the launcher entrypoint, as Kubernetes does to a pod it stops, and reports how the job ended.
+# environment, as mpi-operator sets them. After the ranks have written a checkpoint it sends SIGTERM
+# to the launcher entrypoint, as Kubernetes does to a pod it stops, reports how the job ended, then
+# starts the launcher again (restartPolicy: OnFailure), which resumes (--resume auto) and finishes.
 #
 #   sudo SSHD=/path/to/sshd [STOP=worker] tools/k8s_pod_check.sh [trainer arguments]
 #
@@ -72,48 +73,68 @@ chmod 755 "$work"
 
 as_user() { local ns=$1; shift; exec ip netns exec "$ns" setpriv --reuid="$RUNAS" --regid="$RUNAS" --clear-groups -- "$@"; }
 
-(as_user "$W" env HOME="$work" SSHD="$SSHD" SSHD_CONFIG="$work/sshd_config" LD_LIBRARY_PATH="${SSHD_LIBS:-}" \
-    deploy/worker-entrypoint.sh) &
-worker=$!
-pids+=($worker)
-for _ in $(seq 50); do ip netns exec "$W" bash -c "exec 3<>/dev/tcp/$WORKER_IP/2222" 2>/dev/null && break; sleep 0.2; done
+start_worker() {  # the worker pod: its entrypoint and sshd
+    (as_user "$W" env HOME="$work" SSHD="$SSHD" SSHD_CONFIG="$work/sshd_config" LD_LIBRARY_PATH="${SSHD_LIBS:-}" \
+        deploy/worker-entrypoint.sh) &
+    worker=$!
+    pids+=($worker)
+    for _ in $(seq 50); do ip netns exec "$W" bash -c "exec 3<>/dev/tcp/$WORKER_IP/2222" 2>/dev/null && break; sleep 0.2; done
+}
 
-# the launcher's line for 1 worker x 2 slots, with this checkout's Python in place of the image's
-mapfile -t cmd < <("$PY" - "$PY" "$@" <<'EOF'
+start_launcher() {  # the launcher pod's container; $1: log file
+    (as_user "$L" env HOME="$work" PATH="$PATH" HWLOC_COMPONENTS=-gl OMPI_MCA_orte_default_hostfile="$work/hostfile" \
+        OMPI_MCA_plm_rsh_args="-F $work/ssh_config" OMPI_MCA_orte_keep_fqdn_hostnames=true \
+        deploy/launcher-entrypoint.sh "${cmd[@]}" >"$1" 2>&1) &
+    launcher=$!
+    pids+=($launcher)
+}
+
+# the launcher's line for 1 worker x 2 slots (with --name allreduce-train --resume auto), this
+# checkout's Python in place of the image's, and the run directory in $work
+mapfile -t cmd < <("$PY" - "$PY" "$work/runs" "$@" <<'EOF'
 import sys
 from launch import k8s
-spec = k8s.K8sSpec(workers=1, slots_per_worker=2, resume=False,
-                   trainer_args=["--dataset", "synthetic", "--steps", "100000", "--log-every", "5", "--no-progress",
-                                 "--checkpoint-every", "20", *sys.argv[2:]])
+spec = k8s.K8sSpec(workers=1, slots_per_worker=2,
+                   trainer_args=["--dataset", "synthetic", "--steps", "2000", "--log-every", "5", "--no-progress",
+                                 "--checkpoint-every", "20", "--run-dir", sys.argv[2], *sys.argv[3:]])
 print("\n".join(sys.argv[1] if a == k8s.PYTHON else a for a in k8s.mpirun_command(spec)))
 EOF
 )
 echo "+ ${cmd[*]}"
-(as_user "$L" env HOME="$work" PATH="$PATH" HWLOC_COMPONENTS=-gl OMPI_MCA_orte_default_hostfile="$work/hostfile" \
-    OMPI_MCA_plm_rsh_args="-F $work/ssh_config" OMPI_MCA_orte_keep_fqdn_hostnames=true \
-    deploy/launcher-entrypoint.sh "${cmd[@]}" --run-dir "$work/runs" --name check >"$work/launcher.log" 2>&1) &
-launcher=$!
-pids+=($launcher)
+run="$work/runs/allreduce-train"
 
+start_worker
+start_launcher "$work/launcher1.log"
 # trained and checkpointed at least once (--checkpoint-every 20)
 for _ in $(seq 600); do
-    [ -e "$work/runs/check/checkpoint.pt" ] || ! kill -0 "$launcher" 2>/dev/null && break
+    [ -e "$run/checkpoint.pt" ] || ! kill -0 "$launcher" 2>/dev/null && break
     sleep 0.5
 done
-if kill -0 "$launcher" 2>/dev/null; then
-    if [ "${STOP:-launcher}" = worker ]; then
-        echo "ranks are training on the worker; SIGTERM to the worker entrypoint"
-        kill -TERM "$worker"
-    else
-        echo "ranks are training on the worker; SIGTERM to the launcher entrypoint"
-        kill -TERM "$launcher"
-    fi
+if ! kill -0 "$launcher" 2>/dev/null; then
+    echo "the launcher ended before a checkpoint was written:"
+    tail -n 20 "$work/launcher1.log"
+    exit 1
+fi
+if [ "${STOP:-launcher}" = worker ]; then
+    echo "ranks are training on the worker; SIGTERM to the worker entrypoint (the worker pod is stopped)"
+    kill -TERM "$worker"
 else
-    echo "the launcher ended before a checkpoint was written"
+    echo "ranks are training on the worker; SIGTERM to the launcher entrypoint (the launcher pod is stopped)"
+    kill -TERM "$launcher"
 fi
 status=0
 wait "$launcher" || status=$?
-echo "--- launcher output (last 15 lines)"
-tail -n 15 "$work/launcher.log"
-echo "--- launcher exit status: $status"
-ls -l "$work/runs/check" 2>/dev/null | sed 's/^/    /' || true
+echo "--- first launcher: output (last 12 lines), exit status $status"
+tail -n 12 "$work/launcher1.log"
+
+if [ "${STOP:-launcher}" = worker ]; then
+    wait "$worker" || true
+    start_worker  # mpi-operator recreates the worker pod
+fi
+echo "--- the launcher restarted (restartPolicy: OnFailure); it runs to the end"
+start_launcher "$work/launcher2.log"
+status=0
+wait "$launcher" || status=$?
+grep -h "from step" "$work/launcher1.log" "$work/launcher2.log" | sed 's/^/    /'
+tail -n 3 "$work/launcher2.log"
+echo "--- second launcher: exit status $status"

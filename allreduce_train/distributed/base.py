@@ -61,6 +61,15 @@ class GradientExchange(ABC):
     def sum_over_workers(self, values: torch.Tensor) -> torch.Tensor:
         """Element-wise sum of a small CPU tensor over all workers (for global metrics)."""
 
+    def start_vote(self, flags: torch.Tensor) -> None:
+        """Begin summing a few float64 flags over the workers without waiting (the trainer's per-step
+        vote: stop requested, loss finite). Strategies send it beside the step's gradients."""
+        self._vote = flags
+
+    def end_vote(self) -> torch.Tensor:
+        """The sum begun by :meth:`start_vote`, the same on every worker."""
+        return self.sum_over_workers(self._vote)
+
     @abstractmethod
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:
         """Send a picklable object from ``root`` to every rank."""
@@ -68,6 +77,11 @@ class GradientExchange(ABC):
     @abstractmethod
     def allgather_object(self, obj: Any) -> list[Any]:
         """Collective over every rank: the list of each rank's ``obj``, by rank."""
+
+    def gather_from_workers(self, obj: Any) -> list[Any]:
+        """Collective over the workers: each worker's ``obj``, by worker index (checkpoints keep
+        every worker's RNG and task state)."""
+        return self.allgather_object(obj)
 
     def serve(self) -> None:
         """Run a non-worker rank until the workers finish."""

@@ -103,7 +103,7 @@ class MPIRingAllreduce(GradientExchange):
         # Gradients on their own communicator: bucket indices are its tags, and nothing else
         # (metrics, set-up objects) can match a gradient's receive.
         self.comm = world.Dup()
-        self.timeout = x.ps_timeout
+        self.timeout = x.stall_timeout  # 0: wait forever (the watchdog is off too)
         self.algorithm = x.mpi_algorithm
         self.dtype = torch.float16 if x.compression == "fp16" else torch.float32
         self.divisor = self.size if average else 1

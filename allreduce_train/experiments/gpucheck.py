@@ -183,12 +183,17 @@ def table(rows: list[dict], device: str) -> str:
     return "\n".join(lines)
 
 
+def nccl_version() -> str:
+    v = torch.cuda.nccl.version()  # (2, 29, 7); an int such as 22907 in older torch
+    return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+
 def describe_machine(device: str) -> str:
     parts = [f"torch {torch.__version__}"]
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
         parts += [f"CUDA {torch.version.cuda}", f"{props.name} ({props.total_memory / 2**30:.0f} GiB, "
-                  f"sm_{props.major}{props.minor})", f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}"]
+                  f"sm_{props.major}{props.minor})", f"NCCL {nccl_version()}"]
     else:
         parts.append("CPU only (dry run: checks the code path, the figures mean nothing for a GPU)")
     return ", ".join(parts)

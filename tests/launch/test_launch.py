@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 
@@ -8,7 +9,8 @@ from helpers import ROOT
 
 def test_local_command():
     cmd = build_command(LaunchSpec(np=2, trainer_args=["--epochs", "1"]), environ={"PATH": "/bin"}, is_root=False)
-    assert cmd[:3] == ["mpirun", "-np", "2"]
+    # in the line itself, so that a copied line cannot hang on hwloc's X probe (launch.mpirun.no_gl_probe)
+    assert cmd[:5] == ["env", "HWLOC_COMPONENTS=-gl", "mpirun", "-np", "2"]
     assert "--allow-run-as-root" not in cmd and "--oversubscribe" not in cmd
     i = cmd.index("-bind-to")
     assert cmd[i:i + 4] == ["-bind-to", "none", "-map-by", "slot"]
@@ -24,7 +26,14 @@ def test_root_hosts_and_forwarded_env():
     assert "--allow-run-as-root" in cmd and "--oversubscribe" in cmd
     assert cmd[cmd.index("-H") + 1] == "a:4,b:4"
     exported = [cmd[i + 1] for i, c in enumerate(cmd) if c == "-x"]
-    assert exported == ["PATH", "HOROVOD_FUSION_THRESHOLD", "NCCL_DEBUG"]
+    assert exported == ["PATH", "HWLOC_COMPONENTS", "HOROVOD_FUSION_THRESHOLD", "NCCL_DEBUG"]
+
+
+def test_a_users_hwloc_components_are_kept():
+    env = {"PATH": "/bin", "HWLOC_COMPONENTS": "-gl,-opencl"}
+    cmd = build_command(LaunchSpec(np=2), environ=env, is_root=False)
+    assert cmd[0] == "mpirun" and "HWLOC_COMPONENTS=-gl" not in cmd
+    assert "HWLOC_COMPONENTS" in [cmd[i + 1] for i, c in enumerate(cmd) if c == "-x"]
 
 
 def test_hostfile_and_mca():
@@ -35,11 +44,12 @@ def test_hostfile_and_mca():
 
 
 def test_cli_prints_exact_line_and_rejects_bad_input(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "HWLOC_COMPONENTS"}
     ok = subprocess.run([sys.executable, "-m", "launch", "-np", "3", "--dry-run", "--", "--lr", "0.1; rm -rf /"],
-                        cwd=ROOT, capture_output=True, text=True)
+                        cwd=ROOT, capture_output=True, text=True, env=env)
     assert ok.returncode == 0
     line = ok.stdout.strip().splitlines()[-1]
-    assert line.startswith("+ mpirun") and "'0.1; rm -rf /'" in line  # quoted, never run by a shell
+    assert line.startswith("+ env HWLOC_COMPONENTS=-gl mpirun") and "'0.1; rm -rf /'" in line  # quoted, never run by a shell
     bad = subprocess.run([sys.executable, "-m", "launch", "-np", "2", "--hostfile", str(tmp_path / "none"), "--"],
                          cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2 and "hostfile" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

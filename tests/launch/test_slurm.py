@@ -207,7 +207,7 @@ def job_id(proc: subprocess.CompletedProcess) -> str:
     return m.group(1)
 
 
-STEPS = 100  # at 100mbit at least 20 ms a step (LeNet-5's 247 KB of gradients each way): time to preempt
+STEPS = 60  # at 100mbit at least 20 ms a step (LeNet-5's 247 KB of gradients each way): time to preempt
 
 
 def link_bytes(spec, i: int) -> tuple[int, int]:
@@ -270,7 +270,9 @@ def _preemption_reason() -> str | None:
 
 @pytest.mark.mpi
 @pytest.mark.slurm
-def test_preempted_job_checkpoints_requeues_and_ends_like_an_uninterrupted_one(cluster, uninterrupted, tmp_path):
+@pytest.mark.parametrize("starter", ["mpirun", "srun"])
+def test_preempted_job_checkpoints_requeues_and_ends_like_an_uninterrupted_one(cluster, uninterrupted, tmp_path,
+                                                                               starter):
     """SIGUSR1 to the batch shell (what --signal=B:USR1@GRACE sends before the time limit): the job
     checkpoints, exits 75, is requeued, resumes, and ends with the uninterrupted job's parameters."""
     reason = _preemption_reason()
@@ -280,13 +282,14 @@ def test_preempted_job_checkpoints_requeues_and_ends_like_an_uninterrupted_one(c
     launcher = subprocess.Popen(
         [sys.executable, "-m", "launch", "slurm", "--output", str(tmp_path / "slurm-%j.out"),
          "--script", str(tmp_path / "p.sbatch"), "--job-name", "preempted", "--nodes", "2", "--submit",
-         "--timeout", str(JOB_TIMEOUT), "--", *QUICK, "--steps", str(STEPS), "--checkpoint-every", "20",
+         *(["--srun"] if starter == "srun" else []),
+         "--timeout", str(JOB_TIMEOUT), "--", *QUICK, "--steps", str(STEPS), "--checkpoint-every", "10",
          "--run-dir", str(tmp_path), "--dump-params", str(tmp_path / "params{rank}.pt")],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**env, "OMP_NUM_THREADS": "1"})
     try:
         deadline = time.monotonic() + JOB_TIMEOUT
         jid = ""
-        while not jid or not (tmp_path / f"slurm-{jid}" / "checkpoint.pt").exists():  # mid-run, past step 20
+        while not jid or not (tmp_path / f"slurm-{jid}" / "checkpoint.pt").exists():  # mid-run, past step 10
             assert launcher.poll() is None and time.monotonic() < deadline, "the job ended before it was preempted"
             jid = subprocess.run(["squeue", "-h", "-n", "preempted", "-o", "%i"], capture_output=True, text=True,
                                  timeout=30, env=env).stdout.strip()

@@ -21,9 +21,10 @@ produced it, so the transfer overlaps the rest of backward; big tensors are spli
 so no server is a hot spot (see :mod:`.ps_sharding`); all transfers are non-blocking and receive
 buffers are posted before the message that they answer is sent.
 
-Failure is bounded: every wait polls with a deadline (``--ps-timeout`` seconds without progress)
-and then raises, which the command line turns into MPI_Abort of the whole job; a rank that dies
-makes mpirun end the job by itself.
+Failure is bounded: every wait polls with a deadline (``--stall-timeout`` seconds without progress)
+and then raises :class:`~allreduce_train.errors.Stalled`, which the command line turns into the
+stall watchdog's report and exit 69 (the watchdog thread ends a wait that never returns to Python
+the same way); a rank that dies makes mpirun end the job by itself.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ import numpy as np
 import torch
 
 from ...config import Config
-from ...errors import ConfigError, UserError
+from ... import watchdog
+from ...errors import ConfigError, Stalled, UserError
 from ..base import GradientExchange
 from .sharding import Layout, plan
 
@@ -68,26 +70,26 @@ def _message(numel: int) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
     return raw, raw[:HEADER_BYTES].view(np.float64), torch.from_numpy(raw[HEADER_BYTES:].view(np.float32))
 
 
-class PSTimeout(RuntimeError):
-    pass
-
-
 def poll(test: Callable[[], bool], timeout: float, what: str, idle: Callable[[], bool] | None = None) -> None:
     """Call ``test`` until it returns True, running ``idle`` (a colocated server's work) between.
 
-    Raises :class:`PSTimeout` after ``timeout`` seconds in which neither completed anything. The
+    Raises :class:`Stalled` after ``timeout`` seconds (0 = never) in which neither completed anything. The
     pause between tests grows from nothing to 0.5 ms while nothing happens: a spinning rank would
     take the core from the very process it waits for when ranks outnumber cores.
     """
-    last = time.monotonic()
+    last = prev = time.monotonic()
     pause = 0.0
     while not test():
         if idle is not None and idle():
             last, pause = time.monotonic(), 0.0
+            watchdog.beat()
             continue
-        if time.monotonic() - last > timeout:
-            raise PSTimeout(f"no progress for {timeout:g} s waiting for {what}; a rank is stuck or dead "
-                            "(raise --ps-timeout if it is only slow)")
+        now = time.monotonic()
+        if now - prev > 1.0:  # this process was stopped (SIGSTOP): its peers are not to blame
+            last = now
+        prev = now
+        if timeout and now - last > timeout:
+            raise Stalled(f"waiting for {what}")
         if pause:
             time.sleep(pause)
         pause = min(2 * pause or 1e-5, 5e-4)
@@ -340,7 +342,7 @@ class ParameterServer(GradientExchange):
         return self._server.progress if self._server is not None else None
 
     def _poll(self, test, what: str) -> None:
-        poll(test, self.xcfg.ps_timeout, what, self._idle)
+        poll(test, self.xcfg.stall_timeout, what, self._idle)
 
     # ------------------------------------------------------------ set-up
     def _start(self, payload: dict[str, Any]) -> None:
@@ -357,14 +359,14 @@ class ParameterServer(GradientExchange):
             clip_comm = self.world.Split(0 if owns else self.MPI.UNDEFINED, self.rank)
         if self._server_index is not None:
             self._server = _Server(self.MPI, self._server_index, self.layout, payload, self.worker_ranks,
-                                   x.ps_mode == "sync", self.push, self.pull, x.ps_timeout, sync_clip, clip_comm)
+                                   x.ps_mode == "sync", self.push, self.pull, x.stall_timeout, sync_clip, clip_comm)
         self._started = True
 
     def serve(self) -> None:
         # communication: the main worker's parameters and optimizer state (from prepare()).
         self._start(self._bcast(self.world, None, self.main_rank, "the main worker's parameters"))
         server = self._server
-        poll(lambda: server.finished, self.xcfg.ps_timeout, "pushes from the workers", server.progress)
+        poll(lambda: server.finished, self.xcfg.stall_timeout, "pushes from the workers", server.progress)
         server.flush()
 
     def prepare(self, model, optimizer):
@@ -502,6 +504,15 @@ class ParameterServer(GradientExchange):
         self._poll(req.Test, "the other workers (metrics)")
         return torch.from_numpy(arr)
 
+    def start_vote(self, flags: torch.Tensor) -> None:
+        self._vote_arr = flags.detach().cpu().numpy().copy()
+        # communication: non-blocking, in flight while the step's pushes are answered
+        self._vote_req = self.workers_comm.Iallreduce(self.MPI.IN_PLACE, self._vote_arr, op=self.MPI.SUM)
+
+    def end_vote(self) -> torch.Tensor:
+        self._poll(self._vote_req.Test, "the other workers (the step's vote)")
+        return torch.from_numpy(self._vote_arr)
+
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:
         """``root`` is a worker index (0 = the main worker). Before the servers start, every rank
         takes part (the command line agrees on the run directory); afterwards only workers do."""
@@ -510,15 +521,21 @@ class ParameterServer(GradientExchange):
         return self._bcast(self.world, obj, self.worker_ranks[root], "every rank's set-up")
 
     def allgather_object(self, obj: Any) -> list[Any]:
-        MPI, world = self.MPI, self.world
+        return self._allgather(self.world, obj)
+
+    def gather_from_workers(self, obj: Any) -> list[Any]:
+        return self._allgather(self.workers_comm, obj)
+
+    def _allgather(self, comm, obj: Any) -> list[Any]:
+        MPI = self.MPI
         data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy()
-        sizes = np.zeros(self.size, dtype=np.int64)
+        sizes = np.zeros(comm.Get_size(), dtype=np.int64)
         # communication: the sizes, then the pickles (non-blocking, so that a stuck rank times out)
-        self._poll(world.Iallgather(np.array([data.size], dtype=np.int64), sizes).Test, "every rank's set-up")
+        self._poll(comm.Iallgather(np.array([data.size], dtype=np.int64), sizes).Test, "every rank's set-up")
         counts = [int(n) for n in sizes]
         displs = [sum(counts[:i]) for i in range(len(counts))]
         out = np.empty(sum(counts), dtype=np.uint8)
-        self._poll(world.Iallgatherv([data, MPI.BYTE], [out, (counts, displs), MPI.BYTE]).Test, "every rank's set-up")
+        self._poll(comm.Iallgatherv([data, MPI.BYTE], [out, (counts, displs), MPI.BYTE]).Test, "every rank's set-up")
         return [pickle.loads(out[d:d + n].tobytes()) for d, n in zip(displs, counts)]
 
     def _bcast(self, comm, obj: Any, root: int, what: str) -> Any:

@@ -1,0 +1,133 @@
+"""Faults injected into real jobs through the launcher: frozen ranks, preemption, divergence.
+
+Every case asserts what docs/faults.md promises: the job ends (or stops cleanly) with its
+documented exit code and one line that says what happened, no rank is left behind, and a
+checkpoint is never lost or replaced by a bad one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import Job, check, job_pids, launch, load_params
+
+pytestmark = pytest.mark.mpi
+
+STALL = "6"  # --stall-timeout in these tests (the default is 120 s)
+QUICK = ["--dataset", "synthetic", "--synthetic-samples", "2048", "--no-progress", "--log-every", "5",
+         "--warmup-steps", "0", "--no-scale-lr", "--lr", "0.05", "--batch-size", "16"]
+
+
+@pytest.mark.parametrize("strategy, np, frozen", [
+    ("mpi", 2, 0), ("mpi", 2, 1), ("gloo", 2, 0), ("gloo", 2, 1),
+    ("ps-server", 3, 0), ("ps-worker", 3, 2),
+])
+def test_a_frozen_rank_ends_the_job_naming_it(tmp_path, strategy, np, frozen):
+    """SIGSTOP one rank mid-training: Open MPI sees nothing wrong, the peers block in a collective
+    (or a parameter server's wait); only the stall watchdog can end the job."""
+    args = ["--horovod-backend", strategy] if strategy in ("mpi", "gloo") else [
+        "--strategy", "ps", "--ps-placement", "dedicated"]
+    tag = f"{os.getpid()}-{strategy}-{frozen}"
+    job = Job(np, QUICK + args + ["--steps", "100000", "--stall-timeout", STALL, "--run-dir", str(tmp_path)],
+              tag, oversubscribe=np > 2)
+    try:
+        job.wait_for(", from step 0")
+        time.sleep(1.0)  # well into the training loop
+        os.kill(job_pids(tag)[frozen], signal.SIGSTOP)
+        rc = job.finish(timeout=float(STALL) + 60)
+        left = job.kill_leftovers()
+    finally:
+        job.kill_leftovers()
+    err = "".join(job.err)
+    said = [ln for ln in err.splitlines() if "stalled at step" in ln]
+    assert rc == 69, job.text()
+    assert len(said) == 1 and f"rank(s) {frozen} did not arrive" in said[0], job.text()
+    assert left == [], f"ranks {left} survived the job"
+
+
+def dump(tmp_path: Path, name: str) -> list[str]:
+    return ["--name", name, "--dump-params", str(tmp_path / f"{name}-{{rank}}.pt")]
+
+
+def assert_same_params(a: Path, b: Path) -> None:
+    pa, pb = load_params(a), load_params(b)
+    for k in pa:
+        assert torch.equal(pa[k], pb[k]), f"{k} differs"
+
+
+def test_sigterm_to_the_launcher_checkpoints_exits_75_and_resume_is_bit_identical(tmp_path):
+    """What a scheduler's preemption does: SIGTERM to the job's main process. The launcher turns it
+    into SIGUSR1 for mpirun, every rank finishes the same step, rank 0 saves, all exit 75."""
+    args = QUICK + ["--run-dir", str(tmp_path)]
+    tag = f"{os.getpid()}-preempt"
+    job = Job(2, args + ["--name", "cut", "--steps", "100000"], tag)
+    try:
+        job.wait_for(", from step 0")
+        time.sleep(1.0)
+        job.proc.send_signal(signal.SIGTERM)
+        rc = job.finish(timeout=60)
+    finally:
+        job.kill_leftovers()
+    assert rc == 75, job.text()
+    said = [ln for ln in "".join(job.err).splitlines() if "preempted" in ln]
+    saved = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)
+    step = saved["step"]
+    assert len(said) == 1 and f"after step {step};" in said[0], job.text()
+    assert 0 < step < 100000
+    # the same command with --resume auto continues: its end equals an uninterrupted run's, bit for bit
+    end = str(step + 12)
+    check(launch(2, args + dump(tmp_path, "cut") + ["--steps", end, "--resume", "auto"]))
+    check(launch(2, args + dump(tmp_path, "ref") + ["--steps", end]))
+    assert_same_params(tmp_path / "cut-0.pt", tmp_path / "ref-0.pt")
+
+
+def test_a_stop_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path):
+    """SIGUSR1 to rank 1 alone (a node's agent, a kubelet): the per-step vote carries it to rank 0."""
+    tag = f"{os.getpid()}-one-rank"
+    job = Job(2, QUICK + ["--run-dir", str(tmp_path), "--name", "one", "--steps", "100000"], tag)
+    try:
+        job.wait_for(", from step 0")
+        time.sleep(1.0)
+        os.kill(job_pids(tag)[1], signal.SIGUSR1)
+        rc = job.finish(timeout=60)
+    finally:
+        job.kill_leftovers()
+    assert rc == 75, job.text()
+    step = torch.load(tmp_path / "one" / "checkpoint.pt", weights_only=True)["step"]
+    assert f"preempted (a signal to another rank) after step {step};" in "".join(job.err), job.text()
+
+
+def test_divergence_exits_65_naming_the_step_and_keeps_a_good_checkpoint(tmp_path):
+    args = QUICK + ["--run-dir", str(tmp_path), "--name", "div"]
+    check(launch(2, args + ["--steps", "10"]))
+    # a LR that blows up at once; a checkpoint after every step tempts the trainer to save the wreck
+    proc = launch(2, args + ["--steps", "200", "--resume", "auto", "--lr", "1e8", "--checkpoint-every", "1"], timeout=120)
+    assert proc.returncode == 65, proc.stderr
+    said = [ln for ln in proc.stderr.splitlines() if "diverged at step" in ln]
+    assert len(said) == 1, proc.stderr
+    diverged = int(said[0].split("diverged at step ")[1].split(":")[0])
+    saved = torch.load(tmp_path / "div" / "checkpoint.pt", weights_only=True)
+    assert 10 <= saved["step"] < diverged
+    assert all(torch.isfinite(t).all() for t in saved["model"].values())
+
+
+def test_lstm_mid_epoch_resume_is_bit_identical(tmp_path):
+    """The hidden state carried between windows is part of the checkpoint: without it a resumed
+    language model starts the rest of the epoch from zeros and ends elsewhere."""
+    from helpers import write_corpus
+
+    corpus = str(write_corpus(tmp_path / "corpus", lines=(400, 30, 30)))
+    args = ["--model", "ptb-lstm-small", "--data-dir", corpus, "--no-progress", "--warmup-steps", "0", "--lr", "1",
+            "--batch-size", "4", "--steps", "14", "--eval-every", "1000", "--run-dir", str(tmp_path)]
+    check(launch(2, args + dump(tmp_path, "ref")))
+    first = check(launch(2, args + ["--name", "cut", "--exit-after-steps", "5"]))
+    spe = int(first.stdout.split("steps (")[1].split("/epoch")[0])
+    assert 5 % spe and spe > 5, f"step 5 must be mid-epoch ({spe} steps per epoch)"
+    check(launch(2, args + dump(tmp_path, "cut") + ["--resume", "auto"]))
+    assert_same_params(tmp_path / "cut-0.pt", tmp_path / "ref-0.pt")
