@@ -72,6 +72,7 @@ def fake_commbench(path, nets):
 
 
 @pytest.mark.mpi
+@pytest.mark.timeout(660)  # 8 jobs (4 strategies x 2) take over 300 s at a load average of 15+; the grid's own limit is 600 s
 def test_tiny_grid_writes_report_plot_csv_and_tensorboard(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
