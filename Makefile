@@ -112,7 +112,7 @@ test: install
 	$(PY) -m pytest -q tests $(ARGS)
 
 test-fast: install
-	$(PY) -m pytest -q -m "not mpi" tests $(ARGS)
+	$(PY) -m pytest -q -m "not mpi and not slurm" tests $(ARGS)
 
 # Port 6006 is refused: to hwloc (inside every mpirun) it is X display :6, and a server there hangs mpirun.
 RUN  ?=
