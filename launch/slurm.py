@@ -5,9 +5,9 @@
     python -m launch slurm --nodes 4 --ntasks-per-node 2 --srun --dry-run -- --strategy ps
 
 The script is printed before anything is submitted, like the mpirun line of ``python -m launch``.
-Inside the allocation it runs the same mpirun line (Open MPI reads the allocation from Slurm: no
--np, no hostfile) or, with ``--srun``, ``srun --mpi=pmix`` with the same Open MPI settings as
-environment variables. Preemption is wired in: Slurm sends the batch shell SIGUSR1 ``--grace``
+Inside the allocation it runs the same mpirun line (Open MPI reads the nodes from Slurm: no host
+list; ``-np $SLURM_NTASKS``) or, with ``--srun``, ``srun --mpi=pmix`` with the same Open MPI
+settings as environment variables. Preemption is wired in: Slurm sends the batch shell SIGUSR1 ``--grace``
 seconds before the time limit (``--signal=B:USR1@GRACE``), the shell passes it to the job, every
 rank finishes its step, writes the checkpoint and exits 75; the shell then requeues the job
 (``--requeue``), and the requeued run continues from that checkpoint (``--resume auto``) in the
@@ -22,6 +22,7 @@ prints the job's output as it grows, and exits with the job's exit code. Without
 from __future__ import annotations
 
 import argparse
+import codecs
 import os
 import re
 import shlex
@@ -39,6 +40,7 @@ NTASKS = "$SLURM_NTASKS"  # expanded by the batch shell: every task of the alloc
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
                 "DEADLINE", "PREEMPTED", "SPECIAL_EXIT"}
 POLL_S = 0.5
+SQUEUE_PATIENCE = 120.0  # seconds without an answer from squeue before --submit gives up following
 _TIME_RE = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$")
 
 
@@ -254,9 +256,16 @@ def submit(script: Path, env: dict[str, str]) -> str:
     return proc.stdout.strip().split(";")[0]
 
 
-def job_state(job_id: str, env: dict[str, str]) -> tuple[str, str]:
-    """(state, node list) from squeue, which keeps finished jobs for a while (``-t all``); ('', '') once gone."""
-    out = _client(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T|%N"], env).stdout.strip()
+def job_state(job_id: str, env: dict[str, str]) -> tuple[str, str] | None:
+    """(state, node list) from squeue, which keeps finished jobs for a while (``-t all``); ('', '') once
+    gone; ``None`` when squeue did not answer (a busy controller: ask again)."""
+    try:
+        proc = _client(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T|%N"], env)
+    except SlurmError:
+        return None
+    out = proc.stdout.strip()
+    if proc.returncode != 0:
+        return None
     if not out:
         return "", ""
     state, nodes = out.splitlines()[0].split("|", 1)
@@ -282,7 +291,9 @@ def follow(job: SlurmJob, job_id: str, env: dict[str, str], timeout: float, out=
     """Print state changes and the job's output until it ends; its exit code (124 past ``timeout``)."""
     log = output_path(job, job_id, Path.cwd())
     offset, last = 0, ("", "")
+    decode = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a read may end inside a character
     deadline = time.monotonic() + timeout if timeout else None
+    answered = time.monotonic()
 
     def drain():
         nonlocal offset
@@ -294,12 +305,21 @@ def follow(job: SlurmJob, job_id: str, env: dict[str, str], timeout: float, out=
             return
         offset += len(data)
         if data:
-            out.write(data.decode(errors="replace"))
+            out.write(decode.decode(data))
             out.flush()
 
     while True:
-        state, nodes = job_state(job_id, env)
+        polled = job_state(job_id, env)
         drain()
+        if polled is None:
+            if time.monotonic() - answered > SQUEUE_PATIENCE:
+                print(f"launch slurm: error: squeue has not answered for {SQUEUE_PATIENCE:g}s; job {job_id} may "
+                      f"still run (squeue -j {job_id}, scancel {job_id}); its output: {log}", file=sys.stderr)
+                return 1
+            time.sleep(POLL_S)
+            continue
+        answered = time.monotonic()
+        state, nodes = polled
         if (state, nodes) != last and state:
             print(f"launch slurm: job {job_id} {state}" + (f" on {nodes}" if nodes else ""), file=out, flush=True)
             last = (state, nodes)

@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 
 # libx11-6: Xlib, so that tests/launch/test_hwloc.py can show that mpirun no longer hangs on hwloc's
 # X probe next to TensorBoard (any desktop has it; HWLOC_COMPONENTS=-gl is what keeps mpirun safe).
-apt_pkgs=(openmpi-bin libopenmpi-dev cmake dataset-fashion-mnist iproute2 chromium libx11-6)
+# procps: pgrep, which deploy/worker-entrypoint.sh uses (tests/launch/test_k8s.py runs it).
+apt_pkgs=(openmpi-bin libopenmpi-dev cmake dataset-fashion-mnist iproute2 chromium libx11-6 procps)
 # The emulated Slurm cluster (launch/slurm_cluster.py), without recommends (a mail server, ...).
 slurm_pkgs=(slurmctld slurmd slurm-client munge)
 missing=()

@@ -66,11 +66,13 @@ def model_categories(models: Iterable[str], figures: Iterable[str]) -> list[tupl
 
 def clear_events(logdir: str) -> None:
     """Remove the event files under ``logdir`` (a redraw would otherwise add a second copy of
-    every point); nothing else is touched."""
-    for root, _, files in os.walk(logdir):
+    every point) and the folders that this leaves empty; nothing else is touched."""
+    for root, dirs, files in os.walk(logdir, topdown=False):
         for f in files:
             if f.startswith("events.out.tfevents."):
                 os.remove(os.path.join(root, f))
+        if root != logdir and not os.listdir(root):
+            os.rmdir(root)
 
 
 def write_comparison(logdir: str, series: Series, categories: Iterable[tuple[str, list[tuple[str, str]]]],

@@ -94,10 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     if os.path.basename(os.path.normpath(logdir)) != COMPARISON_DIR:
         tab = "scalars"
     print(f"serving {logdir}; open {url(args.port, tab)}", flush=True)
-    if tab == "custom_scalars":
-        parent = os.path.dirname(os.path.normpath(logdir))
-        print(f"  each job of it: make tensorboard RUN={os.path.join(parent, 'jobs')} (HParams: RUN="
-              f"{os.path.join(parent, 'hparams')})", flush=True)
+    parent = os.path.dirname(os.path.normpath(logdir))
+    for sub, what in (("hparams", "every job in the HParams tab"), ("jobs", "every job's own run")):
+        if tab == "custom_scalars" and os.path.isdir(os.path.join(parent, sub)):
+            print(f"  {what}: make tensorboard RUN={os.path.join(parent, sub)}", flush=True)
     cmd = command(logdir, args.port)
     print("+ " + " ".join(cmd), flush=True)
     os.execv(cmd[0], cmd)  # the server in this process: Ctrl-C ends it

@@ -72,6 +72,7 @@ def fake_commbench(path, nets):
 
 
 @pytest.mark.mpi
+@pytest.mark.timeout(660)  # 8 jobs (4 strategies x 2) take over 300 s at a load average of 15+; the grid's own limit is 600 s
 def test_tiny_grid_writes_report_plot_csv_and_tensorboard(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -113,8 +114,7 @@ def test_tiny_grid_writes_report_plot_csv_and_tensorboard(tmp_path):
             ea = EventAccumulator(str(out / "jobs" / "lenet5" / f"{s}-n{n}-r1")).Reload()
             assert "perf/samples_per_sec" in ea.Tags()["scalars"], (s, n)
     # the comparison: one run per strategy, step = workers, the same tags in every run, plus the layout
-    assert sorted(p.name for p in (out / "tensorboard").iterdir()) == sorted(
-        strategies + [f"predicted-{s}" for s in strategies])
+    assert sorted(p.name for p in (out / "tensorboard").iterdir()) == sorted(strategies)
     by_key = {(r["strategy"], int(r["workers"])): r for r in rows}
     for s in strategies:
         ea = EventAccumulator(str(out / "tensorboard" / s), size_guidance={"tensors": 0}).Reload()
@@ -125,8 +125,7 @@ def test_tiny_grid_writes_report_plot_csv_and_tensorboard(tmp_path):
             for e in events:
                 assert e.value == pytest.approx(float(by_key[(s, e.step)][column]), rel=1e-4)
         assert ea.Scalars("scaling/speedup/lenet5")[0].value == pytest.approx(1.0)
-        pred = EventAccumulator(str(out / "tensorboard" / f"predicted-{s}")).Reload()
-        assert [e.step for e in pred.Scalars("scaling/predicted_efficiency/lenet5")][-1] == 1024
+        assert [e.step for e in ea.Scalars("scaling/predicted_efficiency/lenet5")][-1] == 1024
     first = EventAccumulator(str(out / "tensorboard" / sorted(strategies)[0]), size_guidance={"tensors": 0}).Reload()
     assert "custom_scalars__config__" in first.Tags()["tensors"]
     # one HParams session per job

@@ -74,14 +74,14 @@ def test_comparison_has_one_run_per_concept_with_the_same_tags_and_one_chart_per
     res = results()
     layout = report.write_tensorboard(str(tmp_path), res)
     runs = sorted(p.name for p in (tmp_path / "tensorboard").iterdir())
-    assert runs == ["allreduce", "predicted-allreduce", "predicted-ps-dedicated", "ps-colocated", "ps-dedicated"]
+    assert runs == sorted(STRATEGIES)  # the cost model's curves in the same runs: one colour per concept
     for s in STRATEGIES:  # the same tags in every concept's run, step = N, the measured values
         run = tmp_path / "tensorboard" / s
         assert scalars(run, "perf/samples_per_sec/lenet5") == [
             (1, pytest.approx(THROUGHPUT[s])), (2, pytest.approx(THROUGHPUT[s] * GAIN[s]))]
         assert scalars(run, "scaling/speedup/lenet5") == [(1, pytest.approx(1.0)), (2, pytest.approx(GAIN[s]))]
         assert scalars(run, "scaling/efficiency/lenet5") == [(1, pytest.approx(1.0)), (2, pytest.approx(GAIN[s] / 2))]
-    assert [st for st, _ in scalars(tmp_path / "tensorboard" / "predicted-allreduce",
+    assert [st for st, _ in scalars(tmp_path / "tensorboard" / "allreduce",
                                     "scaling/predicted_efficiency/lenet5")] == [1, 2, 4, 8, 64, 256, 1024]
     # one chart per tag, each matching exactly that tag (so it holds one line per run)
     charts = layout["lenet5"]
@@ -175,10 +175,10 @@ def test_browser_sees_every_concept_in_every_chart_and_catches_a_logdir_over_40_
     problems, exp, page = tbcheck.check(str(tmp_path / "good" / "tensorboard"), str(shot))
     assert problems == [], problems
     assert len(exp["charts"]) == 8 and page["smoothing"] == 0
-    assert sorted(page["selected"]) == sorted(exp["runs"])
-    measured = [c for c in page["charts"] if "predicted" not in c["title"]]
-    for chart in measured:  # each concept a line of its own, in its own colour
-        assert sorted(tbcheck.run_of_line(line) for line in chart["lines"]) == sorted(STRATEGIES), chart
+    assert sorted(page["selected"]) == sorted(exp["runs"]) == sorted(STRATEGIES)
+    for chart in page["charts"]:  # each concept a line of its own, in its own colour
+        drawn = sorted(tbcheck.run_of_line(line) for line in chart["lines"])
+        assert drawn == (["allreduce", "ps-dedicated"] if "predicted" in chart["title"] else sorted(STRATEGIES)), chart
     assert len(set(page["colors"].values())) == len(exp["runs"])
     assert shot.read_bytes()[:4] == b"\x89PNG"
 
@@ -218,18 +218,25 @@ def test_bench_comparison_has_one_run_per_implementation_and_one_session_per_job
     assert session_hparams(tmp_path / "hparams" / "lenet5-fp16-np2-r0")["settings"] == "--compression fp16"
 
 
-def test_the_check_names_a_concept_missing_from_one_model_and_a_chart_that_draws_less_than_its_data():
-    def chart(model, runs):
-        return {"category": model, "title": f"{model}: speedup", "regexes": [tblog.tag_pattern(f"scaling/speedup/{model}")],
-                "figure": "scaling/speedup", "runs": runs}
+def test_the_check_names_a_concept_missing_from_one_model_a_chart_that_draws_less_and_shared_colours():
+    def chart(model, runs, figure="scaling/speedup"):
+        return {"category": model, "title": f"{model}: {figure}", "regexes": [tblog.tag_pattern(f"{figure}/{model}")],
+                "figure": figure, "runs": runs}
 
-    exp = {"runs": ["allreduce", "ps"], "charts": [chart("lenet5", ["allreduce", "ps"]), chart("resnet18", ["allreduce"])]}
-    page = {"selected": ["allreduce", "ps"], "smoothing": 0, "colors": {"allreduce": "#f00", "ps": "#00f"},
-            "charts": [{"title": "lenet5: speedup", "lines": ["scaling/speedup/lenet5 (allreduce)"]},
-                       {"title": "resnet18: speedup", "lines": ["scaling/speedup/resnet18 (allreduce)"]}]}
-    problems = tbcheck.verify(exp, page)
-    assert problems == ["chart lenet5 / lenet5: speedup: draws ['allreduce'], the data is in ['allreduce', 'ps']",
-                        "chart resnet18 / resnet18: speedup: no data for ps (their jobs failed or did not run?)"]
+    def card(model, runs, figure="scaling/speedup"):
+        return {"title": f"{model}: {figure}", "lines": [f"{figure}/{model} ({r})" for r in runs]}
+
+    exp = {"runs": ["allreduce", "ps", "ring8"], "charts": [
+        chart("lenet5", ["allreduce", "ps"]), chart("resnet18", ["allreduce"]),
+        chart("vgg", ["allreduce", "ring8"], "scaling/efficiency")]}
+    page = {"selected": ["allreduce", "ps", "ring8"], "smoothing": 0,
+            "colors": {"allreduce": "#f00", "ps": "#00f", "ring8": "#f00"},  # an 8th run gets the 1st's colour
+            "charts": [card("lenet5", ["allreduce"]), card("resnet18", ["allreduce"]),
+                       card("vgg", ["allreduce", "ring8"], "scaling/efficiency")]}
+    assert tbcheck.verify(exp, page) == [
+        "chart lenet5 / lenet5: scaling/speedup: draws ['allreduce'], the data is in ['allreduce', 'ps']",
+        "chart resnet18 / resnet18: scaling/speedup: no data for ps (their jobs failed or did not run?)",
+        "chart vgg / vgg: scaling/efficiency: runs share a colour: allreduce, ring8"]
 
 
 def test_a_grid_job_names_its_concept_engine_placement_mode_and_link_rate():

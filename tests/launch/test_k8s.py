@@ -220,6 +220,22 @@ def test_yaml_writer_round_trips_awkward_strings():
     assert yaml.safe_load(k8s.to_yaml([doc])) == doc
 
 
+def test_image_recipe_matches_what_the_manifests_assume():
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    assert f"WORKDIR {k8s.APP_DIR}\n" in dockerfile
+    assert f"useradd -m -u {k8s.USER_ID} mpiuser" in dockerfile and f"USER {k8s.USER_ID}\n" in dockerfile
+    assert f"{k8s.APP_DIR}/.venv/bin" in dockerfile.split("ENV PATH=")[1].splitlines()[0]
+    sshd = (ROOT / "deploy" / "sshd_config").read_text()
+    assert f"Port {k8s.SSH_PORT}\n" in sshd and f"HostKey {k8s.SSH_DIR}/id_rsa\n" in sshd
+    assert f"\\1{k8s.SSH_PORT}/g" in dockerfile  # the ssh client's port, for mpirun's ssh to the workers
+    for src in ("deploy/sshd_config", "tools/install.sh", "tools/install_gpu.sh"):
+        assert (ROOT / src).is_file(), src
+    job = by_kind(docs_of(render().stdout), "MPIJob")
+    for role in ("Launcher", "Worker"):
+        (command,) = job["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]["containers"][0]["command"]
+        assert command.startswith(k8s.APP_DIR + "/") and os.access(ROOT / command[len(k8s.APP_DIR) + 1:], os.X_OK)
+
+
 # -- the entrypoints, for real ------------------------------------------------------------------
 
 RANK = """

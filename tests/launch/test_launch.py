@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 from launch import LaunchSpec, build_command
+from launch.mpirun import pinned_name, resuming, why
 
 from helpers import ROOT
 
@@ -53,3 +54,18 @@ def test_cli_prints_exact_line_and_rejects_bad_input(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "launch", "-np", "2", "--hostfile", str(tmp_path / "none"), "--"],
                          cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2 and "hostfile" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_restart_arguments_and_reasons():
+    assert resuming(["--lr", "1", "--resume", "ckpt.pt", "--steps", "9"]) == ["--lr", "1", "--steps", "9", "--resume", "auto"]
+    assert resuming(["--resume=x"]) == ["--resume", "auto"]
+    assert pinned_name(["--name", "a"]) == ["--name", "a"]
+    named = pinned_name(["--lr", "1"])
+    assert named[:2] == ["--lr", "1"] and named[2] == "--name" and named[3].startswith("run-")
+    assert why(137) == "a rank was killed by SIGKILL" and why(69) == "stalled" and why(75) == "a rank was preempted"
+
+
+def test_min_np_needs_an_emulated_cluster_and_restarts():
+    bad = subprocess.run([sys.executable, "-m", "launch", "-np", "2", "--min-np", "1", "--dry-run", "--"],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 2 and "--min-np" in bad.stderr

@@ -26,13 +26,14 @@ QUICK = ["--dataset", "synthetic", "--synthetic-samples", "2048", "--no-progress
 
 @pytest.mark.parametrize("strategy, np, frozen", [
     ("mpi", 2, 0), ("mpi", 2, 1), ("gloo", 2, 0), ("gloo", 2, 1),
-    ("ps-server", 3, 0), ("ps-worker", 3, 2),
+    ("ps-server", 3, 0), ("ps-worker", 3, 2), ("ring-mpi", 2, 1),
 ])
 def test_a_frozen_rank_ends_the_job_naming_it(tmp_path, strategy, np, frozen):
     """SIGSTOP one rank mid-training: Open MPI sees nothing wrong, the peers block in a collective
     (or a parameter server's wait); only the stall watchdog can end the job."""
-    args = ["--horovod-backend", strategy] if strategy in ("mpi", "gloo") else [
-        "--strategy", "ps", "--ps-placement", "dedicated"]
+    args = (["--horovod-backend", strategy] if strategy in ("mpi", "gloo") else
+            ["--allreduce-engine", "mpi"] if strategy == "ring-mpi" else
+            ["--strategy", "ps", "--ps-placement", "dedicated"])
     tag = f"{os.getpid()}-{strategy}-{frozen}"
     job = Job(np, QUICK + args + ["--steps", "100000", "--stall-timeout", STALL, "--run-dir", str(tmp_path)],
               tag, oversubscribe=np > 2)
@@ -48,6 +49,22 @@ def test_a_frozen_rank_ends_the_job_naming_it(tmp_path, strategy, np, frozen):
     said = [ln for ln in err.splitlines() if "stalled at step" in ln]
     assert rc == 69, job.text()
     assert len(said) == 1 and f"rank(s) {frozen} did not arrive" in said[0], job.text()
+    assert left == [], f"ranks {left} survived the job"
+
+
+def test_a_killed_parameter_server_ends_the_job(tmp_path):
+    """kill -9 (the out-of-memory killer) of the dedicated server: mpirun ends the job at once."""
+    tag = f"{os.getpid()}-killed-server"
+    job = Job(3, QUICK + ["--strategy", "ps", "--steps", "100000", "--run-dir", str(tmp_path)], tag, oversubscribe=True)
+    try:
+        job.wait_for(", from step 0")
+        time.sleep(1.0)
+        os.kill(job_pids(tag)[0], signal.SIGKILL)
+        rc = job.finish(timeout=60)
+        left = job.kill_leftovers()
+    finally:
+        job.kill_leftovers()
+    assert rc == 128 + signal.SIGKILL, job.text()
     assert left == [], f"ranks {left} survived the job"
 
 

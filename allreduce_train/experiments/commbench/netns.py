@@ -98,8 +98,11 @@ def markdown(res: dict[str, Any]) -> str:
                         f"to {max(r['ratio'] for r in big):.2f})."]
         out.append("")
     bad = [r for r in res["rows"] if r["max_abs_err"] != 0]
-    out.append("Every exchange returned the exact expected sum." if res["rows"] and not bad else
-               f"{len(bad)} exchange(s) returned a wrong sum.")
+    if not res["rows"]:
+        out.append("No exchange was measured.")
+    else:
+        out.append(f"{len(bad)} exchange(s) returned a wrong sum." if bad else
+                   "Every exchange returned the exact expected sum.")
     if res["failures"]:
         out += ["", "Failed jobs: " + "; ".join(res["failures"])]
     return "\n".join(out) + "\n"

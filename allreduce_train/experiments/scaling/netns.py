@@ -14,7 +14,7 @@ counters (printed by the launcher) give the bytes on the busiest link. The cost 
 exchange.
 
 Output: runs/scaling-netns/<time>/report.md (this comparison), results.json, tensorboard/ (every
-rate's comparison in one logdir: runs <rate>/<strategy>, step = N) and hparams/ (every job); <rate>/
+rate's comparison in one logdir: a run per strategy, the rate in the tag, step = N) and hparams/ (every job); <rate>/
 holds the scaling grid's own outputs for that rate (its report, plots, logs, TensorBoard runs).
 """
 
@@ -127,24 +127,29 @@ def compare(rate: str, res: dict[str, Any], cfg: scaling.GridConfig) -> list[dic
 
 
 def write_tensorboard(out_dir: str, grids: list[dict[str, Any]]) -> None:
-    """``out_dir/tensorboard``: every rate's comparison in one logdir, runs ``<rate>/<strategy>``
-    (each rate's grid also has its own in ``<rate>/tensorboard``); ``out_dir/hparams``: every job."""
+    """``out_dir/tensorboard``: every rate's comparison in one logdir -- one run per strategy (one
+    colour per concept), the rate in the tag (``scaling/speedup/<model>/<rate>``), a chart per
+    figure, model and rate; each rate's grid also has its own in ``<rate>/tensorboard``.
+    ``out_dir/hparams``: every job, with its link rate."""
     series: tblog.Series = {}
-    sessions, models = [], []
+    sessions, charts = [], {}
+    figures = ("scaling/speedup", "scaling/efficiency", "perf/samples_per_sec", "perf/step_ms")
     for res in grids:
         rate = res["config"]["link_rate"]
-        measured = grid_report.comparison_series(res["rows"], {})
-        series.update({f"{rate}/{run}": tags for run, tags in measured.items()})
+        for run, tags in grid_report.comparison_series(res["rows"], {}).items():
+            for tag, pts in tags.items():
+                series.setdefault(run, {})[f"{tag}/{rate}"] = pts
         for r in res["rows"]:
             if r["repeats"]:
-                tblog.add_point(series, f"{rate}/{r['strategy']}", f"perf/step_ms/{r['model']}", r["workers"],
+                tblog.add_point(series, r["strategy"], f"perf/step_ms/{r['model']}/{rate}", r["workers"],
                                 r["step_ms_mean"])
         sessions += [(f"{rate}/{name}", hp, ms) for name, hp, ms in grid_report.hparams_sessions(res)]
-        models += [m for m in res["models"] if m not in models]
-    figures = ("scaling/speedup", "scaling/efficiency", "perf/samples_per_sec", "perf/step_ms")
-    tblog.write_comparison(os.path.join(out_dir, tblog.COMPARISON_DIR), series,
-                           tblog.model_categories(models, figures),
-                           "Step = number of workers N (one emulated host each); runs are `<link rate>/<strategy>`.")
+        for m in res["models"]:
+            charts.setdefault(m, []).extend(
+                (f"{m} at {rate}: {tblog.FIGURES[f]}", f"{f}/{m}/{rate}") for f in figures)
+    tblog.write_comparison(os.path.join(out_dir, tblog.COMPARISON_DIR), series, list(charts.items()),
+                           "Step = number of workers N (one emulated host each); one run per strategy, "
+                           "the link rate in the tag.")
     tblog.write_hparams(os.path.join(out_dir, tblog.HPARAMS_DIR), sessions)
 
 

@@ -72,8 +72,10 @@ def write_csv(path: str, rows: list[dict]) -> None:
 
 
 def comparison_series(rows: list[dict], curves: dict) -> tblog.Series:
-    """The comparison's runs: one per strategy (measured, step = N) and one ``predicted-<strategy>``
-    per strategy with the cost model's curve; every run has the same tags per model."""
+    """The comparison's runs: one per strategy, step = N, with the same tags per model: measured
+    speedup, efficiency and samples/s, and the cost model's curve (``scaling/predicted_*``) in the
+    same run, so that a concept has one colour in every chart. (TensorBoard has 7 run colours:
+    a run per curve would repeat them.)"""
     series: tblog.Series = {}
     for r in rows:
         if not r["repeats"]:
@@ -85,9 +87,9 @@ def comparison_series(rows: list[dict], curves: dict) -> tblog.Series:
     for m, per in curves.items():
         for s, pts in per.items():
             for p in pts:
-                tblog.add_point(series, f"predicted-{s}", f"scaling/predicted_efficiency/{m}", p["workers"],
+                tblog.add_point(series, s, f"scaling/predicted_efficiency/{m}", p["workers"],
                                 p["efficiency"])
-                tblog.add_point(series, f"predicted-{s}", f"scaling/predicted_speedup/{m}", p["workers"],
+                tblog.add_point(series, s, f"scaling/predicted_speedup/{m}", p["workers"],
                                 p["speedup"])
     return series
 
@@ -115,15 +117,13 @@ def hparams_sessions(res: dict[str, Any]) -> list[tuple[str, dict[str, Any], dic
     return out
 
 
-def write_tensorboard(out: str, res: dict[str, Any], run_prefix: str = "") -> dict[str, dict[str, list]]:
+def write_tensorboard(out: str, res: dict[str, Any]) -> dict[str, dict[str, list]]:
     """``out/tensorboard``: the comparison (one run per strategy, Custom Scalars layout) and
     ``out/hparams``: one HParams session per job. Returns the layout."""
     series = comparison_series(res["rows"], res["curves"])
-    if run_prefix:
-        series = {f"{run_prefix}/{run}": tags for run, tags in series.items()}
     categories = tblog.model_categories(res["models"], COMPARISON_FIGURES)
-    notes = (f"Step = number of workers N. Measured runs are named after the strategy; `predicted-<strategy>` "
-             f"runs are the calibrated cost model on {res['given_network']['label']}. The jobs' own runs: "
+    notes = (f"Step = number of workers N; one run per strategy. `scaling/predicted_*` is the calibrated cost "
+             f"model on {res['given_network']['label']}. The jobs' own runs: "
              f"`{tblog.JOBS_DIR}/`, their HParams: `{tblog.HPARAMS_DIR}/`.")
     lay = tblog.write_comparison(os.path.join(out, tblog.COMPARISON_DIR), series, categories, notes)
     tblog.write_hparams(os.path.join(out, tblog.HPARAMS_DIR), hparams_sessions(res))
@@ -343,9 +343,9 @@ def report_markdown(res: dict[str, Any]) -> str:
     L += ["## Files", "",
           "- `results.csv`, `results.json`: every figure above, with min/max and each repeat's throughput;",
           "- `commbench/commbench.md`: the calibration run, the exchange alone (when it ran);",
-          "- `tensorboard/`: the comparison, one TensorBoard run per strategy (and `predicted-<strategy>`), "
-          "speedup, efficiency and samples/s against the worker count (step = N), one Custom Scalars chart "
-          "per figure with one line per strategy:", "",
+          "- `tensorboard/`: the comparison, one TensorBoard run per strategy: speedup, efficiency and "
+          "samples/s against the worker count (step = N) and the predicted efficiency, one Custom Scalars "
+          "chart per figure with one line per strategy:", "",
           f"      make tensorboard RUN={res['out_dir']}/tensorboard", "",
           "- `hparams/`: one HParams session per job (strategy, placement, mode, engine, workers, model, link "
           "rate; samples/s, step ms, efficiency):", "",
