@@ -41,6 +41,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -276,6 +277,28 @@ def _holders(inodes: set[int]) -> list[int]:
     return pids
 
 
+def stop_processes(live: Callable[[], list[int]], grace: float) -> list[int]:
+    """SIGTERM what ``live()`` returns, wait up to ``grace`` s for it to go, then the same with SIGKILL.
+
+    ``live`` is asked again while waiting, so it decides what still counts (a namespace's holders,
+    a recorded daemon that is still itself). Returns the PIDs that survived both signals.
+    """
+    pids = live()
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace
+        while pids and time.monotonic() < deadline:
+            time.sleep(0.1)
+            pids = live()
+        if not pids:
+            break
+    return pids
+
+
 def remove(names: list[str], grace: float = 5.0) -> None:
     """Stop every process inside these namespaces (TERM, then KILL) and delete them.
 
@@ -284,19 +307,7 @@ def remove(names: list[str], grace: float = 5.0) -> None:
     stuck in a collective) is ended first. Only processes inside our own namespaces are signalled.
     """
     inodes = {ino for ino in map(_ns_inode, names) if ino is not None}
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, grace)):
-        pids = _holders(inodes)
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + wait
-        while pids and time.monotonic() < deadline:
-            time.sleep(0.1)
-            pids = _holders(inodes)
-        if not pids:
-            break
+    stop_processes(lambda: _holders(inodes), grace)
     errors = []
     for name in names:
         if os.path.exists(f"/run/netns/{name}"):

@@ -39,7 +39,6 @@ import os
 import secrets
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -370,19 +369,7 @@ def down(state_dir: Path = STATE_DIR, log=print, state: dict | None = None) -> l
     # Daemons in the root namespace by their recorded PIDs (slurmds go with their namespaces below,
     # together with whatever a job left running there: mpirun, orted, ranks).
     pids = [(name, pid) for name, pid in state.get("pids", {}).items()]
-    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-        live = [(n, p) for n, p in pids if _alive(p, n.split("-")[0])]
-        for _name, pid in live:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + wait
-        while live and time.monotonic() < deadline:
-            time.sleep(0.1)
-            live = [(n, p) for n, p in live if _alive(p, n.split("-")[0])]
-        if not live:
-            break
+    netns.stop_processes(lambda: [p for n, p in pids if _alive(p, n.split("-")[0])], grace=5.0)
     removed += [name for name, _ in pids]
     names = node_namespaces()
     if names:
@@ -397,9 +384,10 @@ def down(state_dir: Path = STATE_DIR, log=print, state: dict | None = None) -> l
     if state_dir.exists():
         shutil.rmtree(state_dir)
         removed.append(str(state_dir))
-    survivors = [n for n, p in pids if _alive(p, n.split("-")[0])]
+    survivors = [(n, p) for n, p in pids if _alive(p, n.split("-")[0])]
     if survivors:
-        raise SlurmClusterError(f"could not stop {', '.join(survivors)}")
+        raise SlurmClusterError(f"could not stop {', '.join(f'{n} (pid {p})' for n, p in survivors)}; "
+                                f"end them with kill -9 and retry: {sys.executable} -m launch.slurm_cluster down")
     log("emulated Slurm cluster down" + (f": removed {', '.join(removed)}" if removed else " (nothing was running)"))
     return removed
 
