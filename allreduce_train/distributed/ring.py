@@ -26,7 +26,6 @@ command line turns that into MPI_Abort of the job.
 from __future__ import annotations
 
 import os
-import pickle
 from typing import Any
 
 import numpy as np
@@ -35,7 +34,7 @@ import torch
 from ..config import Config
 from ..errors import ConfigError, UserError
 from .base import GradientExchange
-from .ps.exchange import MAX_BUCKETS, _import_mpi, poll
+from .ps.exchange import MAX_BUCKETS, _import_mpi, allgather_pickle, bcast_pickle, poll
 from .ps.sharding import plan
 
 
@@ -288,29 +287,15 @@ class MPIRingAllreduce(GradientExchange):
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:
         if self.size == 1:
             return obj
-        mine = self.rank == root
-        data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy() if mine else None
-        size = np.array([data.size if mine else 0], dtype=np.int64)
-        poll(self.world.Ibcast(size, root=root).Test, self.timeout, "the other ranks")  # communication
-        buf = data if mine else np.empty(int(size[0]), dtype=np.uint8)
-        poll(self.world.Ibcast([buf, self.MPI.BYTE], root=root).Test, self.timeout, "the other ranks")  # communication
-        return obj if mine else pickle.loads(buf.tobytes())
+        return bcast_pickle(self.world, self.MPI, obj, root, self._wait, "the other ranks")
 
     def allgather_object(self, obj: Any) -> list[Any]:
         if self.size == 1:
             return [obj]
-        MPI = self.MPI
-        data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy()
-        sizes = np.zeros(self.size, dtype=np.int64)
-        # communication: the sizes, then the pickles
-        poll(self.world.Iallgather(np.array([data.size], dtype=np.int64), sizes).Test, self.timeout,
-             "every rank's set-up")
-        counts = [int(n) for n in sizes]
-        displs = [sum(counts[:i]) for i in range(len(counts))]
-        out = np.empty(sum(counts), dtype=np.uint8)
-        poll(self.world.Iallgatherv([data, MPI.BYTE], [out, (counts, displs), MPI.BYTE]).Test, self.timeout,
-             "every rank's set-up")
-        return [pickle.loads(out[d:d + n].tobytes()) for d, n in zip(displs, counts)]
+        return allgather_pickle(self.world, self.MPI, obj, self._wait, "every rank's set-up")
+
+    def _wait(self, test, what: str) -> None:
+        poll(test, self.timeout, what)
 
     # ------------------------------------------------------------ shutdown
     def close(self) -> None:

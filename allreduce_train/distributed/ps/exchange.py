@@ -95,6 +95,34 @@ def poll(test: Callable[[], bool], timeout: float, what: str, idle: Callable[[],
         pause = min(2 * pause or 1e-5, 5e-4)
 
 
+Wait = Callable[[Callable[[], bool], str], None]  # (test, what): poll with the caller's timeout and idle work
+
+
+def bcast_pickle(comm, MPI, obj: Any, root: int, wait: Wait, what: str) -> Any:
+    """``comm.bcast`` of a picklable object, non-blocking underneath, so that it times out like every
+    other wait (and a colocated rank keeps serving while it waits)."""
+    mine = comm.Get_rank() == root
+    data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy() if mine else None
+    size = np.array([data.size if mine else 0], dtype=np.int64)
+    wait(comm.Ibcast(size, root=root).Test, what)  # communication
+    buf = data if mine else np.empty(int(size[0]), dtype=np.uint8)
+    wait(comm.Ibcast([buf, MPI.BYTE], root=root).Test, what)  # communication
+    return obj if mine else pickle.loads(buf.tobytes())
+
+
+def allgather_pickle(comm, MPI, obj: Any, wait: Wait, what: str) -> list[Any]:
+    """``comm.allgather`` of a picklable object, non-blocking underneath like :func:`bcast_pickle`."""
+    data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy()
+    sizes = np.zeros(comm.Get_size(), dtype=np.int64)
+    # communication: the sizes, then the pickles
+    wait(comm.Iallgather(np.array([data.size], dtype=np.int64), sizes).Test, what)
+    counts = [int(n) for n in sizes]
+    displs = [sum(counts[:i]) for i in range(len(counts))]
+    out = np.empty(sum(counts), dtype=np.uint8)
+    wait(comm.Iallgatherv([data, MPI.BYTE], [out, (counts, displs), MPI.BYTE]).Test, what)
+    return [pickle.loads(out[d:d + n].tobytes()) for d, n in zip(displs, counts)]
+
+
 def check_config(cfg: Config) -> None:
     """What ``--strategy ps`` cannot do, checked before MPI starts (every rank fails alike)."""
     x = cfg.exchange
@@ -527,27 +555,10 @@ class ParameterServer(GradientExchange):
         return self._allgather(self.workers_comm, obj)
 
     def _allgather(self, comm, obj: Any) -> list[Any]:
-        MPI = self.MPI
-        data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy()
-        sizes = np.zeros(comm.Get_size(), dtype=np.int64)
-        # communication: the sizes, then the pickles (non-blocking, so that a stuck rank times out)
-        self._poll(comm.Iallgather(np.array([data.size], dtype=np.int64), sizes).Test, "every rank's set-up")
-        counts = [int(n) for n in sizes]
-        displs = [sum(counts[:i]) for i in range(len(counts))]
-        out = np.empty(sum(counts), dtype=np.uint8)
-        self._poll(comm.Iallgatherv([data, MPI.BYTE], [out, (counts, displs), MPI.BYTE]).Test, "every rank's set-up")
-        return [pickle.loads(out[d:d + n].tobytes()) for d, n in zip(displs, counts)]
+        return allgather_pickle(comm, self.MPI, obj, self._poll, "every rank's set-up")
 
     def _bcast(self, comm, obj: Any, root: int, what: str) -> Any:
-        """``comm.bcast`` of a picklable object, non-blocking underneath: it times out like every
-        other wait, and a colocated rank keeps serving while it waits."""
-        mine = comm.Get_rank() == root
-        data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy() if mine else None
-        size = np.array([data.size if mine else 0], dtype=np.int64)
-        self._poll(comm.Ibcast(size, root=root).Test, what)  # communication
-        buf = data if mine else np.empty(int(size[0]), dtype=np.uint8)
-        self._poll(comm.Ibcast([buf, self.MPI.BYTE], root=root).Test, what)  # communication
-        return obj if mine else pickle.loads(buf.tobytes())
+        return bcast_pickle(comm, self.MPI, obj, root, self._poll, what)
 
     # ------------------------------------------------------------ reporting and shutdown
     def describe(self) -> dict[str, Any]:
