@@ -299,8 +299,10 @@ def stop_processes(live: Callable[[], list[int]], grace: float) -> list[int]:
     return pids
 
 
-def remove(names: list[str], grace: float = 5.0) -> None:
+def remove(names: list[str], grace: float = 5.0, retry: str | None = None) -> None:
     """Stop every process inside these namespaces (TERM, then KILL) and delete them.
+
+    On failure the error line ends with ``retry`` (default: this module's cleanup command).
 
     A network namespace, with its veths and qdiscs, lives as long as a process is inside it, so
     deleting the name is not enough: whatever mpirun left behind (a daemonised ``orted``, a rank
@@ -317,7 +319,7 @@ def remove(names: list[str], grace: float = 5.0) -> None:
     still = _holders(inodes)
     if errors or still:
         raise ClusterError(f"could not remove emulated hosts ({'; '.join(errors) or f'pids {still} survive SIGKILL'}); "
-                           f"retry with: {cleanup_command()}")
+                           f"retry with: {retry or cleanup_command()}")
 
 
 class EmulatedCluster:

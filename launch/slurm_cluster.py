@@ -373,10 +373,10 @@ def down(state_dir: Path = STATE_DIR, log=print, state: dict | None = None) -> l
     removed += [name for name, _ in pids]
     names = node_namespaces()
     if names:
-        try:
-            netns.remove(names, grace=2.0)  # a job being torn down need not finish its step
+        try:  # a job being torn down need not finish its step
+            netns.remove(names, grace=2.0, retry=f"{sys.executable} -m launch.slurm_cluster down")
         except netns.ClusterError as e:
-            raise SlurmClusterError(str(e).split("; retry")[0] + f"; retry with: {sys.executable} -m launch.slurm_cluster down") from e
+            raise SlurmClusterError(str(e)) from e
         removed += names
     if BRIDGE in _link_names():
         _run(["ip", "link", "delete", BRIDGE])
