@@ -7,11 +7,14 @@ blocked as everyone else when the frozen rank is rank 0 or when the stall is ins
 coordination itself. So every rank runs a small thread of its own:
 
 * the training loop notes its state (:func:`note`: the step it runs and whether it has arrived at
-  the exchange); waits that poll (the parameter server's) call :func:`beat` when something moved;
+  the exchange); waits that poll (the parameter server's, the mpi engine's, Horovod's metric
+  reductions) run inside :func:`waiting` and call :func:`beat` when something moved;
 * the threads exchange heartbeats over UDP, star-shaped: every rank sends its state to the main
   rank (rank 0; the first worker under a parameter server) about once a second, which answers
   with everyone's latest state (a "board"). A rank whose
-  heartbeats stopped is frozen or gone; one whose state is behind its peers' has not arrived;
+  heartbeats stopped is frozen or gone; one whose state is behind its peers' has not arrived --
+  unless it is itself waiting for a peer (the main worker fetching a checkpoint's optimizer state
+  from a frozen server is a victim, not a cause);
 * when a rank's own state has not changed for the timeout, its thread prints one line (only the
   lowest live rank speaks) naming the step and the rank(s) that did not arrive, and ends the process
   with ``os._exit(69)`` -- from a thread, and without MPI calls that could block. mpirun then ends
@@ -57,6 +60,25 @@ def beat() -> None:
         w.changed = time.monotonic()
 
 
+class waiting:
+    """``with waiting():`` around a wait for peers: this rank is blocked on someone else, so a verdict
+    never names it for being behind (its step may lag because the one it waits for is frozen)."""
+
+    __slots__ = ("w", "before")
+
+    def __enter__(self) -> None:
+        self.w = _current
+        if self.w is not None:
+            self.before, self.w.waiting = self.w.waiting, True
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        # A wait that gave up (Stalled) leaves the rank marked as waiting: its own verdict in
+        # Watchdog.fire must agree with what its peers last saw of it, or each may leave the
+        # report to the other and nobody speaks.
+        if self.w is not None and exc_type is None:
+            self.w.waiting = self.before
+
+
 def current() -> "Watchdog | None":
     return _current
 
@@ -82,10 +104,11 @@ class Watchdog:
         self.compare = compare  # False on a rank whose state says nothing about the steps (a PS server)
         self.interval = min(1.0, max(0.1, timeout / 10))
         self.state: tuple[int, int] = (0, COMPUTING)
+        self.waiting = False  # inside a wait for peers (see :class:`waiting`)
         self.changed = time.monotonic()
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind(("0.0.0.0", 0))
-        self.board: dict[int, list[Any]] = {}  # rank -> [step, phase, compare, monotonic time seen]
+        self.board: dict[int, list[Any]] = {}  # rank -> [step, phase, compare, monotonic time seen, waiting]
         self.board_seen = time.monotonic()  # when the board last answered (on the host: always now)
         self.host = 0  # the rank that keeps the board
         self.peers: list[tuple[str, int]] = []  # its addresses
@@ -148,7 +171,7 @@ class Watchdog:
 
     def _mine(self, now: float) -> list[Any]:
         step, phase = self.state
-        return [step, phase, self.compare, now]
+        return [step, phase, self.compare, now, self.waiting]
 
     def _heartbeat(self, now: float) -> None:
         if self.rank == self.host:
@@ -156,7 +179,7 @@ class Watchdog:
             self.board_seen = now
             return
         step, phase = self.state
-        msg = json.dumps({"r": self.rank, "s": step, "p": phase, "c": self.compare}).encode()
+        msg = json.dumps({"r": self.rank, "s": step, "p": phase, "c": self.compare, "w": self.waiting}).encode()
         for peer in self.peers:
             try:
                 self.sock.sendto(msg, peer)
@@ -171,15 +194,15 @@ class Watchdog:
             return
         now = time.monotonic()
         if self.rank == self.host and "r" in msg:  # a heartbeat: note it, answer with the board
-            self.board[int(msg["r"])] = [msg["s"], msg["p"], msg["c"], now]
+            self.board[int(msg["r"])] = [msg["s"], msg["p"], msg["c"], now, bool(msg.get("w"))]
             self.board[self.rank] = self._mine(now)
-            ages = {r: [v[0], v[1], v[2], now - v[3]] for r, v in self.board.items()}
+            ages = {r: [*v[:3], now - v[3], v[4]] for r, v in self.board.items()}
             try:
                 self.sock.sendto(json.dumps({"b": ages}).encode(), sender)
             except OSError:
                 pass
         elif "b" in msg:  # the host's board, ages relative to its clock
-            self.board = {int(r): [v[0], v[1], v[2], now - v[3]] for r, v in msg["b"].items()}
+            self.board = {int(r): [*v[:3], now - v[3], v[4]] for r, v in msg["b"].items()}
             self.board_seen = now
 
     # ------------------------------------------------------------ the verdict
@@ -196,7 +219,8 @@ class Watchdog:
         silent = [r for r in range(self.size) if r not in board or now - board[r][3] > silent_after]
         live = [r for r in range(self.size) if r not in silent and board[r][2]]
         ahead = max((tuple(board[r][:2]) for r in live), default=None)
-        behind = [r for r in live if tuple(board[r][:2]) < ahead] if ahead else []
+        # a rank blocked on a peer is not behind by its own doing (board[r][4]: waiting)
+        behind = [r for r in live if tuple(board[r][:2]) < ahead and not board[r][4]] if ahead else []
         parts = []
         if silent:
             parts.append(f"no heartbeat from rank {', '.join(map(str, silent))} (frozen or gone)")

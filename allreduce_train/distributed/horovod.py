@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from .. import watchdog
 from ..config import ExchangeConfig
 from ..errors import UserError
 from .base import GradientExchange
@@ -212,11 +213,12 @@ class HorovodAllreduce(GradientExchange):
         # ALLREDUCE_TRAIN_WAIT=horovod keeps Horovod's wait (for comparison: docs/performance.md).
         # (_handles: {param: (handle, ctx)} in Horovod 0.28; None/callable handles are not in flight.)
         if self._sleep_wait:
-            for handle, _ in list(getattr(self._optimizer, "_handles", {}).values()):
-                if handle is None or callable(handle):
-                    continue
-                while not self.hvd.poll(handle):
-                    time.sleep(POLL_S)
+            with watchdog.waiting():
+                for handle, _ in list(getattr(self._optimizer, "_handles", {}).values()):
+                    if handle is None or callable(handle):
+                        continue
+                    while not self.hvd.poll(handle):
+                        time.sleep(POLL_S)
         self._optimizer.synchronize()  # communication: wait for the in-flight allreduces
 
     def apply(self, optimizer) -> None:
@@ -229,8 +231,9 @@ class HorovodAllreduce(GradientExchange):
     def _wait(self, handle) -> Any:
         """Horovod's result for ``handle``, waiting in Python (see synchronize) so that the stall
         watchdog's thread keeps running while this rank waits for a peer."""
-        while not self.hvd.poll(handle):
-            time.sleep(POLL_S)
+        with watchdog.waiting():
+            while not self.hvd.poll(handle):
+                time.sleep(POLL_S)
         return self.hvd.synchronize(handle)
 
     def sum_over_workers(self, values: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,10 @@ a frozen rank are in tests/mpi/test_faults.py)."""
 
 import time
 
+import pytest
+
 from allreduce_train import watchdog
+from allreduce_train.errors import Stalled
 from allreduce_train.watchdog import AFTER, COMPUTING, EXCHANGING, Watchdog
 
 
@@ -49,12 +52,38 @@ def test_ranks_behind_the_others_did_not_arrive():
     try:
         now = time.monotonic()
         w.state = (12, EXCHANGING)
-        w.board = {1: [12, EXCHANGING, True, now], 2: [12, COMPUTING, True, now], 3: [11, AFTER, True, now]}
+        w.board = {1: [12, EXCHANGING, True, now, True], 2: [12, COMPUTING, True, now, False],
+                   3: [11, AFTER, True, now, False]}
         ranks, how = w.missing()
         assert ranks == [2, 3] and "behind" in how
         # a server (compare=False) is named only when it goes silent, never for its step
-        w.board = {1: [12, EXCHANGING, True, now], 2: [0, COMPUTING, False, now], 3: [12, EXCHANGING, True, now - 60]}
+        w.board = {1: [12, EXCHANGING, True, now, True], 2: [0, COMPUTING, False, now, False],
+                   3: [12, EXCHANGING, True, now - 60, True]}
         ranks, how = w.missing()
         assert ranks == [3] and "no heartbeat from rank 3" in how
     finally:
+        w.sock.close()
+
+
+def test_a_rank_waiting_for_a_frozen_peer_is_not_named_for_being_behind():
+    """The main worker of a parameter-server job fetches the optimizer state for a checkpoint from a
+    frozen server while the other worker has gone on a step: only the server is to blame."""
+    w = Watchdog(1, 3, timeout=60)  # rank 1: the first worker (the board's host); rank 0: the server
+    try:
+        now = time.monotonic()
+        w.board = {0: [0, COMPUTING, False, now - 60, False], 2: [193, EXCHANGING, True, now, True]}
+        w.state = (192, AFTER)
+        watchdog._current = w  # as Watchdog.start makes it, without its thread
+        with watchdog.waiting():
+            ranks, how = w.missing()
+        assert ranks == [0] and "no heartbeat from rank 0" in how and "behind" not in how
+        with pytest.raises(Stalled):  # a wait that gave up: still waiting when Watchdog.fire judges
+            with watchdog.waiting():
+                raise Stalled("waiting for the servers' optimizer state")
+        assert w.missing()[0] == [0]
+        w.waiting = False
+        ranks, how = w.missing()  # the same step outside a wait: behind its peer
+        assert ranks == [0, 1] and "rank 1 behind at step(s) 192" in how
+    finally:
+        watchdog._current = None
         w.sock.close()

@@ -77,6 +77,11 @@ def poll(test: Callable[[], bool], timeout: float, what: str, idle: Callable[[],
     pause between tests grows from nothing to 0.5 ms while nothing happens: a spinning rank would
     take the core from the very process it waits for when ranks outnumber cores.
     """
+    with watchdog.waiting():  # blocked on peers: never named as behind by the stall watchdog
+        _poll(test, timeout, what, idle)
+
+
+def _poll(test: Callable[[], bool], timeout: float, what: str, idle: Callable[[], bool] | None) -> None:
     last = prev = time.monotonic()
     pause = 0.0
     while not test():
