@@ -56,8 +56,9 @@ def verdict(c: dict[tuple[str, str], float]) -> str:
                     "servers).")
     if hr and mr:
         said.append(f"Same concept (ring), Horovod / mpi4py = {hr / mr:.2f}: the implementation's difference "
-                    "(Horovod's background thread, its negotiation cycle and fusion buffer against "
-                    "messages sent from this process's gradient hooks).")
+                    "(Horovod's background thread, its negotiation cycle and fusion buffer, and across "
+                    "hosts the allreduce algorithm Open MPI picks for it, against a ring of messages sent "
+                    "from this process's gradient hooks; docs/emulated_cluster.md).")
     if hr and mp and mr:
         said.append(f"The Horovod ring / colocated PS = {hr / mp:.2f} is their product "
                     f"({mr / mp:.2f} x {hr / mr:.2f}).")
