@@ -194,7 +194,7 @@ class Watchdog:
             return
         now = time.monotonic()
         if self.rank == self.host and "r" in msg:  # a heartbeat: note it, answer with the board
-            self.board[int(msg["r"])] = [msg["s"], msg["p"], msg["c"], now, bool(msg.get("w"))]
+            self.board[int(msg["r"])] = [msg["s"], msg["p"], msg["c"], now, msg["w"]]
             self.board[self.rank] = self._mine(now)
             ages = {r: [*v[:3], now - v[3], v[4]] for r, v in self.board.items()}
             try:

@@ -78,26 +78,22 @@ def poll(test: Callable[[], bool], timeout: float, what: str, idle: Callable[[],
     take the core from the very process it waits for when ranks outnumber cores.
     """
     with watchdog.waiting():  # blocked on peers: never named as behind by the stall watchdog
-        _poll(test, timeout, what, idle)
-
-
-def _poll(test: Callable[[], bool], timeout: float, what: str, idle: Callable[[], bool] | None) -> None:
-    last = prev = time.monotonic()
-    pause = 0.0
-    while not test():
-        if idle is not None and idle():
-            last, pause = time.monotonic(), 0.0
-            watchdog.beat()
-            continue
-        now = time.monotonic()
-        if now - prev > 1.0:  # this process was stopped (SIGSTOP): its peers are not to blame
-            last = now
-        prev = now
-        if timeout and now - last > timeout:
-            raise Stalled(f"waiting for {what}")
-        if pause:
-            time.sleep(pause)
-        pause = min(2 * pause or 1e-5, 5e-4)
+        last = prev = time.monotonic()
+        pause = 0.0
+        while not test():
+            if idle is not None and idle():
+                last, pause = time.monotonic(), 0.0
+                watchdog.beat()
+                continue
+            now = time.monotonic()
+            if now - prev > 1.0:  # this process was stopped (SIGSTOP): its peers are not to blame
+                last = now
+            prev = now
+            if timeout and now - last > timeout:
+                raise Stalled(f"waiting for {what}")
+            if pause:
+                time.sleep(pause)
+            pause = min(2 * pause or 1e-5, 5e-4)
 
 
 Wait = Callable[[Callable[[], bool], str], None]  # (test, what): poll with the caller's timeout and idle work
