@@ -30,7 +30,7 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 
-from .mpirun import TRAINER, LaunchSpec, build_command
+from .mpirun import MPI_ALLREDUCE_CHOICES, RING_RULES, TRAINER, LaunchSpec, build_command
 
 # Fixed by the image (deploy/Dockerfile); the chart's values.yaml carries the same defaults.
 APP_DIR = "/opt/allreduce_train"
@@ -67,6 +67,7 @@ class K8sSpec:
     memory: str = "4Gi"
     gpus: int = 0  # per worker
     mca: list[tuple[str, str]] = field(default_factory=list)
+    mpi_allreduce: str = "ring"  # the image's launch/openmpi_allreduce_ring.rules; "auto": Open MPI's choice
     env: dict[str, str] = field(default_factory=dict)  # set in every pod; HOROVOD_*/NCCL_* reach the ranks with -x
     trainer_args: list[str] = field(default_factory=list)
     resume: bool = True  # --name <job> --resume auto: a restarted launcher continues the run
@@ -134,7 +135,9 @@ def rank_args(spec: K8sSpec) -> list[str]:
 
 def mpirun_command(spec: K8sSpec) -> list[str]:
     """The launcher's command: ``python -m launch``'s line for the same ranks, as the image's user."""
-    launch = LaunchSpec(np=spec.np, mca=list(spec.mca), module=TRAINER, trainer_args=rank_args(spec), python=PYTHON)
+    rules = f"{APP_DIR}/launch/{RING_RULES.name}" if spec.mpi_allreduce == "ring" else ""
+    launch = LaunchSpec(np=spec.np, mca=list(spec.mca), module=TRAINER, trainer_args=rank_args(spec), python=PYTHON,
+                        allreduce_rules=rules)
     return build_command(launch, environ={"PATH": IMAGE_PATH, **launcher_env(spec)}, is_root=False)
 
 
@@ -378,6 +381,10 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", type=int, default=0, help=f"{GPU_RESOURCE} per worker pod (default: 0; needs the GPU image)")
     p.add_argument("--mca", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
                    help="extra Open MPI parameter, e.g. --mca btl_tcp_if_include eth0 (repeatable)")
+    p.add_argument("--mpi-allreduce", choices=MPI_ALLREDUCE_CHOICES, default=d.mpi_allreduce,
+                   help="Open MPI's MPI_Allreduce algorithm (Horovod's on CPU): ring = the ring for 4 MiB and more "
+                        "on 3+ ranks (the image's launch/openmpi_allreduce_ring.rules), auto = Open MPI's built-in "
+                        f"choice (default: {d.mpi_allreduce}; a --mca coll_tuned_* setting of yours wins)")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="environment variable for every pod (repeatable); HOROVOD_*/NCCL_* are forwarded to the ranks")
     p.add_argument("--runs-pvc", default="", metavar="CLAIM",
@@ -409,7 +416,8 @@ def spec_from_args(args: argparse.Namespace) -> K8sSpec:
     return K8sSpec(name=args.name, namespace=args.namespace, image=args.image, image_pull_policy=args.image_pull_policy,
                    workers=args.workers,
                    slots_per_worker=max(args.gpus, 1) if args.slots_per_worker is None else args.slots_per_worker,
-                   cpu=args.cpu, memory=args.memory, gpus=args.gpus, mca=[tuple(kv) for kv in args.mca], env=env,
+                   cpu=args.cpu, memory=args.memory, gpus=args.gpus, mca=[tuple(kv) for kv in args.mca],
+                   mpi_allreduce=args.mpi_allreduce, env=env,
                    trainer_args=trainer, resume=not args.no_resume, runs_pvc=args.runs_pvc,
                    runs_pvc_size=args.runs_pvc_size, storage_class=args.storage_class, tensorboard=args.tensorboard,
                    grace_seconds=args.grace_period, backoff_limit=args.backoff_limit,

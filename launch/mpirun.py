@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # launch.netns is imported only when a cluster is emulated
@@ -53,6 +54,23 @@ def no_gl_probe(environ: dict[str, str]) -> dict[str, str]:
     return environ if "HWLOC_COMPONENTS" in environ else {**environ, "HWLOC_COMPONENTS": "-gl"}
 
 
+# Open MPI coll/tuned rules: MPI_Allreduce of >= 4 MiB on >= 3 ranks takes the ring, the rest Open MPI's
+# built-in choice (see the file). On TCP links the built-in choice at 4 ranks takes up to ~2x the ring's
+# bandwidth bound (docs/emulated_cluster.md); Horovod reduces through MPI_Allreduce on CPU.
+RING_RULES = Path(__file__).resolve().parent / "openmpi_allreduce_ring.rules"
+# A user who sets one of these chooses Open MPI's allreduce algorithm; the rules file is then left out.
+TUNED_KEYS = ("coll_tuned_use_dynamic_rules", "coll_tuned_dynamic_rules_filename", "coll_tuned_allreduce_algorithm")
+MPI_ALLREDUCE_CHOICES = ("ring", "auto")
+
+
+def allreduce_mca(rules: str, user_mca: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The -mca pairs that load ``rules`` (a coll/tuned rules file path; empty: none), unless the user
+    set Open MPI's allreduce choice themselves."""
+    if not rules or any(key in TUNED_KEYS for key, _ in user_mca):
+        return []
+    return [("coll_tuned_use_dynamic_rules", "1"), ("coll_tuned_dynamic_rules_filename", rules)]
+
+
 EMULATED_TIMEOUT = 3600.0  # seconds; an emulated cluster is never left running unattended
 
 
@@ -71,6 +89,7 @@ class LaunchSpec:
     python: str = sys.executable
     mpirun: str = "mpirun"
     cluster: ClusterSpec | None = None  # emulated hosts (network namespaces) instead of -H/--hostfile
+    allreduce_rules: str = ""  # an Open MPI coll/tuned rules file for every rank (RING_RULES); empty: Open MPI's
 
 
 def forwarded_env(environ: dict[str, str]) -> list[str]:
@@ -115,7 +134,7 @@ def build_command(spec: LaunchSpec, environ: dict[str, str] | None = None, is_ro
                 cmd += ["-mca", key, value]
     else:
         cmd += ["-mca", "btl", "^openib"]
-    for key, value in spec.mca:
+    for key, value in [*allreduce_mca(spec.allreduce_rules, spec.mca), *spec.mca]:
         cmd += ["-mca", key, value]
     extra_env = cluster.env() if cluster else {}
     for name in forwarded_env(environ):
@@ -140,6 +159,11 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--oversubscribe", action="store_true", help="allow more ranks than cores/slots")
     p.add_argument("--mca", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
                    help="extra Open MPI parameter, e.g. --mca btl_tcp_if_include eth0 (repeatable)")
+    p.add_argument("--mpi-allreduce", choices=MPI_ALLREDUCE_CHOICES, default=None,
+                   help="Open MPI's MPI_Allreduce algorithm (Horovod's on CPU): ring = the ring for 4 MiB and more "
+                        "on 3+ ranks (launch/openmpi_allreduce_ring.rules), auto = Open MPI's built-in choice "
+                        "(default: ring with -H/--hostfile/--emulate-hosts, auto on one host; a --mca "
+                        "coll_tuned_* setting of yours wins)")
     p.add_argument("--emulate-hosts", type=int, default=0, metavar="N",
                    help="run on N emulated hosts (network namespaces on this machine, needs root) instead of -H")
     p.add_argument("--link-rate", default="1gbit",
@@ -177,10 +201,12 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--min-np shrinks an emulated cluster on restart: give --emulate-hosts and --max-restarts")
         if args.max_restarts and args.module == TRAINER:
             trainer_args = pinned_name(trainer_args)
+        multi_host = bool(args.hosts or args.hostfile or args.emulate_hosts)
+        mpi_allreduce = args.mpi_allreduce or ("ring" if multi_host else "auto")
         spec = LaunchSpec(np=args.np, hosts=args.hosts, hostfile=args.hostfile, oversubscribe=args.oversubscribe,
                           mca=[tuple(kv) for kv in args.mca], module=args.module,
                           module_args=[args.command] if args.module == TRAINER else [], trainer_args=trainer_args,
-                          cluster=cluster)
+                          cluster=cluster, allreduce_rules=str(RING_RULES) if mpi_allreduce == "ring" else "")
         if spec.hostfile and not os.path.isfile(spec.hostfile):
             raise ValueError(f"--hostfile {spec.hostfile}: file not found")
         env = dict(os.environ)

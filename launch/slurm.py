@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .mpirun import TRAINER, LaunchSpec, build_command, no_gl_probe
+from .mpirun import MPI_ALLREDUCE_CHOICES, RING_RULES, TRAINER, LaunchSpec, allreduce_mca, build_command, no_gl_probe
 
 EXIT_PREEMPTED = 75  # the trainer's exit code after a checkpoint on SIGUSR1/SIGTERM (EX_TEMPFAIL)
 NTASKS = "$SLURM_NTASKS"  # expanded by the batch shell: every task of the allocation is a rank
@@ -64,6 +64,7 @@ class SlurmJob:
     grace: int = 120  # seconds between SIGUSR1 and the time limit
     srun: bool = False  # srun --mpi=pmix instead of mpirun
     mca: list[tuple[str, str]] = field(default_factory=list)
+    mpi_allreduce: str = "ring"  # launch/openmpi_allreduce_ring.rules for MPI_Allreduce; "auto": Open MPI's choice
     trainer_args: list[str] = field(default_factory=list)
     python: str = sys.executable
 
@@ -118,16 +119,18 @@ def job_command(job: SlurmJob, environ: dict[str, str], is_root: bool) -> tuple[
     name ``"slurm-$SLURM_JOB_ID"``, which the batch shell expands."""
     name = [] if job.run_name else ['--name', '"slurm-$SLURM_JOB_ID"']  # the same directory after a requeue
     program = [job.python, "-m", TRAINER, "train"]
+    rules = str(RING_RULES) if job.mpi_allreduce == "ring" else ""  # a path every node sees, like job.python
     if job.srun:
-        env = [("OMPI_MCA_pml", "ob1"), ("OMPI_MCA_btl", "^openib"), *((f"OMPI_MCA_{k}", v) for k, v in job.mca)]
+        mca = [("pml", "ob1"), ("btl", "^openib"), *allreduce_mca(rules, job.mca), *job.mca]
+        env = [(f"OMPI_MCA_{k}", v) for k, v in mca]
         # Not --kill-on-bad-exit: after a preemption every rank exits 75 by itself, and srun killing the
         # last ones as soon as the first has exited would turn the job's 75 into a failure (no requeue).
         launcher = ["srun", "--mpi=pmix"]
         groups = [[shlex.quote(w) for w in launcher]]
     else:
         env = []
-        words = build_command(LaunchSpec(np=1, mca=list(job.mca), python=job.python), environ=environ,
-                              is_root=is_root)
+        words = build_command(LaunchSpec(np=1, mca=list(job.mca), python=job.python, allreduce_rules=rules),
+                              environ=environ, is_root=is_root)
         words = words[:-len(program)]
         words[words.index("-np") + 1] = NTASKS
         quoted = [w if w == NTASKS else shlex.quote(w) for w in words]
@@ -361,6 +364,10 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--srun", action="store_true", help="start the ranks with srun --mpi=pmix instead of mpirun")
     p.add_argument("--mca", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
                    help="extra Open MPI parameter, e.g. --mca btl_tcp_if_include eth0 (repeatable)")
+    p.add_argument("--mpi-allreduce", choices=MPI_ALLREDUCE_CHOICES, default="ring",
+                   help="Open MPI's MPI_Allreduce algorithm (Horovod's on CPU): ring = the ring for 4 MiB and more "
+                        "on 3+ ranks (launch/openmpi_allreduce_ring.rules), auto = Open MPI's built-in choice "
+                        "(default: ring; a --mca coll_tuned_* setting of yours wins)")
     p.add_argument("--script", default="", help="where to write the script (default: runs/slurm-<time>.sbatch)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="print the script only; write and submit nothing")
@@ -382,7 +389,8 @@ def main(argv: list[str] | None = None) -> int:
         job = SlurmJob(nodes=args.nodes, ntasks_per_node=args.ntasks_per_node, cpus_per_task=args.cpus_per_task,
                        gpus_per_node=args.gpus_per_node, time=args.time, partition=args.partition,
                        account=args.account, job_name=args.job_name, output=args.output, grace=args.grace,
-                       srun=args.srun, mca=[tuple(kv) for kv in args.mca], trainer_args=trainer_args)
+                       srun=args.srun, mca=[tuple(kv) for kv in args.mca], mpi_allreduce=args.mpi_allreduce,
+                       trainer_args=trainer_args)
         script = Path(args.script or time.strftime("runs/slurm-%Y%m%d-%H%M%S.sbatch"))
         note = "" if args.dry_run else f"; submit with: sbatch {script}"
         text = render_script(job, note=note)

@@ -25,6 +25,7 @@ from kubernetes.client import models
 from pydantic import ValidationError
 
 from launch import LaunchSpec, build_command
+from launch.mpirun import RING_RULES
 from launch import k8s
 
 from helm_subset import Fail, Renderer, TemplateError, helmify, lex, parse, render_chart
@@ -126,9 +127,10 @@ def test_launcher_runs_the_mpirun_line_of_python_m_launch():
     assert out.returncode == 0, out.stderr
     job = by_kind(docs_of(out.stdout), "MPIJob")
     args = launcher_container(job)["args"]
-    # independently: the launcher module's own line for 4 ranks in the image's environment
+    # independently: the launcher module's own line for 4 ranks in the image's environment (its checkout)
+    image_rules = f"{k8s.APP_DIR}/launch/{RING_RULES.name}"
     expected = build_command(
-        LaunchSpec(np=4, mca=[("btl_tcp_if_include", "eth0")], python=k8s.PYTHON,
+        LaunchSpec(np=4, mca=[("btl_tcp_if_include", "eth0")], python=k8s.PYTHON, allreduce_rules=image_rules,
                    trainer_args=["--name", "allreduce-train", "--resume", "auto", "--model", "lenet5", "--lr", "0.1; rm -rf /"]),
         environ={"PATH": "/usr/bin", "HWLOC_COMPONENTS": "-gl", "HOROVOD_CYCLE_TIME": "0.25"}, is_root=False)
     assert args == expected
@@ -137,12 +139,15 @@ def test_launcher_runs_the_mpirun_line_of_python_m_launch():
     assert "# + " + shlex.join(args) in out.stdout.splitlines()
     # and the CLI's dry run prints the same flags for the same ranks
     env = {"PATH": os.environ["PATH"], "HWLOC_COMPONENTS": "-gl", "HOROVOD_CYCLE_TIME": "0.25"}
-    dry = subprocess.run([sys.executable, "-m", "launch", "-np", "4", "--mca", "btl_tcp_if_include", "eth0", "--dry-run",
+    dry = subprocess.run([sys.executable, "-m", "launch", "-np", "4", "--mca", "btl_tcp_if_include", "eth0",
+                          "--mpi-allreduce", "ring", "--dry-run",
                           "--", "--name", "allreduce-train", "--resume", "auto", "--model", "lenet5", "--lr", "0.1; rm -rf /"],
                          cwd=ROOT, capture_output=True, text=True, env=env, timeout=60)  # cwd puts launch on sys.path
     line = shlex.split(dry.stdout.strip().splitlines()[-1][2:])
-    line = [k8s.PYTHON if a == sys.executable else a for a in line if a != "--allow-run-as-root"]
+    line = [{sys.executable: k8s.PYTHON, str(RING_RULES): image_rules}.get(a, a) for a in line if a != "--allow-run-as-root"]
     assert line == args
+    auto = render("--mpi-allreduce", "auto", "--", "--model", "lenet5")
+    assert auto.returncode == 0 and "coll_tuned" not in auto.stdout, auto.stderr
     # the variables mpirun forwards with -x are set in the launcher container
     names = {e["name"] for e in launcher_container(job)["env"]}
     assert {args[i + 1] for i, a in enumerate(args) if a == "-x"} - {"PATH"} <= names
@@ -319,7 +324,7 @@ def test_chart_values_map_to_the_launcher_options():
               "image": {"repository": "r.example/allreduce-train", "tag": "gpu"},
               "resources": {"cpu": "8", "memory": "32Gi", "gpus": 2},
               "env": {"NCCL_SOCKET_IFNAME": "eth0", "HOROVOD_CYCLE_TIME": "0.25", "OMP_NUM_THREADS": "4"},
-              "mca": {"btl_tcp_if_include": "eth0"},
+              "mca": {"btl_tcp_if_include": "eth0"}, "mpiAllreduce": "auto",
               "runs": {"create": True, "size": "20Gi", "storageClass": "nfs"}, "tensorboard": {"enabled": True},
               "gracePeriodSeconds": 300, "backoffLimit": 5, "cleanPodPolicy": "All"}
     chart = docs_of(render_chart(CHART, "lstm", values))
@@ -330,7 +335,7 @@ def test_chart_values_map_to_the_launcher_options():
                  "--cpu", "8", "--memory", "32Gi", "--gpus", "2",
                  # the chart's maps come out sorted by key, as Go templates range over them
                  "--env", "HOROVOD_CYCLE_TIME=0.25", "--env", "NCCL_SOCKET_IFNAME=eth0", "--env", "OMP_NUM_THREADS=4",
-                 "--mca", "btl_tcp_if_include", "eth0", "--runs-pvc", "lstm-runs", "--runs-pvc-size", "20Gi",
+                 "--mca", "btl_tcp_if_include", "eth0", "--mpi-allreduce", "auto", "--runs-pvc", "lstm-runs", "--runs-pvc-size", "20Gi",
                  "--storage-class", "nfs", "--tensorboard", "--grace-period", "300", "--backoff-limit", "5",
                  "--clean-pod-policy", "All", "--",
                  "--model", "ptb-lstm-small", "--dataset", "ptb", "--epochs", "13", "--strategy", "ps",

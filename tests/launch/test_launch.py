@@ -2,10 +2,12 @@ import os
 import subprocess
 import sys
 
-from launch import LaunchSpec, build_command
-from launch.mpirun import pinned_name, resuming, why
+import pytest
 
-from helpers import ROOT
+from launch import LaunchSpec, build_command
+from launch.mpirun import RING_RULES, pinned_name, resuming, why
+
+from helpers import RANKS, ROOT, check, launch
 
 
 def test_local_command():
@@ -69,3 +71,70 @@ def test_min_np_needs_an_emulated_cluster_and_restarts():
     bad = subprocess.run([sys.executable, "-m", "launch", "-np", "2", "--min-np", "1", "--dry-run", "--"],
                          cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2 and "--min-np" in bad.stderr
+
+
+def test_multi_host_jobs_load_the_ring_rules_unless_the_user_chose_open_mpis_algorithm(tmp_path):
+    def dry(*args):
+        out = subprocess.run([sys.executable, "-m", "launch", "-np", "4", *args, "--dry-run", "--", "--lr", "1"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip().splitlines()[-1].split()
+
+    rules = ["-mca", "coll_tuned_use_dynamic_rules", "1", "-mca", "coll_tuned_dynamic_rules_filename", str(RING_RULES)]
+
+    def has(cmd, part):
+        return any(cmd[i:i + len(part)] == part for i in range(len(cmd)))
+
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("a slots=2\nb slots=2\n")
+    assert has(dry("-H", "a:2,b:2"), rules) and has(dry("--hostfile", str(hostfile)), rules)
+    assert not has(dry(), rules)  # one host: Open MPI's own choice
+    assert has(dry("--mpi-allreduce", "ring"), rules)
+    assert not has(dry("-H", "a:2,b:2", "--mpi-allreduce", "auto"), rules)
+    mine = dry("-H", "a:2,b:2", "--mca", "coll_tuned_allreduce_algorithm", "3")
+    assert "coll_tuned_dynamic_rules_filename" not in mine and has(mine, ["-mca", "coll_tuned_allreduce_algorithm", "3"])
+    assert RING_RULES.is_file()
+
+
+def test_the_ring_rules_file_is_what_open_mpis_reader_expects():
+    """Open MPI 4.x's classic rules format, read the way its reader does (numbers; '#' to the end of a
+    line): 1 collective, allreduce (id 2), comm sizes ascending, each with message sizes ascending from 0,
+    4 numbers per rule, and nothing left over."""
+    words = " ".join(line.split("#")[0] for line in RING_RULES.read_text().splitlines()).split()
+    nums = iter(int(w) for w in words)
+    assert next(nums) == 1 and next(nums) == 2
+    comm_sizes, rules = [], {}
+    for _ in range(next(nums)):
+        size = next(nums)
+        msgs = [[next(nums) for _ in range(4)] for _ in range(next(nums))]
+        assert msgs[0][0] == 0 and [m[0] for m in msgs] == sorted(m[0] for m in msgs)
+        comm_sizes.append(size)
+        rules[size] = msgs
+    assert next(nums, None) is None and comm_sizes == sorted(comm_sizes)
+    assert rules[1] == [[0, 0, 0, 0]]  # 1-2 ranks: Open MPI's choice for every size
+    assert [alg for _, alg, _, _ in rules[3]] == [0, 4]  # 3+ ranks: its choice, then the ring
+
+
+def summation_order(np: int, *launcher: str) -> dict[str, str]:
+    proc = check(launch(np, [], module="allreduce_order_rank", oversubscribe=True, launcher=list(launcher),
+                        env={"PYTHONPATH": f"{RANKS}:{ROOT}"}, timeout=120))
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("allreduce_order "))
+    return dict(word.split("=") for word in line.split()[1:])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("np", [2, 3, 4])
+def test_open_mpi_reads_the_ring_rules_and_uses_the_ring_for_large_messages_on_3_ranks_or_more(np):
+    """The bits of a float32 sum tell the order of the additions, so the algorithm (allreduce_order_rank).
+    With the rules file a 4 MiB MPI_Allreduce adds like the forced ring on 3 and 4 ranks, where Open MPI's
+    own choice adds otherwise; a 4 KiB one, and everything on 2 ranks, like Open MPI's own choice."""
+    rules = summation_order(np, "--mpi-allreduce", "ring")
+    auto = summation_order(np, "--mpi-allreduce", "auto")
+    ring = summation_order(np, "--mca", "coll_tuned_use_dynamic_rules", "1", "--mca", "coll_tuned_allreduce_algorithm", "4")
+    if np == 2:
+        assert rules == auto, (rules, auto)
+        return
+    assert auto["large"] != ring["large"] and rules["large"] == ring["large"], (rules, auto, ring)
+    assert rules["small"] == auto["small"], (rules, auto)
+    if np == 4:  # on 3 ranks Open MPI's choice for 4 KiB adds in the ring's order anyway
+        assert auto["small"] != ring["small"], (auto, ring)

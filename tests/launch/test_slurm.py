@@ -6,6 +6,7 @@ permitted. One cluster serves the module; it is removed afterwards whatever happ
 test checks that nothing of it is left.
 """
 
+import dataclasses
 import json
 import os
 import re
@@ -19,7 +20,7 @@ import pytest
 import torch
 
 from launch import slurm, slurm_cluster
-from launch.mpirun import LaunchSpec, build_command
+from launch.mpirun import RING_RULES, LaunchSpec, build_command
 
 from helpers import ROOT, check, load_params
 
@@ -56,8 +57,8 @@ def test_the_job_step_is_the_launchers_mpirun_line_reading_the_allocation():
     env = {"PATH": "/bin", "HOROVOD_FUSION_THRESHOLD": "1", "HWLOC_COMPONENTS": "-gl"}
     text = slurm.render_script(job, environ=env, is_root=True)
     step = text[text.index("\nmpirun ") + 1:text.index(" &\n")].replace(" \\\n    ", " ")
-    local = build_command(LaunchSpec(np=2, mca=[("btl_tcp_if_include", "eth0")], python=job.python), environ=env,
-                          is_root=True)
+    local = build_command(LaunchSpec(np=2, mca=[("btl_tcp_if_include", "eth0")], python=job.python,
+                                     allreduce_rules=str(RING_RULES)), environ=env, is_root=True)
     local[local.index("-np") + 1] = "$SLURM_NTASKS"  # the allocation's task count, not a number
     assert step.startswith(" ".join(local[:-3]).replace("^openib", "'^openib'") + " ")
     assert "-H" not in step.split() and "--hostfile" not in step
@@ -69,7 +70,11 @@ def test_the_job_step_is_the_launchers_mpirun_line_reading_the_allocation():
 def test_srun_mode_sets_open_mpi_parameters_in_the_environment():
     job = slurm.SlurmJob(srun=True, mca=[("btl_tcp_if_include", "10.0.0.0/8")], trainer_args=["--steps", "3"])
     text = slurm.render_script(job, environ={"PATH": "/bin"}, is_root=True)
-    assert "export OMPI_MCA_pml=ob1\nexport OMPI_MCA_btl='^openib'\nexport OMPI_MCA_btl_tcp_if_include=10.0.0.0/8" in text
+    assert ("export OMPI_MCA_pml=ob1\nexport OMPI_MCA_btl='^openib'\nexport OMPI_MCA_coll_tuned_use_dynamic_rules=1\n"
+            f"export OMPI_MCA_coll_tuned_dynamic_rules_filename={RING_RULES}\n"
+            "export OMPI_MCA_btl_tcp_if_include=10.0.0.0/8") in text
+    auto = slurm.render_script(dataclasses.replace(job, mpi_allreduce="auto"), environ={"PATH": "/bin"}, is_root=True)
+    assert "coll_tuned" not in auto
     assert "\nsrun --mpi=pmix" in text and "\nmpirun" not in text and "--export" not in text
     assert subprocess.run(["bash", "-n"], input=text, capture_output=True, text=True, timeout=30).returncode == 0
 
