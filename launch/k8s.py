@@ -30,7 +30,7 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 
-from .mpirun import MPI_ALLREDUCE_CHOICES, RING_RULES, TRAINER, LaunchSpec, build_command
+from .mpirun import TRAINER, LaunchSpec, add_mpi_allreduce_arg, build_command, ring_rules
 
 # Fixed by the image (deploy/Dockerfile); the chart's values.yaml carries the same defaults.
 APP_DIR = "/opt/allreduce_train"
@@ -135,9 +135,8 @@ def rank_args(spec: K8sSpec) -> list[str]:
 
 def mpirun_command(spec: K8sSpec) -> list[str]:
     """The launcher's command: ``python -m launch``'s line for the same ranks, as the image's user."""
-    rules = f"{APP_DIR}/launch/{RING_RULES.name}" if spec.mpi_allreduce == "ring" else ""
     launch = LaunchSpec(np=spec.np, mca=list(spec.mca), module=TRAINER, trainer_args=rank_args(spec), python=PYTHON,
-                        allreduce_rules=rules)
+                        allreduce_rules=ring_rules(spec.mpi_allreduce, APP_DIR))
     return build_command(launch, environ={"PATH": IMAGE_PATH, **launcher_env(spec)}, is_root=False)
 
 
@@ -381,10 +380,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", type=int, default=0, help=f"{GPU_RESOURCE} per worker pod (default: 0; needs the GPU image)")
     p.add_argument("--mca", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
                    help="extra Open MPI parameter, e.g. --mca btl_tcp_if_include eth0 (repeatable)")
-    p.add_argument("--mpi-allreduce", choices=MPI_ALLREDUCE_CHOICES, default=d.mpi_allreduce,
-                   help="Open MPI's MPI_Allreduce algorithm (Horovod's on CPU): ring = the ring for 4 MiB and more "
-                        "on 3+ ranks (the image's launch/openmpi_allreduce_ring.rules), auto = Open MPI's built-in "
-                        f"choice (default: {d.mpi_allreduce}; a --mca coll_tuned_* setting of yours wins)")
+    add_mpi_allreduce_arg(p, d.mpi_allreduce, d.mpi_allreduce, where="the image's ")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="environment variable for every pod (repeatable); HOROVOD_*/NCCL_* are forwarded to the ranks")
     p.add_argument("--runs-pvc", default="", metavar="CLAIM",

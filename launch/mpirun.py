@@ -63,6 +63,19 @@ TUNED_KEYS = ("coll_tuned_use_dynamic_rules", "coll_tuned_dynamic_rules_filename
 MPI_ALLREDUCE_CHOICES = ("ring", "auto")
 
 
+def ring_rules(choice: str, app_dir: str | Path = RING_RULES.parent.parent) -> str:
+    """The rules file for ``--mpi-allreduce choice`` as the ranks see it: under ``app_dir``, the checkout
+    the ranks run from (an image's for Kubernetes); empty for ``auto``."""
+    return str(Path(app_dir) / RING_RULES.parent.name / RING_RULES.name) if choice == "ring" else ""
+
+
+def add_mpi_allreduce_arg(p: argparse.ArgumentParser, default: str | None, default_text: str, where: str = "") -> None:
+    p.add_argument("--mpi-allreduce", choices=MPI_ALLREDUCE_CHOICES, default=default,
+                   help="Open MPI's MPI_Allreduce algorithm (Horovod's on CPU): ring = the ring for 4 MiB and more "
+                        f"on 3+ ranks ({where}launch/{RING_RULES.name}), auto = Open MPI's built-in choice "
+                        f"(default: {default_text}; a --mca coll_tuned_* setting of yours wins)")
+
+
 def allreduce_mca(rules: str, user_mca: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """The -mca pairs that load ``rules`` (a coll/tuned rules file path; empty: none), unless the user
     set Open MPI's allreduce choice themselves."""
@@ -159,11 +172,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--oversubscribe", action="store_true", help="allow more ranks than cores/slots")
     p.add_argument("--mca", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
                    help="extra Open MPI parameter, e.g. --mca btl_tcp_if_include eth0 (repeatable)")
-    p.add_argument("--mpi-allreduce", choices=MPI_ALLREDUCE_CHOICES, default=None,
-                   help="Open MPI's MPI_Allreduce algorithm (Horovod's on CPU): ring = the ring for 4 MiB and more "
-                        "on 3+ ranks (launch/openmpi_allreduce_ring.rules), auto = Open MPI's built-in choice "
-                        "(default: ring with -H/--hostfile/--emulate-hosts, auto on one host; a --mca "
-                        "coll_tuned_* setting of yours wins)")
+    add_mpi_allreduce_arg(p, None, "ring with -H/--hostfile/--emulate-hosts, auto on one host")
     p.add_argument("--emulate-hosts", type=int, default=0, metavar="N",
                    help="run on N emulated hosts (network namespaces on this machine, needs root) instead of -H")
     p.add_argument("--link-rate", default="1gbit",
@@ -206,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = LaunchSpec(np=args.np, hosts=args.hosts, hostfile=args.hostfile, oversubscribe=args.oversubscribe,
                           mca=[tuple(kv) for kv in args.mca], module=args.module,
                           module_args=[args.command] if args.module == TRAINER else [], trainer_args=trainer_args,
-                          cluster=cluster, allreduce_rules=str(RING_RULES) if mpi_allreduce == "ring" else "")
+                          cluster=cluster, allreduce_rules=ring_rules(mpi_allreduce))
         if spec.hostfile and not os.path.isfile(spec.hostfile):
             raise ValueError(f"--hostfile {spec.hostfile}: file not found")
         env = dict(os.environ)

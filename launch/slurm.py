@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .mpirun import MPI_ALLREDUCE_CHOICES, RING_RULES, TRAINER, LaunchSpec, allreduce_mca, build_command, no_gl_probe
+from .mpirun import TRAINER, LaunchSpec, add_mpi_allreduce_arg, allreduce_mca, build_command, no_gl_probe, ring_rules
 
 EXIT_PREEMPTED = 75  # the trainer's exit code after a checkpoint on SIGUSR1/SIGTERM (EX_TEMPFAIL)
 NTASKS = "$SLURM_NTASKS"  # expanded by the batch shell: every task of the allocation is a rank
@@ -119,7 +119,7 @@ def job_command(job: SlurmJob, environ: dict[str, str], is_root: bool) -> tuple[
     name ``"slurm-$SLURM_JOB_ID"``, which the batch shell expands."""
     name = [] if job.run_name else ['--name', '"slurm-$SLURM_JOB_ID"']  # the same directory after a requeue
     program = [job.python, "-m", TRAINER, "train"]
-    rules = str(RING_RULES) if job.mpi_allreduce == "ring" else ""  # a path every node sees, like job.python
+    rules = ring_rules(job.mpi_allreduce)  # a path every node sees, like job.python
     if job.srun:
         mca = [("pml", "ob1"), ("btl", "^openib"), *allreduce_mca(rules, job.mca), *job.mca]
         env = [(f"OMPI_MCA_{k}", v) for k, v in mca]
@@ -364,10 +364,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--srun", action="store_true", help="start the ranks with srun --mpi=pmix instead of mpirun")
     p.add_argument("--mca", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
                    help="extra Open MPI parameter, e.g. --mca btl_tcp_if_include eth0 (repeatable)")
-    p.add_argument("--mpi-allreduce", choices=MPI_ALLREDUCE_CHOICES, default="ring",
-                   help="Open MPI's MPI_Allreduce algorithm (Horovod's on CPU): ring = the ring for 4 MiB and more "
-                        "on 3+ ranks (launch/openmpi_allreduce_ring.rules), auto = Open MPI's built-in choice "
-                        "(default: ring; a --mca coll_tuned_* setting of yours wins)")
+    add_mpi_allreduce_arg(p, "ring", "ring")
     p.add_argument("--script", default="", help="where to write the script (default: runs/slurm-<time>.sbatch)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="print the script only; write and submit nothing")

@@ -346,6 +346,16 @@ def test_chart_values_map_to_the_launcher_options():
     assert sorted(chart, key=key) == sorted(ours, key=key)
 
 
+def test_chart_leaves_the_ring_rules_out_when_mca_chooses_open_mpis_allreduce():
+    mca = {"coll_tuned_use_dynamic_rules": "1", "coll_tuned_allreduce_algorithm": "3"}
+    chart = docs_of(render_chart(CHART, "own", {"mca": mca}))
+    assert "coll_tuned_dynamic_rules_filename" not in launcher_container(chart[0])["args"]
+    out = render("--name", "own", "--mca", "coll_tuned_allreduce_algorithm", "3",  # the chart's map: sorted by key
+                 "--mca", "coll_tuned_use_dynamic_rules", "1", "--", *ALLREDUCE)
+    assert out.returncode == 0, out.stderr
+    assert chart == docs_of(out.stdout)
+
+
 def test_chart_colocated_ps_and_no_resume():
     # --set resources.cpu=4 gives a number, not a string: both are a quantity
     job = docs_of(render_chart(CHART, "co", {"strategy": "ps-colocated", "resume": False, "resources": {"cpu": 4}}))[0]
