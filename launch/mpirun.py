@@ -76,6 +76,15 @@ def add_mpi_allreduce_arg(p: argparse.ArgumentParser, default: str | None, defau
                         f"(default: {default_text}; a --mca coll_tuned_* setting of yours wins)")
 
 
+def describe_mpi_allreduce(choice: str, user_mca: list[tuple[str, str]] | tuple = ()) -> str:
+    """What ``--mpi-allreduce choice`` with the user's ``--mca`` pairs gives multi-host jobs, for reports."""
+    if any(key in TUNED_KEYS for key, _ in user_mca):
+        return "as set by --mca " + " ".join(f"{k} {v}" for k, v in user_mca if k in TUNED_KEYS)
+    if choice == "ring":
+        return f"ring from 4 MiB on 3+ ranks (--mpi-allreduce ring: launch/{RING_RULES.name})"
+    return "Open MPI's built-in choice (--mpi-allreduce auto)"
+
+
 def allreduce_mca(rules: str, user_mca: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """The -mca pairs that load ``rules`` (a coll/tuned rules file path; empty: none), unless the user
     set Open MPI's allreduce choice themselves."""

@@ -45,6 +45,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .mpirun import MPI_ALLREDUCE_CHOICES
+
 NAME_PREFIX = "art-"
 NAME_RE = re.compile(r"^art-(\d+)-\d+-(head|h\d+)$")
 SUBNET = "10.213.0"  # /24, private, and only ever configured inside our own namespaces
@@ -424,15 +426,19 @@ class EmulatedCluster:
         return float(bps), int(nbytes)
 
 
-def emulated_launcher(link_rate: str, timeout: float = 0, mca: list[tuple[str, str]] | tuple = ()):
+def emulated_launcher(link_rate: str, timeout: float = 0, mca: list[tuple[str, str]] | tuple = (),
+                      mpi_allreduce: str = "ring"):
     """A drop-in for the benchmark runners' ``launcher(np, args, module) -> argv`` hook: the same
     job on ``np`` emulated hosts, one rank each, every link at ``link_rate``; ``mca``: Open MPI
-    parameters for every job (they override the emulation's own)."""
+    parameters for every job (they override the emulation's own); ``mpi_allreduce``: the launcher's
+    ``--mpi-allreduce`` (ring: launch/openmpi_allreduce_ring.rules, auto: Open MPI's choice)."""
     parse_rate(link_rate)
+    if mpi_allreduce not in MPI_ALLREDUCE_CHOICES:
+        raise ValueError(f"mpi_allreduce: one of {', '.join(MPI_ALLREDUCE_CHOICES)} (got {mpi_allreduce!r})")
 
     def argv(np_: int, args: list[str], module: str = "allreduce_train") -> list[str]:
         cmd = [sys.executable, "-m", "launch", "-np", str(np_), "--emulate-hosts", str(np_),
-               "--link-rate", link_rate]
+               "--link-rate", link_rate, "--mpi-allreduce", mpi_allreduce]
         for key, value in mca:
             cmd += ["--mca", key, value]
         if module != "allreduce_train":

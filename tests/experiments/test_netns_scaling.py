@@ -46,6 +46,7 @@ def test_grid_measures_over_the_links_and_predicts_the_configured_bandwidth(tmp_
     assert set(row["traffic"]) == {"h1", "h2"} and row["link_bytes_per_step"] >= nbytes
     report = (tmp_path / "report.md").read_text()
     assert "### 100mbit per link" in report and "| lenet5 | allreduce | 2 |" in report
+    assert "MPI_Allreduce (Horovod's on CPU): ring from 4 MiB on 3+ ranks" in report  # the launcher's default
     grid_report = (tmp_path / "100mbit" / "report.md").read_text()  # the grid's own report for the rate
     # no empty compute sentence and no "No calibration": the network is the configured rate
     assert "Compute per step = the grid has no one-worker run" in grid_report and ": ." not in grid_report

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from launch import LaunchSpec, build_command, netns
-from launch.mpirun import run_emulated
+from launch.mpirun import RING_RULES, run_emulated
 
 from helpers import RANKS, ROOT, check, load_params
 
@@ -81,6 +81,17 @@ def test_the_users_mca_overrides_the_emulations_own():
     assert given == ["10.213.0.0/16"]  # once, the user's: Open MPI would otherwise see both
     launcher = netns.emulated_launcher("100mbit", mca=[("btl_tcp_links", "4")])
     assert launcher(2, ["--steps", "1"])[-6:] == ["--mca", "btl_tcp_links", "4", "--", "--steps", "1"]
+
+
+@pytest.mark.parametrize("choice", ["ring", "auto"])
+def test_the_grids_emulated_launcher_passes_the_mpi_allreduce_choice_on_to_mpirun(choice):
+    argv = netns.emulated_launcher("1gbit", mpi_allreduce=choice)(3, ["--steps", "1"])
+    argv[argv.index("--"):argv.index("--")] = ["--dry-run"]
+    mpirun = check(subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60)).stdout.splitlines()[-1]
+    assert "mpirun" in mpirun
+    assert (f"-mca coll_tuned_dynamic_rules_filename {RING_RULES}" in mpirun) == (choice == "ring"), mpirun
+    with pytest.raises(ValueError, match="mpi_allreduce"):
+        netns.emulated_launcher("1gbit", mpi_allreduce="fast")
 
 
 def test_dry_run_prints_every_setup_command_and_builds_nothing():

@@ -37,6 +37,8 @@ CHECKED_BYTES = 4 << 20
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from launch.mpirun import add_mpi_allreduce_arg
+
     p.add_argument("--rates", default="1gbit,100mbit", help="link rates per direction (default: 1gbit,100mbit)")
     p.add_argument("--hosts", default="2,4", help="worker counts, one emulated host each (default: 2,4)")
     p.add_argument("--impls", default=DEFAULT_IMPLS,
@@ -48,6 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mca", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
                    help="an Open MPI parameter for every job, overriding the emulation's (repeatable)")
     p.add_argument("--job-timeout", type=float, default=1800, help="seconds per job before it is stopped")
+    add_mpi_allreduce_arg(p, "ring", "ring, as `python -m launch --emulate-hosts`")
     p.add_argument("--out-dir", default="", help="default: runs/commbench-netns/<time>")
 
 
@@ -75,7 +78,8 @@ def markdown(res: dict[str, Any]) -> str:
            f"`{res['command']}` on {res['cpus']} CPU cores, started {res['started']}, {res['minutes']:.0f} min; "
            f"load average (1 min) {res['load_before']} before, {res['load_after']} after. Every rank on an emulated "
            "host of its own (a network namespace with one full-duplex link of the given rate to a switch, "
-           "docs/emulated_cluster.md); the exchanges alone, no model compute.", "",
+           "docs/emulated_cluster.md); the exchanges alone, no model compute. Open MPI's MPI_Allreduce: "
+           f"{res.get('mpi_allreduce', 'not recorded')}.", "",
            "- measured: median over iterations of the slowest worker (commbench); p25-p75 its spread;",
            "- model: costmodel.py with alpha = 0 (no latency is emulated) and B = the link rate / 8: "
            "allreduce and colocated PS 2(N-1)/N S/B, K dedicated servers 2 max(S, N S/K)/B;",
@@ -109,6 +113,7 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
+    from launch import mpirun
     from launch.netns import emulated_launcher, unavailable_reason
 
     from ..scaling.netns import link_network, parse_rates
@@ -140,8 +145,8 @@ def main(args: argparse.Namespace) -> int:
                     "--iters", str(args.iters), "--warmup", str(args.warmup), "--ps-servers-list", args.ps_servers_list,
                     "--horovod-cycle-ms", "", "--horovod-fusion-mb", "", "--timeline-size", "",
                     "--out-dir", os.path.join(out_dir, rate, f"n{n}"), "--job-timeout", str(args.job_timeout)])
-                report = commbench.run_front(front, launcher=emulated_launcher(rate, timeout=args.job_timeout - 60,
-                                                                               mca=mca))
+                report = commbench.run_front(front, launcher=emulated_launcher(
+                    rate, timeout=args.job_timeout - 60, mca=mca, mpi_allreduce=args.mpi_allreduce))
                 failures += [f"{rate} N={n} {f}" for f in report["failures"]]
                 rows += compare(rate, report, link_network(rate))
     except commbench.BenchError as e:
@@ -151,7 +156,8 @@ def main(args: argparse.Namespace) -> int:
            "started": started, "minutes": (time.monotonic() - t0) / 60, "cpus": os.cpu_count(),
            "load_before": " ".join(f"{v:.1f}" for v in load_before),
            "load_after": " ".join(f"{v:.1f}" for v in loadavg()), "rates": rates, "hosts": hosts,
-           "mca": mca, "rows": rows, "failures": failures}
+           "mca": mca, "mpi_allreduce": mpirun.describe_mpi_allreduce(args.mpi_allreduce, mca), "rows": rows,
+           "failures": failures}
     with open(os.path.join(out_dir, "results.json"), "w") as fh:
         json.dump(res, fh, indent=1)
         fh.write("\n")

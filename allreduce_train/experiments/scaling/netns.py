@@ -38,6 +38,8 @@ TRAFFIC_RE = re.compile(r"(h\d+) (\d+)/(\d+)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from launch.mpirun import add_mpi_allreduce_arg
+
     p.add_argument("--hosts", default="1,2,4",
                    help="comma-separated worker counts, one emulated host per worker; 1 is the speedup baseline "
                         "(default: 1,2,4)")
@@ -49,6 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=1, help="jobs per grid point (default: 1)")
     p.add_argument("--steps", type=int, default=0, help="measured steps per job (default: the scaling grid's plan)")
     p.add_argument("--job-timeout", type=float, default=1200, help="seconds per job before it is stopped")
+    add_mpi_allreduce_arg(p, "ring", "ring, as `python -m launch --emulate-hosts`")
     p.add_argument("--out-dir", default="", help="default: runs/scaling-netns/<time>")
 
 
@@ -158,7 +161,8 @@ def markdown(report: dict[str, Any]) -> str:
            f"`{report['command']}` on {report['cpus']} CPU cores, started {report['started']}, "
            f"{report['minutes']:.0f} min. {report['hosts']} workers, every rank on an emulated host of its own "
            "(a network namespace with one full-duplex link of the given rate to a switch; "
-           "docs/emulated_cluster.md); the jobs are the `scaling` grid's (synthetic data, one thread per rank).", "",
+           "docs/emulated_cluster.md); the jobs are the `scaling` grid's (synthetic data, one thread per rank). "
+           f"Open MPI's MPI_Allreduce (Horovod's on CPU): {report.get('mpi_allreduce', 'not recorded')}.", "",
            "- step, wait: medians over the measured steps (metrics.json `step_ms`, `comm_wait_ms`); "
            "compute = step - wait;",
            "- predicted exchange: costmodel.py for the configured link rate, alpha = 0 (no latency is emulated); "
@@ -206,6 +210,7 @@ def main(args: argparse.Namespace) -> int:
     except scaling.GridError as e:
         print(f"scaling-netns: error: {e}", file=sys.stderr)
         return 2
+    from launch.mpirun import describe_mpi_allreduce
     from launch.netns import emulated_launcher, unavailable_reason
 
     reason = unavailable_reason()
@@ -220,14 +225,16 @@ def main(args: argparse.Namespace) -> int:
         print(f"== {rate} per link: {args.hosts} emulated workers", flush=True)
         # The launcher stops an overdue job itself (and removes its cluster) a minute before the
         # grid would kill the launcher, which would leave the namespaces behind.
-        res = scaling.run(cfg, launcher=emulated_launcher(rate, timeout=cfg.job_timeout - 60),
+        res = scaling.run(cfg, launcher=emulated_launcher(rate, timeout=cfg.job_timeout - 60,
+                                                          mpi_allreduce=args.mpi_allreduce),
                           network=(link_network(rate), f"the emulated links, {rate} per direction, no added latency"))
         all_ok &= all(j["ok"] for j in res["jobs"])
         rows += compare(rate, res, cfg)
         grids.append(res)
     report = {"command": shlex.join(["python", "-m", "allreduce_train.experiments", *sys.argv[1:]]),
               "started": started, "minutes": (time.monotonic() - t0) / 60, "cpus": os.cpu_count(),
-              "hosts": args.hosts, "repeats": args.repeats, "rates": rates, "rows": rows}
+              "hosts": args.hosts, "repeats": args.repeats, "rates": rates,
+              "mpi_allreduce": describe_mpi_allreduce(args.mpi_allreduce), "rows": rows}
     with open(os.path.join(out_dir, "results.json"), "w") as fh:
         json.dump(report, fh, indent=1)
         fh.write("\n")

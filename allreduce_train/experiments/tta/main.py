@@ -118,7 +118,8 @@ def run(cfg: TtaConfig, launcher: Launcher = local_launcher) -> dict[str, Any]:
     if reason:
         notes.append(f"worker counts >= {cfg.emulate_from} skipped: emulated hosts unavailable ({reason})")
         workers = [n for n in workers if not cfg.emulated(n)]
-    emulated = emulated_launcher(cfg.link_rate, timeout=max(60.0, cfg.job_timeout - 60)) if not reason else None
+    emulated = None if reason else emulated_launcher(cfg.link_rate, timeout=max(60.0, cfg.job_timeout - 60),
+                                                     mpi_allreduce=cfg.mpi_allreduce)
     table = methods()
     # One asynchronous worker is its synchronous twin (nothing can be stale), so it is not run.
     points = [(r, m, table[name], n) for r in range(1, cfg.repeats + 1) for m in cfg.models for name in cfg.methods
@@ -165,6 +166,8 @@ def run(cfg: TtaConfig, launcher: Launcher = local_launcher) -> dict[str, Any]:
 # ------------------------------------------------------------------------- command line
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from launch.mpirun import add_mpi_allreduce_arg
+
     d = TtaConfig()
     p.add_argument("--models", default=",".join(d.models), help=f"comma-separated subset of {', '.join(WORKLOADS)}")
     p.add_argument("--methods", default=",".join(d.methods),
@@ -174,6 +177,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="worker counts from this one up run on emulated hosts, one rank per host (root; "
                         "0 = never; default: 4)")
     p.add_argument("--link-rate", default=d.link_rate, help="emulated hosts' link rate per direction (default: 1gbit)")
+    add_mpi_allreduce_arg(p, d.mpi_allreduce, f"{d.mpi_allreduce}, as `python -m launch --emulate-hosts`")
     p.add_argument("--target", action="append", default=[], metavar="MODEL=METRIC>=VALUE",
                    help="a model's target instead of its default (" + "; ".join(
                        f"{m}: {w.target}" for m, w in WORKLOADS.items()) + "); repeatable")
@@ -238,9 +242,9 @@ def config_from_args(args: argparse.Namespace) -> TtaConfig:
     except ValueError as e:
         raise TtaError(str(e)) from None
     return TtaConfig(models=models, methods=names, workers=workers, emulate_from=args.emulate_from,
-                     link_rate=args.link_rate, targets=targets, max_epochs=args.max_epochs,
-                     evals_per_epoch=args.evals_per_epoch, repeats=args.repeats, seed=args.seed,
-                     out_dir=args.out_dir, extra=args.extra, job_timeout=args.job_timeout)
+                     link_rate=args.link_rate, mpi_allreduce=args.mpi_allreduce, targets=targets,
+                     max_epochs=args.max_epochs, evals_per_epoch=args.evals_per_epoch, repeats=args.repeats,
+                     seed=args.seed, out_dir=args.out_dir, extra=args.extra, job_timeout=args.job_timeout)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -60,7 +60,10 @@ def _median(vals: list[float]) -> float | None:
 
 
 def markdown(res: dict[str, Any]) -> str:
+    from launch.mpirun import describe_mpi_allreduce
+
     cfg, jobs = res["config"], res["jobs"]
+    mpi = describe_mpi_allreduce(cfg["mpi_allreduce"]) if "mpi_allreduce" in cfg else "not recorded"
     loads = [j["loadavg_before"] for j in jobs if j.get("loadavg_before") is not None]
     load = f"median {statistics.median(loads):.1f}, max {max(loads):.1f}" if loads else "–"
     L = [f"# Time to accuracy ({res['started']})", "",
@@ -79,7 +82,8 @@ def markdown(res: dict[str, Any]) -> str:
          "same N): the cost of stale gradients; staleness = mean updates a gradient missed on the server;",
          "- N = workers; dedicated servers run beside them; N from "
          + (f"{cfg['emulate_from']} up runs on emulated hosts (one rank per network namespace, {cfg['link_rate']} "
-            "links, all on this machine's cores)" if cfg["emulate_from"] else "– (no emulated hosts)") + ".", ""]
+            "links, all on this machine's cores; Open MPI's MPI_Allreduce there: "
+            f"{mpi})" if cfg["emulate_from"] else "– (no emulated hosts)") + ".", ""]
     for model, target in res["targets"].items():
         sel = [j for j in jobs if j["model"] == model]
         L += [f"## {model}: {target}", "", f"Measured on: {res['what'][model]}.", "",

@@ -69,6 +69,7 @@ class TtaConfig:
     workers: list[int] = field(default_factory=lambda: [1, 2, 4])
     emulate_from: int = 4  # worker counts from this one up run on emulated hosts (0: never)
     link_rate: str = "1gbit"
+    mpi_allreduce: str = "ring"  # the launcher's --mpi-allreduce for the emulated hosts (launch/mpirun.py)
     targets: dict[str, str] = field(default_factory=dict)  # model -> --target, instead of the workload's
     max_epochs: int = 0  # 0: the workload's
     evals_per_epoch: int = 4
