@@ -14,6 +14,7 @@ timed exchanges. Every exchange is checked against the exact sum. --impl:
   MPI_Allreduce, in place, from its background thread), this thread waiting as the trainer does
   (polling, asleep between polls);
 - horovod-spin: the same with Horovod's own wait (`hvd.synchronize`, a sched_yield loop);
+  --connect-first: one small mpi4py allreduce before `hvd.init()`;
 - mpi: mpi4py's `Allreduce` from this thread; mpi-thread: the same from another thread while this one
   sleeps between polls; mpi-inplace: with MPI_IN_PLACE.
 """
@@ -26,12 +27,22 @@ import sys
 import threading
 import time
 
+import numpy as np
 import torch
 
 from allreduce_train.distributed.horovod import POLL_S
 
 
 IMPLS = ("horovod", "horovod-spin", "mpi", "mpi-thread", "mpi-inplace")
+
+
+def connect_first() -> None:
+    """One small MPI_Allreduce over every rank from this thread, before Horovod starts its own: the
+    ranks' first MPI traffic then does not come from Horovod's background thread."""
+    from mpi4py import MPI
+
+    ones = np.ones(256, dtype=np.float32)
+    MPI.COMM_WORLD.Allreduce(ones, np.empty_like(ones), op=MPI.SUM)  # communication
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -41,6 +52,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--mb", type=float, default=18.6, help="megabytes (10^6 bytes) of float32 per exchange")
     p.add_argument("--iters", type=int, default=5, help="timed exchanges per pause")
     p.add_argument("--impl", choices=IMPLS, default="horovod")
+    p.add_argument("--connect-first", action="store_true",
+                   help="horovod: one small mpi4py allreduce before hvd.init()")
     args = p.parse_args(argv)
     try:
         args.pauses = [float(x) for x in args.pauses.split(",")]
@@ -56,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     if args.impl.startswith("horovod"):
         import horovod.torch as hvd
+
+        if args.connect_first:
+            connect_first()
         hvd.init()
         rank, size = hvd.rank(), hvd.size()
 
