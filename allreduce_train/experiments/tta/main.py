@@ -32,7 +32,7 @@ from typing import Any
 
 from ..jobs import Launcher, loadavg, local_launcher, read_json
 from ..jobs import run as run_job
-from .report import markdown, write_csv, write_tensorboard
+from .report import markdown, plot_time_to_accuracy, write_csv, write_tensorboard
 from .spec import WORKLOADS, Method, TtaConfig, TtaError, methods
 
 
@@ -157,9 +157,10 @@ def run(cfg: TtaConfig, launcher: Launcher = local_launcher) -> dict[str, Any]:
         fh.write("\n")
     write_csv(os.path.join(out, "results.csv"), records)
     write_tensorboard(os.path.join(out, "summary"), records)
+    plot_time_to_accuracy(os.path.join(out, "time_to_accuracy.png"), res)
     with open(os.path.join(out, "report.md"), "w") as fh:
         fh.write(markdown(res))
-    print(f"done in {res['minutes']:.1f} min: {out}/report.md; tensorboard --logdir {out}/summary", flush=True)
+    print(f"done in {res['minutes']:.1f} min: {out}/report.md; make tensorboard RUN={out}/summary", flush=True)
     return res
 
 

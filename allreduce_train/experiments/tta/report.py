@@ -1,4 +1,4 @@
-"""The time-to-accuracy grid's outputs: report.md, results.csv and the TensorBoard summary."""
+"""The time-to-accuracy grid's outputs: report.md, results.csv, time_to_accuracy.png and the TensorBoard summary."""
 
 from __future__ import annotations
 
@@ -49,6 +49,80 @@ def write_tensorboard(path: str, records: list[dict[str, Any]]) -> None:
             w.add_scalar("tta/seconds_to_target", r["seconds_to_target"], r["workers"])
             w.add_scalar("tta/steps_to_target", r["steps_to_target"], r["workers"])
         w.close()
+
+
+# One colour per concept family (ring: blues, dedicated PS: reds, colocated PS: greens); asynchronous
+# methods dashed, so that a method keeps its look in every panel.
+PLOT_STYLE = {"ring-horovod": ("#1f4e9c", "-"), "ring-mpi": ("#4fa3e0", "-"),
+              "ps-sync-dedicated": ("#b2182b", "-"), "ps-async-dedicated": ("#ef8a62", "--"),
+              "ps-sync-colocated": ("#1b7837", "-"), "ps-async-colocated": ("#7fbf7b", "--")}
+
+
+def split_target(target: str) -> tuple[str, str, float]:
+    """``eval/accuracy>=0.89`` -> (``eval_accuracy``, ``>=``, 0.89)."""
+    op = ">=" if ">=" in target else "<="
+    return metric_key(target), op, float(target.split(op)[1])
+
+
+def plot_time_to_accuracy(path: str, res: dict[str, Any]) -> list[list[tuple[str, int]]]:
+    """time_to_accuracy.png: per model (rows) and worker count (columns), every job's evaluated figure
+    against wall-clock seconds since its first training step, the target as a dotted line and a star
+    where a job reached it. Returns, per panel, the (method, N) of the lines drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    jobs = [j for j in res["jobs"] if j["ok"] and j.get("evals")]
+    models = list(res["targets"])
+    ns = sorted({j["workers"] for j in res["jobs"]}) or [1]
+    fig, axes = plt.subplots(max(1, len(models)), len(ns), figsize=(4.2 * len(ns), 3.4 * max(1, len(models))),
+                             squeeze=False)
+    drawn: list[list[tuple[str, int]]] = []
+    for row, model in zip(axes, models):
+        key, op, value = split_target(res["targets"][model])
+        for ax, n in zip(row, ns):
+            sel = [j for j in jobs if j["model"] == model and j["workers"] == n]
+            hosts = next((j["hosts"] for j in res["jobs"] if j["model"] == model and j["workers"] == n), "")
+            if not sel:
+                from ..scaling.report import no_data
+
+                no_data(ax, f"{model}, N = {n}: no job with evaluations")
+                drawn.append([])
+                continue
+            lines, ys = [], []
+            for j in sel:
+                pts = [(e["seconds"], e[key]) for e in j["evals"] if key in e]
+                if not pts:
+                    continue
+                color, ls = PLOT_STYLE.get(j["method"], ("black", "-"))
+                ax.plot(*zip(*pts), color=color, ls=ls, lw=1.4, marker=".", ms=3,
+                        label=f"{j['method']}" + (f" r{j['repeat']}" if j["repeat"] > 1 else ""))
+                if j.get("reached"):
+                    hit = min(pts, key=lambda p: abs(p[0] - j["seconds_to_target"]))
+                    ax.plot([hit[0]], [hit[1]], marker="*", ms=11, color=color, mec="black", mew=0.5, ls="none")
+                ys += [y for _, y in pts]
+                lines.append((j["method"], n))
+            drawn.append(lines)
+            ax.axhline(value, color="0.3", ls=":", lw=1)
+            if op == "<=":  # perplexity: a log scale, from the best figure to a few times the target
+                ax.set_yscale("log")
+                plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+                ax.yaxis.set_major_formatter(plain)
+                ax.yaxis.set_minor_formatter(plain)
+                ax.set_ylim(min(ys + [value]) * 0.9, value * 3)
+            else:
+                ax.set_ylim(max(min(ys), value - 0.15), max(ys + [value]) + 0.01)
+            ax.set_title(f"{model}, N = {n} ({hosts})", fontsize=9)
+            ax.set_xlabel("seconds since the first training step")
+            ax.set_ylabel(f"{key} ({op} {value:g})")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=6, loc="lower right" if op == ">=" else "upper right", framealpha=0.6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return drawn
 
 
 def _f(v, spec: str) -> str:
@@ -113,13 +187,16 @@ def markdown(res: dict[str, Any]) -> str:
             f = fastest[0]
             L += [f"Fastest to the target: {f['method']} with {f['workers']} worker(s), {f['seconds_to_target']:.1f} s.",
                   ""]
+    L += ["![every job's figure against wall-clock seconds; stars where a job reached the target]"
+          "(time_to_accuracy.png)", ""]
     if res["notes"]:
         L += ["## Skipped or failed", ""] + [f"- {n}" for n in res["notes"]] + [""]
     L += ["## Files", "",
           "- `results.json`, `results.csv`: every figure above, with each job's evaluations (step, epoch, seconds, "
           "figures);",
+          "- `time_to_accuracy.png`: the figure above (per model and N, every method against wall-clock seconds);",
           "- `runs/<model>/<method>-n<N>-r<k>/`: each job's TensorBoard run and metrics.json; `logs/`: its output;",
           "- `summary/`: each job's evaluations against the step (`tta/<metric>`; switch the horizontal axis to "
           "Relative for wall-clock time) and against milliseconds since training started (`tta/<metric>_vs_ms`):", "",
-          f"      .venv/bin/tensorboard --logdir {res['out_dir']}/summary --host 127.0.0.1 --port 6006", ""]
+          f"      make tensorboard RUN={res['out_dir']}/summary     # http://127.0.0.1:6007 (6006 hangs mpirun)", ""]
     return "\n".join(L)
