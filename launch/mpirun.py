@@ -38,7 +38,8 @@ if TYPE_CHECKING:  # launch.netns is imported only when a cluster is emulated
 
 # Forwarded to every rank when set here (plus every HOROVOD_* and NCCL_* variable).
 FORWARD_VARS = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "HWLOC_COMPONENTS",
-                "ALLREDUCE_TRAIN_PROGRESS", "ALLREDUCE_TRAIN_TRACEBACK", "CUDA_VISIBLE_DEVICES")
+                "ALLREDUCE_TRAIN_PROGRESS", "ALLREDUCE_TRAIN_TRACEBACK", "ALLREDUCE_TRAIN_CONNECT_FIRST",
+                "CUDA_VISIBLE_DEVICES")
 FORWARD_PREFIXES = ("HOROVOD_", "NCCL_")
 TRAINER = "allreduce_train"
 EXIT_PREEMPTED, EXIT_TIMEOUT = 75, 124  # as allreduce_train/errors.py documents (launch does not import the trainer)

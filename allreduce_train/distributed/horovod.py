@@ -107,6 +107,35 @@ def wants_gloo(cfg: ExchangeConfig, environ) -> bool:
     return cfg.horovod_backend == "gloo"
 
 
+def wants_connect_first(environ, gloo: bool) -> bool:
+    """Whether to exchange once through mpi4py before ``hvd.init()``: under mpirun, ranks on more than
+    one host, Horovod on MPI; ``ALLREDUCE_TRAIN_CONNECT_FIRST=0`` turns it off, ``=1`` forces it on one host."""
+    choice = environ.get("ALLREDUCE_TRAIN_CONNECT_FIRST", "auto")
+    if choice not in ("auto", "0", "1"):
+        raise UserError(f"ALLREDUCE_TRAIN_CONNECT_FIRST={choice!r}: use 1, 0 or auto (the default: 1 across hosts)")
+    size = environ.get("OMPI_COMM_WORLD_SIZE", "1")
+    if choice == "0" or gloo or size == "1" or environ.get("HOROVOD_CONTROLLER", "mpi") != "mpi":
+        return False
+    return choice == "1" or environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") != size
+
+
+def connect_first() -> None:
+    """One small MPI_Allreduce over every rank from this thread, before Horovod's background thread
+    initialises MPI's use: the ranks' first MPI traffic then does not come from that thread.
+
+    Why: on 2 emulated hosts at 100 Mbit/s, Horovod's allreduce of the LSTM's 18.6 MB took 1.5x the
+    alpha-beta model when Horovod's thread was the first to talk to the other rank, 1.06-1.09x (like
+    mpi4py's own) after this exchange; the LSTM's step went from 2.44 to 1.69 s
+    (docs/emulated_cluster.md). MPI is then initialised by mpi4py (MPI_THREAD_MULTIPLE, as Horovod
+    asks) and finalised by it at exit; Horovod finds it initialised and leaves both to mpi4py.
+    """
+    import numpy as np
+    from mpi4py import MPI
+
+    ones = np.ones(256, dtype=np.float32)
+    MPI.COMM_WORLD.Allreduce(ones, np.empty_like(ones), op=MPI.SUM)  # communication: the first between the ranks
+
+
 def _cycle_ms(environ) -> float | None:
     """The HOROVOD_CYCLE_TIME Horovod runs with (its default: 1 ms); None if it is not a number."""
     try:
@@ -158,6 +187,9 @@ class HorovodAllreduce(GradientExchange):
             check = max(1, int(cfg.stall_timeout / 2))
             os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(check))
             os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(int(cfg.stall_timeout) + check))
+        self._connected_first = wants_connect_first(os.environ, gloo=self._rendezvous is not None)
+        if self._connected_first:
+            connect_first()
         hvd.init()  # communication: forms the process group (MPI_Init under mpirun, or Gloo's rendezvous)
         self.rank, self.size = hvd.rank(), hvd.size()
         self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
@@ -172,6 +204,7 @@ class HorovodAllreduce(GradientExchange):
             "horovod_controller": "mpi" if self.hvd.mpi_enabled() else "gloo",
             "horovod_cycle_time_ms": _cycle_ms(os.environ),
             "horovod_fusion_threshold": os.environ.get("HOROVOD_FUSION_THRESHOLD", "default"),
+            "horovod_connect_first": self._connected_first,
         }
 
     def prepare(self, model, optimizer):

@@ -27,22 +27,12 @@ import sys
 import threading
 import time
 
-import numpy as np
 import torch
 
-from allreduce_train.distributed.horovod import POLL_S
+from allreduce_train.distributed.horovod import POLL_S, connect_first
 
 
 IMPLS = ("horovod", "horovod-spin", "mpi", "mpi-thread", "mpi-inplace")
-
-
-def connect_first() -> None:
-    """One small MPI_Allreduce over every rank from this thread, before Horovod starts its own: the
-    ranks' first MPI traffic then does not come from Horovod's background thread."""
-    from mpi4py import MPI
-
-    ones = np.ones(256, dtype=np.float32)
-    MPI.COMM_WORLD.Allreduce(ones, np.empty_like(ones), op=MPI.SUM)  # communication
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

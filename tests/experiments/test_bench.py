@@ -14,7 +14,7 @@ from helpers import RANKS, ROOT, check, launch, rel_diff
 
 from allreduce_train.experiments.bench.main import BenchSpec, free_port, parse_variant, summarise, table
 from allreduce_train.experiments.bench.loops import first_batch, loss_of
-from allreduce_train.distributed.horovod import check_horovod_env
+from allreduce_train.distributed.horovod import check_horovod_env, wants_connect_first
 from allreduce_train.errors import UserError
 from models import MODELS
 
@@ -137,6 +137,29 @@ def test_crashing_horovod_combinations_are_refused(env, fragment):
 ])
 def test_working_horovod_combinations_pass(env):
     check_horovod_env(env)
+
+
+ACROSS = {"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "1"}
+
+
+@pytest.mark.parametrize("env, gloo, expected", [
+    (ACROSS, False, True),  # ranks on several hosts, Horovod on MPI: exchange once before hvd.init()
+    ({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, False, False),  # one host
+    ({"OMPI_COMM_WORLD_SIZE": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "1"}, False, False),  # one rank
+    ({}, False, False),  # not under mpirun
+    (ACROSS, True, False),  # Gloo: no MPI traffic to order
+    ({**ACROSS, "HOROVOD_CONTROLLER": "gloo"}, False, False),
+    ({**ACROSS, "ALLREDUCE_TRAIN_CONNECT_FIRST": "0"}, False, False),
+    ({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "ALLREDUCE_TRAIN_CONNECT_FIRST": "1"}, False,
+     True),
+])
+def test_connect_first_across_hosts_with_horovods_mpi_only(env, gloo, expected):
+    assert wants_connect_first(env, gloo) is expected
+
+
+def test_connect_first_bad_value_is_named():
+    with pytest.raises(UserError, match="ALLREDUCE_TRAIN_CONNECT_FIRST='yes'"):
+        wants_connect_first({**ACROSS, "ALLREDUCE_TRAIN_CONNECT_FIRST": "yes"}, False)
 
 
 def test_ratios_pair_jobs_of_the_same_round_and_efficiency_uses_one_rank():

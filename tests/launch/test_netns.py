@@ -4,6 +4,7 @@ Tests that build namespaces skip, with the reason, where that is not permitted (
 CAP_NET_ADMIN, no iproute2); every one checks that nothing it created is left behind.
 """
 
+import json
 import os
 import re
 import shutil
@@ -159,6 +160,8 @@ def test_two_emulated_hosts_train_identically_over_the_links_and_leave_nothing(t
     assert set(traffic) == {"h1", "h2"}
     for host, (tx, rx) in traffic.items():
         assert tx >= steps * model_bytes and rx >= steps * model_bytes, (host, tx, rx, model_bytes)
+    # Horovod's ranks talked once through mpi4py before hvd.init() (across hosts; docs/emulated_cluster.md)
+    assert json.loads((tmp_path / "em" / "metrics.json").read_text())["horovod_connect_first"] is True
     assert gone(prefix)
     assert root_state() == before
 
