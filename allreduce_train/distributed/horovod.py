@@ -125,8 +125,8 @@ def connect_first() -> None:
 
     Why: on 2 emulated hosts at 100 Mbit/s, Horovod's allreduce of the LSTM's 18.6 MB took 1.5x the
     alpha-beta model when Horovod's thread was the first to talk to the other rank, 1.06-1.09x (like
-    mpi4py's own) after this exchange; the LSTM's step went from 2.44 to 1.69 s
-    (docs/emulated_cluster.md). MPI is then initialised by mpi4py (MPI_THREAD_MULTIPLE, as Horovod
+    mpi4py's own) after this exchange; the LSTM's step went from 2.72 to 1.71 s (medians of 6 jobs;
+    docs/emulated_cluster.md). MPI is then initialised by mpi4py (MPI_THREAD_MULTIPLE, as Horovod
     asks) and finalised by it at exit; Horovod finds it initialised and leaves both to mpi4py.
     """
     import numpy as np
