@@ -2,11 +2,12 @@
 
 import struct
 
-from allreduce_train.experiments.tta.report import markdown, plot_time_to_accuracy, split_target
+from allreduce_train.config import parse_target
+from allreduce_train.experiments.tta.report import markdown, metric_key, plot_time_to_accuracy
 
 
 def job(model, method, n, evals, target, ok=True, reached=None):
-    key = split_target(target)[0]
+    key = metric_key(target)
     rec = {"model": model, "method": method, "workers": n, "repeat": 1, "ok": ok, "hosts": "this machine",
            "target": target, "evals": [{"step": 10 * (i + 1), "seconds": 2.0 * (i + 1), key: v}
                                        for i, v in enumerate(evals)] if ok else [],
@@ -50,6 +51,7 @@ def test_the_report_shows_the_figure():
     assert "](time_to_accuracy.png)" in markdown(res)
 
 
-def test_split_target():
-    assert split_target("eval/accuracy>=0.89") == ("eval_accuracy", ">=", 0.89)
-    assert split_target("eval/perplexity<=300") == ("eval_perplexity", "<=", 300.0)
+def test_the_plot_reads_targets_as_the_trainer_does():
+    assert (metric_key("eval/accuracy>=0.89"), parse_target("eval/accuracy>=0.89")[1:]) == ("eval_accuracy", (">=", 0.89))
+    assert (metric_key("eval/perplexity<=300"), parse_target("eval/perplexity<=300")[1:]) == (
+        "eval_perplexity", ("<=", 300.0))

@@ -24,7 +24,9 @@ def write_csv(path: str, records: list[dict[str, Any]]) -> None:
 
 def metric_key(target: str) -> str:
     """``eval/accuracy>=0.89`` -> ``eval_accuracy``, the key of that figure in metrics.json's evals."""
-    return target.split(">=")[0].split("<=")[0].strip().replace("/", "_")
+    from allreduce_train.config import parse_target
+
+    return parse_target(target)[0].replace("/", "_")
 
 
 def write_tensorboard(path: str, records: list[dict[str, Any]]) -> None:
@@ -58,12 +60,6 @@ PLOT_STYLE = {"ring-horovod": ("#1f4e9c", "-"), "ring-mpi": ("#4fa3e0", "-"),
               "ps-sync-colocated": ("#1b7837", "-"), "ps-async-colocated": ("#7fbf7b", "--")}
 
 
-def split_target(target: str) -> tuple[str, str, float]:
-    """``eval/accuracy>=0.89`` -> (``eval_accuracy``, ``>=``, 0.89)."""
-    op = ">=" if ">=" in target else "<="
-    return metric_key(target), op, float(target.split(op)[1])
-
-
 def plot_time_to_accuracy(path: str, res: dict[str, Any]) -> list[list[tuple[str, int]]]:
     """time_to_accuracy.png: per model (rows) and worker count (columns), every job's evaluated figure
     against wall-clock seconds since its first training step, the target as a dotted line and a star
@@ -74,6 +70,10 @@ def plot_time_to_accuracy(path: str, res: dict[str, Any]) -> list[list[tuple[str
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
+    from allreduce_train.config import parse_target
+
+    from ..scaling.report import no_data
+
     jobs = [j for j in res["jobs"] if j["ok"] and j.get("evals")]
     models = list(res["targets"])
     ns = sorted({j["workers"] for j in res["jobs"]}) or [1]
@@ -81,13 +81,12 @@ def plot_time_to_accuracy(path: str, res: dict[str, Any]) -> list[list[tuple[str
                              squeeze=False)
     drawn: list[list[tuple[str, int]]] = []
     for row, model in zip(axes, models):
-        key, op, value = split_target(res["targets"][model])
+        _, op, value = parse_target(res["targets"][model])
+        key = metric_key(res["targets"][model])
         for ax, n in zip(row, ns):
             sel = [j for j in jobs if j["model"] == model and j["workers"] == n]
             hosts = next((j["hosts"] for j in res["jobs"] if j["model"] == model and j["workers"] == n), "")
             if not sel:
-                from ..scaling.report import no_data
-
                 no_data(ax, f"{model}, N = {n}: no job with evaluations")
                 drawn.append([])
                 continue
@@ -99,9 +98,9 @@ def plot_time_to_accuracy(path: str, res: dict[str, Any]) -> list[list[tuple[str
                 color, ls = PLOT_STYLE.get(j["method"], ("black", "-"))
                 ax.plot(*zip(*pts), color=color, ls=ls, lw=1.4, marker=".", ms=3,
                         label=f"{j['method']}" + (f" r{j['repeat']}" if j["repeat"] > 1 else ""))
-                if j.get("reached"):
-                    hit = min(pts, key=lambda p: abs(p[0] - j["seconds_to_target"]))
-                    ax.plot([hit[0]], [hit[1]], marker="*", ms=11, color=color, mec="black", mew=0.5, ls="none")
+                if j.get("reached"):  # the evaluation that reached the target
+                    hit = next(e for e in j["evals"] if e["step"] == j["steps_to_target"])
+                    ax.plot([hit["seconds"]], [hit[key]], marker="*", ms=11, color=color, mec="black", mew=0.5, ls="none")
                 ys += [y for _, y in pts]
                 lines.append((j["method"], n))
             drawn.append(lines)
