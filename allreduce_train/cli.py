@@ -91,6 +91,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         except OSError as e:
             err = f"{e.filename or run_dir}: {e.strerror}"
         errors, hosts = _gather_setup(ex, err)
+        if cfg.run.expect_hosts:  # the launcher's placement, checked on every rank alike (allreduce_train/placement.py)
+            from .placement import check, describe
+
+            if ex.is_main:
+                print(f"allreduce_train: ranks on {describe(hosts)}", file=sys.stderr, flush=True)
+            misplaced = check(hosts, cfg.run.expect_hosts)
+            if misplaced:
+                errors.append(misplaced)
         if errors:
             if ex.is_main:
                 fail(errors[0])

@@ -210,9 +210,12 @@ class RunConfig:
     tensorboard: bool = _f(True, "write TensorBoard event files (global rank 0)")
     progress: bool = _f(True, "show a progress bar (global rank 0)")
     dump_params: str = _f("", "at the end, every rank saves its parameters to this file with {rank} replaced (tests, debugging)")
+    expect_hosts: int = _f(0, "refuse to train unless the ranks run on at least this many distinct hosts, and print "
+                              "every rank's host at start (set by the Kubernetes and Slurm launchers; 0 = no check)")
 
     def __post_init__(self) -> None:
         _check(self.checkpoint_every >= 0, "checkpoint_every", "must be >= 0", self.checkpoint_every)
+        _check(self.expect_hosts >= 0, "expect_hosts", "must be >= 0", self.expect_hosts)
         _check("/" not in self.name, "name", "must be a plain directory name", self.name)
 
 
