@@ -172,6 +172,12 @@ class TrainConfig:
     device: str = _f("auto", "auto = CUDA pinned to the local rank when present, else CPU", ("auto", "cpu", "cuda"))
     target: str = _f("", "stop once an evaluation reaches this, e.g. eval/accuracy>=0.89 or eval/perplexity<=150; "
                          "metrics.json records the steps and seconds to it (time to accuracy)")
+    straggler_factor: float = _f(1.5, "name a rank (once, with its host) whose median compute time per step over "
+                                      "--straggler-window steps is at least this many times the other ranks' median; "
+                                      "0 = off (docs/faults.md)")
+    straggler_window: int = _f(50, "steps that --straggler-factor's medians cover (checked at every --log-every)")
+    debug_slow_rank: str = _f("", "for tests: R:FACTOR makes global rank R's forward and backward FACTOR times as "
+                                  "long (a sleep before the exchange), a straggler on purpose")
 
     def __post_init__(self) -> None:
         _check(self.epochs >= 1, "epochs", "must be >= 1", self.epochs)
@@ -183,6 +189,11 @@ class TrainConfig:
         _check(self.threads >= 0, "threads", "must be >= 0", self.threads)
         if self.target:
             parse_target(self.target)
+        _check(self.straggler_factor == 0 or self.straggler_factor > 1, "straggler_factor",
+               "must be > 1 (or 0 = off)", self.straggler_factor)
+        _check(self.straggler_window >= 1, "straggler_window", "must be >= 1", self.straggler_window)
+        if self.debug_slow_rank:
+            parse_slow_rank(self.debug_slow_rank)
         _check_choices(self)
 
 
@@ -197,6 +208,19 @@ def parse_target(text: str) -> tuple[str, str, float]:
     except (AttributeError, ValueError):
         raise ConfigError(f"--target {text!r}: write METRIC>=VALUE or METRIC<=VALUE with an evaluation metric, "
                           "e.g. eval/accuracy>=0.89 or eval/perplexity<=150") from None
+
+
+def parse_slow_rank(text: str) -> tuple[int, float]:
+    """``--debug-slow-rank 1:3`` -> (1, 3.0): global rank 1, forward and backward 3x as long."""
+    rank, _, factor = text.partition(":")
+    try:
+        out = int(rank), float(factor)
+    except ValueError:
+        out = (-1, 0.0)
+    if out[0] < 0 or not out[1] >= 1:
+        raise ConfigError(f"--debug-slow-rank {text!r}: write RANK:FACTOR with a global rank >= 0 and a factor "
+                          ">= 1, e.g. 1:3")
+    return out
 
 
 @dataclass

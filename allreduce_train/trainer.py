@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
 import statistics
 import time
 from dataclasses import dataclass
@@ -20,11 +21,12 @@ from typing import Any
 import torch
 
 from . import checkpoint, preempt, watchdog
-from .config import Config, parse_target
+from .config import Config, parse_slow_rank, parse_target
 from .devices import pick_device
 from .distributed.base import GradientExchange
 from .errors import ConfigError, Diverged, Preempted
 from .run_logger import NullLogger
+from .stragglers import StragglerRule, window_median_ms
 from .tasks import Batches, make_task
 
 
@@ -61,14 +63,17 @@ class Setup:
 
 
 class Throughput:
-    """Step times, exchange waits and CPU time of this rank: the one place the perf/ figures and
-    metrics.json's throughput come from. The first ``warmup`` steps are excluded from the totals."""
+    """Step times, exchange waits, compute times and CPU time of this rank: the one place the perf/
+    figures and metrics.json's throughput come from. The first ``warmup`` steps are excluded from
+    the totals. A step's compute time is its wall time less its wait (:mod:`.stragglers` says what
+    each covers per engine)."""
 
     def __init__(self, samples_per_step: int, warmup: int) -> None:
         self.samples_per_step = samples_per_step  # global: workers x batch x micro-batches
         self.warmup = warmup
         self.step_times: list[float] = []
         self.waits: list[float] = []
+        self.computes: list[float] = []
         self.wall_from = self.wall_to = time.perf_counter()  # wall clock over the measured steps, bookkeeping included
         self.cpu_from = self.cpu_to = time.process_time()  # CPU time of every thread of this rank (Horovod's included)
 
@@ -77,6 +82,7 @@ class Throughput:
         self.wall_to, self.cpu_to = time.perf_counter(), time.process_time()
         self.step_times.append(self.wall_to - started)
         self.waits.append(wait)
+        self.computes.append(self.step_times[-1] - wait)
         if len(self.step_times) == self.warmup:
             self.wall_from, self.cpu_from = self.wall_to, self.cpu_to
 
@@ -89,6 +95,17 @@ class Throughput:
         times = self.step_times[-n:]
         return {"perf/step_ms": 1e3 * statistics.median(times), "perf/samples_per_sec": self.rate(times),
                 "comm/wait_ms": 1e3 * statistics.median(self.waits[-n:])}
+
+    def per_rank(self, n: int, window: int) -> list[float]:
+        """This rank's figures for the per-rank log: median compute and wait ms over the last ``n``
+        steps, and the straggler rule's median compute ms over the last ``window`` (0 until it is full)."""
+        return [1e3 * statistics.median(self.computes[-n:]), 1e3 * statistics.median(self.waits[-n:]),
+                window_median_ms(self.computes, window, self.warmup) or 0.0]
+
+    def run_medians(self) -> list[float]:
+        """Median compute and wait ms over the measured steps (metrics.json's ``ranks``)."""
+        computes, waits = self.computes[self.warmup:] or self.computes, self.waits[self.warmup:] or self.waits
+        return [1e3 * statistics.median(computes), 1e3 * statistics.median(waits)] if computes else [0.0, 0.0]
 
     @property
     def cpu_seconds(self) -> float:
@@ -115,10 +132,20 @@ class Trainer:
     def __init__(self, cfg: Config, exchange: GradientExchange, run_dir: str) -> None:
         self.cfg, self.ex, self.run_dir = cfg, exchange, run_dir
         self.task = make_task(cfg)  # classification or language model: data, loss, evaluation
+        slow = parse_slow_rank(cfg.train.debug_slow_rank) if cfg.train.debug_slow_rank else (-1, 1.0)
+        self.slow_factor = slow[1] if slow[0] == exchange.rank else 1.0  # --debug-slow-rank on this rank
 
     # ---------------------------------------------------------------- set-up
     def build(self) -> Setup:
         cfg, ex = self.cfg, self.ex
+        if cfg.train.debug_slow_rank:
+            slow, _ = parse_slow_rank(cfg.train.debug_slow_rank)
+            if slow >= ex.size:
+                raise ConfigError(f"--debug-slow-rank {cfg.train.debug_slow_rank}: there is no rank {slow} "
+                                  f"(ranks 0-{ex.size - 1})")
+            if slow == ex.rank and not ex.is_worker:
+                raise ConfigError(f"--debug-slow-rank {cfg.train.debug_slow_rank}: rank {slow} only serves "
+                                  "(a dedicated parameter server) and computes no gradients; name a worker's rank")
         device = pick_device(cfg.train.device, ex.local_rank, announce=ex.is_main)
         torch.set_num_threads(cfg.train.threads or max(1, local_cores() // ex.local_size))
         torch.manual_seed(cfg.train.seed)  # same seed everywhere: identical initial parameters
@@ -157,6 +184,7 @@ class Trainer:
         :mod:`.preempt`). Raises :class:`Diverged` on every worker alike, before the update, when
         a worker's loss or the averaged gradient's norm is not finite.
         """
+        began = time.perf_counter()
         optimizer.zero_grad()
         loss_sum = torch.zeros((), device=inputs.device)
         rows = len(inputs) // k
@@ -169,10 +197,12 @@ class Trainer:
         # losses]; a sum is finite only if every worker's loss is, so all decide alike
         flags = torch.zeros(2, dtype=torch.float64)
         flags[0] = float(bool(preempt.requested()))
-        flags[1] = loss_sum.detach().to("cpu", torch.float64)
+        flags[1] = loss_sum.detach().to("cpu", torch.float64)  # on a GPU: waits for backward's kernels
+        if self.slow_factor > 1:  # --debug-slow-rank: a straggler on purpose (tests)
+            time.sleep((self.slow_factor - 1) * (time.perf_counter() - began))
+        t0 = time.perf_counter()  # the wait starts: whatever follows is exchange, not this rank's compute
         self.ex.start_vote(flags)
         watchdog.note(step, watchdog.EXCHANGING)
-        t0 = time.perf_counter()
         self.ex.synchronize()
         votes = self.ex.end_vote()
         wait = time.perf_counter() - t0
@@ -212,10 +242,16 @@ class Trainer:
                      "config": self.cfg.to_dict(), "workers": workers}
             checkpoint.save(os.path.join(self.run_dir, checkpoint.CHECKPOINT_NAME), state)
 
-    def mean_loss(self, loss_sum: torch.Tensor, steps: int) -> float:
-        """The training loss of the last ``steps`` steps averaged over workers (not rank 0's share)."""
-        mine = torch.stack([loss_sum.cpu() / steps]).double()
-        return (self.ex.sum_over_workers(mine)[0] / self.ex.num_workers).item()  # communication
+    def log_figures(self, loss_sum: torch.Tensor, steps: int, meter: Throughput) -> tuple[float, torch.Tensor]:
+        """The training loss of the last ``steps`` steps averaged over workers (not rank 0's share),
+        and every worker's :meth:`Throughput.per_rank` figures as rows by worker index."""
+        workers, me = self.ex.num_workers, self.ex.worker_index
+        mine = torch.zeros(1 + 3 * workers, dtype=torch.float64)
+        mine[0] = (loss_sum.cpu() / steps).double()
+        mine[1 + 3 * me:4 + 3 * me] = torch.tensor(meter.per_rank(steps, self.cfg.train.straggler_window))
+        # communication: one sum over workers per log interval; each worker fills only its own row
+        total = self.ex.sum_over_workers(mine)
+        return (total[0] / workers).item(), total[1:].view(workers, 3)
 
     # ---------------------------------------------------------------- the run
     def run(self, s: Setup, log: NullLogger) -> dict[str, Any]:
@@ -252,6 +288,9 @@ class Trainer:
             log.message(self.task.note)
             log.text("data", self.task.note)
         meter = Throughput(workers * per_step, cfg.train.perf_warmup_steps)
+        # communication: each worker's global rank and host, by worker index, for naming a straggler
+        ranks, hosts = zip(*ex.gather_from_workers((ex.rank, socket.gethostname())))
+        rule = StragglerRule(cfg.train.straggler_factor, cfg.train.straggler_window, ranks, hosts)
         target = TimeToTarget(cfg.train.target)
         loss_sum, since_log = torch.zeros((), device=device), 0
         last_eval: dict[str, float] = {}
@@ -280,9 +319,15 @@ class Trainer:
                 since_log += 1
                 log.progress(1)
                 if step % cfg.train.log_every == 0 or step == stop_at:
-                    train_loss = self.mean_loss(loss_sum, since_log)
+                    train_loss, figures = self.log_figures(loss_sum, since_log, meter)
                     values = {"train/loss": train_loss, "train/lr": lr, "train/epoch": step / spe,
                               **meter.recent(since_log)}
+                    for r, (compute_ms, wait_ms, _) in zip(ranks, figures.tolist()):
+                        values.update({f"perf/compute_ms/rank{r}": compute_ms, f"perf/wait_ms/rank{r}": wait_ms})
+                    if window_median_ms(meter.computes, cfg.train.straggler_window, meter.warmup) is not None:
+                        for found in rule.check(step, figures[:, 2].tolist()):  # the same figures on every worker
+                            log.message(found.line())
+                            log.text("perf/straggler", found.line())
                     values.update(words_per_sec(self.task, values["perf/samples_per_sec"]))
                     values.update({f"comm/{key}": v for key, v in ex.stats().items()})
                     log.scalars(step, values)
@@ -308,12 +353,22 @@ class Trainer:
         if not last_eval:
             last_eval = self.evaluate(model, s.eval_set, device)
             log.scalars(step, last_eval)
-        # communication: CPU seconds of all workers; a busy-polling exchange shows up here
-        cpu_s = ex.sum_over_workers(torch.tensor([meter.cpu_seconds], dtype=torch.float64))[0].item()
+        # communication: CPU seconds of all workers (a busy-polling exchange shows up here) and, in
+        # each worker's own row, its median compute and wait over the run
+        mine = torch.zeros(1 + 2 * workers, dtype=torch.float64)
+        mine[0] = meter.cpu_seconds
+        mine[1 + 2 * ex.worker_index:3 + 2 * ex.worker_index] = torch.tensor(meter.run_medians())
+        total = ex.sum_over_workers(mine)
+        cpu_s = total[0].item()
+        per_rank = [{"rank": r, "host": h, "compute_ms": c, "wait_ms": w}
+                    for r, h, (c, w) in zip(ranks, hosts, total[1:].view(workers, 2).tolist())]
+        stragglers = {"ranks": per_rank, "stragglers": [found.record() for found in rule.found],
+                      "straggler_rule": {"factor": cfg.train.straggler_factor, "window": cfg.train.straggler_window}}
         if cfg.run.dump_params:
             torch.save({n: p.detach().cpu() for n, p in model.state_dict().items()},
                        cfg.run.dump_params.replace("{rank}", str(ex.rank)))
-        return {**self.result(step, s.total_steps, meter.summary(cpu_s), train_loss, last_eval), **target.summary()}
+        return {**self.result(step, s.total_steps, meter.summary(cpu_s), train_loss, last_eval), **target.summary(),
+                **stragglers}
 
     def result(self, step: int, total: int, perf: dict[str, float], train_loss: float,
                last_eval: dict[str, float]) -> dict[str, Any]:

@@ -1,0 +1,91 @@
+"""The straggler rule over per-worker series of compute times, and its figures in one process."""
+
+import json
+import random
+
+import pytest
+
+from allreduce_train.errors import ConfigError
+from allreduce_train.stragglers import Straggler, StragglerRule, scan, slow_workers, window_median_ms
+
+from helpers import parse
+
+
+def noisy(n_steps, ms=10.0, seed=0, spikes=0.05):
+    """Compute seconds per step around ``ms``: +-20 % jitter and, on ``spikes`` of the steps, one step
+    3-8x as long (a page fault, a garbage collection, another process on the core)."""
+    rng = random.Random(seed)
+    return [ms / 1e3 * rng.uniform(0.8, 1.2) * (rng.uniform(3, 8) if rng.random() < spikes else 1.0)
+            for _ in range(n_steps)]
+
+
+def test_a_persistently_slow_worker_is_named_once_and_no_fast_one():
+    series = [noisy(400, seed=w) for w in range(4)]
+    series[2] = series[2][:150] + [2 * t for t in series[2][150:]]  # worker 2 twice as slow from step 150
+    found = scan(series, factor=1.5, window=50, every=20)
+    assert [s.rank for s in found] == [2]  # once, although every later check sees it again
+    first = found[0]
+    assert first.host == "host2" and 150 < first.step <= 240  # within a window (+ a log interval) of the slowdown
+    assert 1.5 <= first.ratio < 2.6 and first.others_ms == pytest.approx(10.0, rel=0.2)
+
+
+def test_noise_and_short_bursts_name_nobody():
+    series = [noisy(1000, seed=10 + w, spikes=0.1) for w in range(8)]
+    # worker 5 is slow for 20 consecutive steps (a burst shorter than half the window), 4x each
+    series[5] = series[5][:500] + [4 * t for t in series[5][500:520]] + series[5][520:]
+    assert scan(series, factor=1.5, window=50, every=10) == []
+
+
+def test_two_workers_the_slow_one_is_named_and_the_fast_one_never():
+    fast, slow = noisy(300, seed=1), [3 * t for t in noisy(300, seed=2)]
+    for series, who in (([fast, slow], 1), ([slow, fast], 0)):
+        assert [s.rank for s in scan(series, factor=1.5, window=30, every=10)] == [who]
+
+
+def test_two_stragglers_among_many_are_each_named():
+    series = [noisy(200, seed=w) for w in range(6)]
+    series[1] = [2.5 * t for t in series[1]]
+    series[4] = [3 * t for t in series[4]]
+    assert sorted(s.rank for s in scan(series, factor=1.5, window=50, every=25)) == [1, 4]
+
+
+def test_a_factor_of_zero_or_one_worker_names_nobody():
+    series = [noisy(200, seed=w) for w in range(3)]
+    series[0] = [5 * t for t in series[0]]
+    assert scan(series, factor=0, window=50, every=10) == []
+    assert slow_workers([100.0], 1.5) == []
+
+
+def test_the_window_must_be_full_after_warm_up():
+    assert window_median_ms([0.01] * 59, window=50, warmup=10) is None
+    assert window_median_ms([1.0] * 10 + [0.01] * 50, window=50, warmup=10) == pytest.approx(10.0)
+    # warm-up steps (a slow first step on every rank) never reach the rule
+    series = [[1.0] * 10 + noisy(100, seed=w) for w in range(3)]
+    series[1][0:10] = [9.0] * 10
+    assert scan(series, factor=1.5, window=50, every=10, warmup=10) == []
+
+
+def test_the_line_names_rank_host_and_figures():
+    rule = StragglerRule(1.5, 50, ranks=[3, 4, 5], hosts=["a", "b", "c"])
+    assert rule.check(100, [10.0, 30.0, 11.0]) == [Straggler(4, "b", 100, 50, 30.0, 10.5)]
+    assert rule.check(120, [10.0, 30.0, 11.0]) == []
+    line = rule.found[0].line()
+    assert line.startswith("straggler: rank 4 on host b computes 30.0 ms per step, 2.86x the other ranks' median 10.5 ms")
+    assert "steps 51-100" in line
+    assert json.loads(json.dumps(rule.found[0].record()))["ratio"] == pytest.approx(30 / 10.5)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--straggler-factor", "1"], "--straggler-factor must be > 1 (or 0 = off)"),
+    (["--straggler-window", "0"], "--straggler-window must be >= 1"),
+    (["--debug-slow-rank", "1"], "--debug-slow-rank '1': write RANK:FACTOR"),
+    (["--debug-slow-rank", "x:2"], "--debug-slow-rank 'x:2': write RANK:FACTOR"),
+    (["--debug-slow-rank", "1:0.5"], "--debug-slow-rank '1:0.5': write RANK:FACTOR"),
+])
+def test_bad_straggler_flags_are_named(args, needle):
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        parse(args)
+
+
+def test_debug_slow_rank_is_parsed():
+    assert parse(["--debug-slow-rank", "2:3.5"]).train.debug_slow_rank == "2:3.5"
