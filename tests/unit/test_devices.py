@@ -1,8 +1,9 @@
 """--device auto|cpu|cuda and the local rank -> the device a rank trains on (allreduce_train/devices.py).
 
-This machine has no GPU: the no-GPU paths run against the real torch.cuda; the GPU mapping (one
-rank per GPU, local rank modulo the count) against a small stand-in for torch.cuda that records
-which device was set. make check-gpu-build runs the real CUDA build without a GPU.
+On a host without a GPU (this one) the no-GPU paths run against the real torch.cuda; on a GPU host
+against a stand-in with no GPU (fixture ``no_gpu``), so the suite passes there too. The GPU mapping
+(one rank per GPU, local rank modulo the count) runs against a small stand-in for torch.cuda that
+records which device was set. make check-gpu-build runs the real CUDA build without a GPU.
 """
 
 import io
@@ -34,30 +35,37 @@ class Gpus:
         return self.current
 
 
+@pytest.fixture
+def no_gpu():
+    """torch.cuda where it sees no GPU (the real no-GPU path), else a stand-in with none."""
+    return Gpus(0) if torch.cuda.is_available() else torch.cuda
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU host: the no-GPU tests use a stand-in (fixture no_gpu)")
 def test_no_gpu_here():
-    assert not torch.cuda.is_available()  # the premise of the tests below that use the real torch.cuda
+    assert not torch.cuda.is_available()  # which torch.cuda the no-GPU tests below run against
 
 
-def test_auto_without_gpu_trains_on_cpu_and_a_cuda_build_says_so_once():
+def test_auto_without_gpu_trains_on_cpu_and_a_cuda_build_says_so_once(no_gpu):
     out = io.StringIO()
-    assert pick_device("auto", 0, cuda_build="13.0", out=out) == torch.device("cpu")
+    assert pick_device("auto", 0, cuda=no_gpu, cuda_build="13.0", out=out) == torch.device("cpu")
     lines = out.getvalue().splitlines()
     assert len(lines) == 1 and "no GPU found" in lines[0] and "CUDA 13.0" in lines[0] and "CPU" in lines[0]
     quiet = io.StringIO()  # ranks other than 0 keep quiet: a job prints the line once
-    assert pick_device("auto", 1, announce=False, cuda_build="13.0", out=quiet) == torch.device("cpu")
+    assert pick_device("auto", 1, announce=False, cuda=no_gpu, cuda_build="13.0", out=quiet) == torch.device("cpu")
     assert quiet.getvalue() == ""
 
 
-def test_auto_with_cpu_torch_is_silent():
+def test_auto_with_cpu_torch_is_silent(no_gpu):
     out = io.StringIO()
-    assert pick_device("auto", 0, cuda_build=None, out=out) == torch.device("cpu")
+    assert pick_device("auto", 0, cuda=no_gpu, cuda_build=None, out=out) == torch.device("cpu")
     assert out.getvalue() == ""
 
 
 @pytest.mark.parametrize("cuda_build,why", [(None, "CPU build"), ("13.0", "finds no GPU or driver")])
-def test_cuda_without_gpu_is_one_clear_error(cuda_build, why):
+def test_cuda_without_gpu_is_one_clear_error(cuda_build, why, no_gpu):
     with pytest.raises(ConfigError) as e:
-        pick_device("cuda", 0, cuda_build=cuda_build)
+        pick_device("cuda", 0, cuda=no_gpu, cuda_build=cuda_build)
     assert "--device cuda" in str(e.value) and why in str(e.value) and "--device auto or cpu" in str(e.value)
 
 
