@@ -12,24 +12,24 @@ INSTALL_INPUTS := pyproject.toml tools/install.sh tools/build_horovod.sh $(wildc
 
 help:
 	@echo "make install      Debian packages, .venv, torch (CPU), patched Horovod (cached wheel)"
-	@echo "make install-gpu  .venv-gpu: CUDA torch 2.13.0, NCCL, Horovod with NCCL ops (GBs; docs/gpu.md)"
+	@echo "make install-gpu  .venv-gpu: CUDA torch 2.13.0, NCCL, Horovod with NCCL ops (GBs; docs/gpu.md); CUDA 12 or 13 by the driver, CUDA=12|13 to choose"
 	@echo "make check-gpu-build  install-gpu, then check it lists NCCL and trains on CPU without a GPU"
-	@echo "make gpu-check    on a one-GPU machine: build Horovod, trainer vs DDP-NCCL table (DRY=1: on CPU)"
+	@echo "make gpu-check    on a one-GPU machine, no network: build Horovod, trainer vs bare Horovod vs DDP table, 2 ranks on the GPU (DRY=1: on CPU)"
 	@echo "make train        LeNet-5 on Fashion-MNIST, $(NP) ranks, ring allreduce -> runs/<name>/"
 	@echo "make train-ps     the same with a parameter server: 1 dedicated server rank + 2 workers (sync)"
 	@echo "make train-ps-colocated  the same with a server shard on each of 2 training ranks (sync)"
 	@echo "make train-ptb    Zaremba's small LSTM LM, $(NP) ranks, on the offline corpus (DATA_DIR=<real PTB copy>)"
-	@echo "make bench        trainer (Horovod and mpi engines) vs bare Horovod loop vs torch DDP vs PS, LeNet-5/LSTM/ResNet-18, 1 and 2 ranks -> runs/bench-<time>/ (~20 min)"
+	@echo "make bench        trainer (Horovod and mpi engines) vs bare Horovod loop vs torch DDP vs PS, LeNet-5/LSTM/ResNet-18, 1 and 2 ranks -> runs/bench-<time>/ (~18 min)"
 	@echo "make bench-tuning the trainer's defaults vs one change each (cycle time, waits, allocator, gloo, fp16, ...), 2 ranks (~12 min)"
 	@echo "make slurm-train  submit make train's job to Slurm, $(NODES) nodes x 1 rank, and follow it (SLURM_ARGS=\"--time 1:00:00 ...\")"
 	@echo "make test         the test suite (unit + real ranks under mpirun)"
 	@echo "make test-fast    the tests that need no mpirun (seconds)"
 	@echo "make tensorboard  serve the latest comparison (scaling, bench) or RUN=<logdir> on http://127.0.0.1:$(PORT)"
 	@echo "make tb-check     open a comparison (RUN=<grid dir>, else a small grid it runs) in headless Chromium and check it"
-	@echo "make scaling      allreduce vs PS grid, 1 and 2 workers -> runs/scaling/<time>/report.md (~20 min)"
-	@echo "make scaling-netns the grid on 1, 2 and 4 emulated hosts at 1gbit and 100mbit (root) -> runs/scaling-netns/<time>/report.md"
+	@echo "make scaling      allreduce vs PS grid, 1 and 2 workers -> runs/scaling/<time>/report.md (~11 min idle, more under load)"
+	@echo "make scaling-netns the grid on 1, 2 and 4 emulated hosts at 1gbit and 100mbit (root) -> runs/scaling-netns/<time>/report.md (~12 min)"
 	@echo "make commbench-netns the exchange alone on 2 and 4 emulated hosts at 1gbit and 100mbit vs the cost model (root)"
-	@echo "make time-to-accuracy wall time/steps/epochs to test accuracy 0.89 (LeNet-5) and a perplexity (LSTM) per method, 1/2/4 workers"
+	@echo "make time-to-accuracy wall time/steps/epochs to test accuracy 0.89 (LeNet-5) and a perplexity (LSTM) per method, 1/2/4 workers (~30 min)"
 	@echo "make commbench    gradient exchange alone: Horovod, raw MPI, PS, $(NP) workers -> runs/commbench/<time>/"
 	@echo "make clean        remove runs/ and caches (keeps .venv and the Horovod wheel cache)"
 
@@ -41,10 +41,10 @@ $(STAMP): $(INSTALL_INPUTS)
 
 # GPU: its own venv, so the CPU install and make test never see it (docs/gpu.md).
 install-gpu:
-	bash tools/install_gpu.sh
+	bash tools/install_gpu.sh $(if $(CUDA),--cuda $(CUDA))
 
 check-gpu-build:
-	bash tools/check_gpu_build.sh
+	bash tools/check_gpu_build.sh $(if $(CUDA),--cuda $(CUDA))
 
 # For a machine with one GPU, its own torch, CMake and nvcc, no network, no MPI. DRY=1: CPU, here.
 gpu-check:
