@@ -19,7 +19,8 @@ import traceback
 
 from . import __version__
 from .config import add_arguments, build_config
-from .errors import EXIT_DIVERGED, EXIT_PREEMPTED, EXIT_STALLED, EXIT_USAGE, Diverged, Preempted, Stalled, UserError
+from .errors import (EXIT_DIVERGED, EXIT_ERROR, EXIT_PREEMPTED, EXIT_STALLED, EXIT_USAGE, Diverged, Preempted, Stalled,
+                     UserError, record_exit)
 
 
 def env_rank() -> int:
@@ -106,7 +107,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             return EXIT_USAGE
 
         if cfg.exchange.stall_timeout:
-            wd = Watchdog(ex.rank, ex.size, cfg.exchange.stall_timeout, compare=ex.is_worker)
+            wd = Watchdog(ex.rank, ex.size, cfg.exchange.stall_timeout, compare=ex.is_worker, hosts=hosts)
             # communication: where the main rank's heartbeat board listens
             wd.start(ex.broadcast_object(wd.address() if ex.is_main else None))
         if not ex.is_worker:
@@ -138,6 +139,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     except KeyboardInterrupt:
         log.close()
+        record_exit(ex.rank, 130)
         ex.abort(130)
     except Exception as e:  # a failure mid-run: report on this rank, take every rank down
         log.close()
@@ -147,11 +149,13 @@ def cmd_train(args: argparse.Namespace) -> int:
             if wd:
                 wd.fire(f"{type(e).__name__}: {e}")
             print(f"allreduce_train: error on rank {ex.rank}: stalled: {e}", file=sys.stderr, flush=True)
+            record_exit(ex.rank, EXIT_STALLED)
             ex.abort(EXIT_STALLED)
         print(f"allreduce_train: error on rank {ex.rank}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         if os.environ.get("ALLREDUCE_TRAIN_TRACEBACK"):
             traceback.print_exc()
-        ex.abort(1)
+        record_exit(ex.rank, EXIT_ERROR)
+        ex.abort(EXIT_ERROR)
     return 1
 
 
@@ -210,6 +214,13 @@ def make_parser() -> "_Parser":
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = make_parser()
-    args = parser.parse_args(argv)
-    return args.func(args)
+    code = EXIT_ERROR  # what an exception escaping from here means
+    try:
+        args = make_parser().parse_args(argv)
+        code = args.func(args)
+        return code
+    except SystemExit as e:
+        code = 0 if e.code is None else e.code if isinstance(e.code, int) else EXIT_ERROR  # as Python exits
+        raise
+    finally:
+        record_exit(env_rank(), code)  # for the launcher's bound on ending the job (docs/faults.md)

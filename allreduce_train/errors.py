@@ -16,6 +16,10 @@ code through; docs/faults.md says what each fault does):
 ====  ===========================================================================================
 """
 
+import json
+import os
+import socket
+
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -28,6 +32,26 @@ EXIT_SIGNAL_BASE = 128  # + the signal number
 # Codes after which the launcher's --max-restarts relaunches (a usage error or divergence would
 # only fail again the same way).
 RESTARTABLE = frozenset({EXIT_ERROR, EXIT_STALLED, EXIT_PREEMPTED})
+
+# Set by ``python -m launch``: a directory where each rank leaves ``<rank>`` = {"code": .., "host": ..}
+# as it exits. mpirun learns of an exit through the rank's host daemon; when another host cannot be
+# reached, mpirun waits for that host forever, and this is how the launcher still knows the job is over.
+EXIT_DIR_ENV = "ALLREDUCE_TRAIN_EXIT_DIR"
+
+
+def record_exit(rank: int, code: int) -> None:
+    """Tell the launcher that this rank is about to exit with ``code`` (nothing without the launcher's
+    directory, e.g. on a host that does not share its file system). Never raises: it runs on the way out."""
+    d = os.environ.get(EXIT_DIR_ENV)
+    if not d or not os.path.isdir(d):
+        return
+    path = os.path.join(d, str(rank))
+    try:
+        with open(path + ".tmp", "w") as fh:
+            json.dump({"code": code, "host": socket.gethostname()}, fh)
+        os.replace(path + ".tmp", path)  # the launcher never reads half a record
+    except OSError:
+        pass
 
 
 class UserError(Exception):

@@ -37,7 +37,7 @@ import threading
 import time
 from typing import Any
 
-from .errors import EXIT_STALLED
+from .errors import EXIT_STALLED, record_exit
 
 _current: "Watchdog | None" = None
 
@@ -99,8 +99,10 @@ def ipv4_addresses() -> list[str]:
 class Watchdog:
     """One per rank; see the module docstring. ``interval``: seconds between heartbeats."""
 
-    def __init__(self, rank: int, size: int, timeout: float, compare: bool = True) -> None:
+    def __init__(self, rank: int, size: int, timeout: float, compare: bool = True,
+                 hosts: list[str] | None = None) -> None:
         self.rank, self.size, self.timeout = rank, size, timeout
+        self.hosts = hosts or []  # every rank's hostname, by rank: the verdict says where a missing rank runs
         self.compare = compare  # False on a rank whose state says nothing about the steps (a PS server)
         self.interval = min(1.0, max(0.1, timeout / 10))
         self.state: tuple[int, int] = (0, COMPUTING)
@@ -237,15 +239,19 @@ class Watchdog:
         A rank that was itself frozen and has just been woken (mpirun's SIGCONT before its SIGKILL,
         or a peer's socket closing) leaves quietly: the others have named it already."""
         if self._was_frozen(time.monotonic()):
+            record_exit(self.rank, EXIT_STALLED)
             os._exit(EXIT_STALLED)
         ranks, how = self.missing()
         step = self.state[0]
         speaker = min((r for r in range(self.size) if r not in ranks), default=self.rank)
         if self.rank == speaker:
-            who = f"rank(s) {', '.join(map(str, ranks))} did not arrive" if ranks else "no rank is known to be missing"
+            where = sorted({self.hosts[r] for r in ranks if r < len(self.hosts)})
+            who = (f"rank(s) {', '.join(map(str, ranks))} did not arrive" + (f" (on {', '.join(where)})" if where else "")
+                   if ranks else "no rank is known to be missing")
             print(f"allreduce_train: error: stalled at step {step}: no progress for {self.timeout:g} s "
                   f"(--stall-timeout); {who}: {how}{'; ' + cause if cause else ''}. Ending the job "
                   f"(exit {EXIT_STALLED}).", file=sys.stderr, flush=True)
         else:
             time.sleep(min(5.0, 2 * self.interval + 1.0))  # let the speaker's line out before mpirun ends the job
+        record_exit(self.rank, EXIT_STALLED)
         os._exit(EXIT_STALLED)
