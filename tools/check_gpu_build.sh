@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make check-gpu-build: build the GPU venv (make install-gpu) on this machine, which has no GPU, and
+# make check-gpu-build [CUDA=12|13]: build the GPU venv (make install-gpu) on this machine, which has no GPU, and
 # check what can be checked without one:
 #   1. horovodrun --check-build lists NCCL among the tensor operations;
 #   2. import horovod.torch works and reports NCCL and CUDA built in;
@@ -10,12 +10,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . tools/gpu_common.sh
-VENV=${GPU_VENV:-.venv-gpu}
+# The same CUDA choice as install-gpu (--cuda 12|13, else the driver's), so the same venv.
+[ "${1:-}" = --cuda ] && { choice=${2:-}; shift 2 || true; }
+decision=$(cuda_major_for "${choice:-}" "$(nvidia_driver_version)")
+VENV=$(gpu_venv "${decision%% *}")
 export HWLOC_COMPONENTS=-gl  # hwloc's GL plugin probes X displays (a hang, README)
 t0=$SECONDS
 
 log "make install-gpu"
-bash tools/install_gpu.sh
+bash tools/install_gpu.sh --cuda "${decision%% *}"
 t_install=$((SECONDS - t0))
 log "install-gpu took ${t_install} s"
 

@@ -6,6 +6,12 @@ HOROVOD_VERSION=0.28.1
 # nvcc 13 dropped everything below sm_75, and Horovod's default (every arch nvcc lists) takes longer.
 GPU_CC_LIST=${HOROVOD_BUILD_CUDA_CC_LIST:-80,90}
 
+# CUDA 13 builds of torch need an NVIDIA driver of the 580 series or newer (CUDA 13.0's minimum);
+# an older driver runs CUDA 12 builds.
+CUDA13_MIN_DRIVER=580
+# Where the CUDA 12 torch comes from: PyTorch's own wheel index (PyPI's torch is the CUDA 13 build).
+CUDA12_INDEX=${CUDA12_INDEX:-https://download.pytorch.org/whl/cu128}
+
 log() { printf '[%s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }
 die() { echo "error: $*" >&2; exit 1; }
 
@@ -54,4 +60,62 @@ nccl_link_dir() {
 # nccl_version INCLUDE_DIR: "2.29.7" from nccl.h.
 nccl_version() {
     awk '/^#define NCCL_(MAJOR|MINOR|PATCH) /{v = v (v == "" ? "" : ".") $3} END {print v}' "$1/nccl.h"
+}
+
+# nvidia_driver_version: the NVIDIA driver's version ("575.57.08") from nvidia-smi, or nothing where
+# there is no nvidia-smi or it answers with no driver.
+nvidia_driver_version() {
+    command -v nvidia-smi >/dev/null 2>&1 || return 0
+    nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1 | tr -d ' ' || true
+}
+
+# cuda_major_for CHOICE DRIVER: which CUDA build of torch to install, as "MAJOR why": CHOICE (12 or
+# 13, from CUDA=) wins; else CUDA 13 where DRIVER (nvidia_driver_version) is >= CUDA13_MIN_DRIVER or
+# unknown (no nvidia-smi: a machine that only builds), CUDA 12 below it. Fails on another CHOICE.
+cuda_major_for() {
+    local choice=$1 driver=$2 major
+    case "$choice" in
+        12|13) echo "$choice CUDA=$choice"; return 0 ;;
+        ""|auto) ;;
+        *) die "CUDA=$choice: use CUDA=12 or CUDA=13 (or leave it unset: chosen by the NVIDIA driver)" ;;
+    esac
+    major=${driver%%.*}
+    if ! [[ "$major" =~ ^[0-9]+$ ]]; then
+        echo "13 no NVIDIA driver found (nvidia-smi), so torch's default build"
+    elif [ "$major" -ge "$CUDA13_MIN_DRIVER" ]; then
+        echo "13 NVIDIA driver $driver >= $CUDA13_MIN_DRIVER"
+    else
+        echo "12 NVIDIA driver $driver < $CUDA13_MIN_DRIVER (CUDA 13 needs $CUDA13_MIN_DRIVER or newer)"
+    fi
+}
+
+# gpu_venv MAJOR: the venv of that CUDA major (GPU_VENV overrides): wheels of two CUDA majors never mix.
+gpu_venv() {
+    if [ -n "${GPU_VENV:-}" ]; then echo "$GPU_VENV"
+    elif [ "$1" = 12 ]; then echo .venv-gpu-cu12
+    else echo .venv-gpu; fi
+}
+
+# torch_requirement MAJOR: pip's arguments for torch 2.13.0 of that CUDA major.
+# 13: "torch===2.13.0" (exactly, no local label): PyPI's default Linux wheel, built with CUDA 13.0
+# ("==" would also accept a local 2.13.0+cpu wheel where pip finds one).
+# 12: torch 2.13.0+cu12x from PyTorch's index (CUDA12_INDEX), as PyTorch's own install line does
+# (that index carries torch's dependencies, nvidia-nccl-cu12 among them).
+torch_requirement() {
+    if [ "$1" = 12 ]; then
+        echo "torch==2.13.0+${CUDA12_INDEX##*/} --index-url $CUDA12_INDEX"
+    else
+        echo "torch===2.13.0"
+    fi
+}
+
+# index_reachable URL: fails with the reason on stderr when URL/torch/ cannot be read within 20 s.
+index_reachable() {
+    "${PYTHON:-python3}" - "$1" <<'PY'
+import sys, urllib.request
+try:
+    urllib.request.urlopen(sys.argv[1].rstrip("/") + "/torch/", timeout=20).close()
+except Exception as e:
+    sys.exit(f"{type(e).__name__}: {getattr(e, 'reason', e)}")
+PY
 }
