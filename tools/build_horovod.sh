@@ -3,8 +3,9 @@
 #
 # Horovod's last PyPI release is an sdist that compiles as C++14; PyTorch >= 2.1 headers need
 # C++17. We apply every tools/patches/horovod-0.28.1-*.patch in name order (cxx17: the build fix;
-# cycle-phase: keeps the ranks' background threads in phase, docs/performance.md) and cache the
-# resulting wheel under
+# cycle-phase: keeps the ranks' background threads in phase, docs/performance.md; gcc14, cmake4,
+# setup-requires: today's toolchains and no network at build time, docs/portability.md) and cache
+# the resulting wheel under
 # $ALLREDUCE_TRAIN_CACHE (default ~/.cache/allreduce_train/wheels), keyed by the Horovod, torch
 # and Python versions plus the patch and build flags, so a repeated install takes seconds.
 #
