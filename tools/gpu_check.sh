@@ -46,7 +46,9 @@ if [ $dry = 0 ] && [ $build_only = 0 ]; then
         die "torch (CUDA $cuda_ver) sees no GPU; check nvidia-smi and CUDA_VISIBLE_DEVICES (or run with --dry-run)"
     log "GPU: $("$PY" -c 'import torch; p = torch.cuda.get_device_properties(0); print(f"{p.name}, sm_{p.major}{p.minor}, {torch.cuda.device_count()} visible")')"
 fi
+# nvcc: the system's toolkit, else the one NVIDIA's PyPI wheels put beside torch (cuda-toolkit[nvcc]).
 cuda_home=$(find_system_cuda)
+[ -n "$cuda_home" ] || cuda_home=$(pip_cuda_home "$PY")
 nccl=$(nccl_dir "$PY")
 cc=$(if [ $dry = 0 ] && [ $build_only = 0 ]; then "$PY" -c 'import torch; p = torch.cuda.get_device_properties(0); print(f"{p.major}{p.minor}")'; else echo "$GPU_CC_LIST"; fi)
 log "nvcc: ${cuda_home:-none found} $( [ -n "$cuda_home" ] && "$cuda_home/bin/nvcc" --version | sed -n 's/.*\(release [0-9.]*\).*/(\1)/p')"

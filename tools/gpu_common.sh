@@ -31,6 +31,21 @@ find_system_cuda() {
     cuda_home_of "$(dirname "$(dirname "$(readlink -f "$nvcc")")")" || true
 }
 
+# pip_cuda_home PY: the CUDA home that NVIDIA's PyPI wheels (cuda-toolkit[nvcc,cudart,cccl]) make in
+# PY's environment (site-packages/nvidia/cu13: bin/nvcc, include/, lib/), or nothing.
+pip_cuda_home() {
+    local dir
+    dir=$("$1" - <<'PY' 2>/dev/null
+import importlib.util, os
+import torch
+spec = importlib.util.find_spec("nvidia")
+if spec and torch.version.cuda:
+    print(os.path.join(list(spec.submodule_search_locations)[0], "cu" + torch.version.cuda.split(".")[0]))
+PY
+)
+    cuda_home_of "$dir" || true
+}
+
 # torch_cuda_version PY: the CUDA version PY's torch was built with ("13.0"), or nothing for a CPU build.
 torch_cuda_version() {
     "$1" -c 'import torch; print(torch.version.cuda or "")'

@@ -86,8 +86,8 @@ PY
         "names no cuda-toolkit wheel to take nvcc from; install a CUDA $major toolkit and set CUDA_HOME"
     log "no CUDA toolkit on this machine (CUDA_HOME, /usr/local/cuda, PATH): installing $toolkit from PyPI"
     "$PY" -m pip install -q "$toolkit"
-    cuda_home=$("$PY" -c 'import importlib.util as u, os; print(os.path.join(list(u.find_spec("nvidia").submodule_search_locations)[0], "cu" + __import__("torch").version.cuda.split(".")[0]))')
-    cuda_home=$(cuda_home_of "$cuda_home") || die "the NVIDIA wheels gave no bin/nvcc and include/cuda_runtime.h"
+    cuda_home=$(pip_cuda_home "$PY")
+    [ -n "$cuda_home" ] || die "the NVIDIA wheels gave no bin/nvcc and include/cuda_runtime.h"
 fi
 nvcc_ver=$("$cuda_home/bin/nvcc" --version | sed -n 's/.*release \([0-9.]*\),.*/\1/p')
 log "CUDA compiler: $cuda_home/bin/nvcc ($nvcc_ver)"
