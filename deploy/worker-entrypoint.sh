@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The MPIJob worker pod's entrypoint: runs sshd in the foreground (the launcher's mpirun starts
-# this pod's ranks through it) and, on the pod's SIGTERM, asks the ranks it started to checkpoint
-# and exit (SIGUSR1, as Open MPI would forward it), then waits for them before stopping sshd:
-# rank 0 may live here and must finish writing the checkpoint within terminationGracePeriodSeconds.
-# Only processes below this sshd are signalled.
+# The entrypoint of a pod that runs ranks through ssh (an MPIJob's worker, a TrainJob's node): runs
+# sshd in the foreground (the launcher's mpirun starts this pod's ranks through it) and, on the pod's
+# SIGTERM, asks the ranks it started to checkpoint and exit (SIGUSR1, as Open MPI would forward it),
+# then waits for them before stopping sshd: rank 0 may live here and must finish writing the
+# checkpoint within terminationGracePeriodSeconds. Only processes below this sshd are signalled.
+# A stopped pod exits 75 (preempted), not 0: a Job would count 0 as this pod's work done and not
+# replace it, and the restarted launcher would find no sshd there.
 set -u
 port=${SSHD_PORT:-2222}
 config=${SSHD_CONFIG:-$HOME/.sshd_config}
@@ -34,7 +36,7 @@ stop() {
     fi
     kill -TERM "$server" 2>/dev/null
     wait "$server"
-    exit 0
+    exit 75
 }
 
 "$sshd" -D -e -p "$port" -f "$config" &

@@ -1,14 +1,22 @@
-"""Render a Kubeflow ``MPIJob`` (mpi-operator, ``kubeflow.org/v2beta1``) that runs the trainer.
+"""Render the Kubernetes objects that run the trainer: a Kubeflow Trainer ``TrainJob`` with the
+``ClusterTrainingRuntime`` it names (``trainer.kubeflow.org/v1alpha1``, ``--api trainjob``, the default), or
+an mpi-operator ``MPIJob`` (``kubeflow.org/v2beta1``, ``--api mpijob``).
 
     python -m launch k8s --name lenet --workers 2 --image registry.example/allreduce-train:cpu -- --epochs 2
-    python -m launch k8s --workers 4 --gpus 1 --runs-pvc runs --tensorboard -- --model resnet18 > job.yaml
+    python -m launch k8s --api mpijob --workers 4 --gpus 1 --runs-pvc runs --tensorboard -- --model resnet18 > job.yaml
     kubectl apply -f job.yaml
 
-The manifest goes to stdout (or ``--output``). The launcher pod runs exactly the line that
-``python -m launch`` would run for the same ranks (:func:`launch.mpirun.build_command`), printed at
-the top of the manifest; mpi-operator writes the hostfile and points Open MPI at it, so the line
-names no hosts. Workers run sshd (the launcher's mpirun reaches them through it) as the image's
-non-root user. ``deploy/helm/allreduce-train`` renders the same job from helm values.
+The manifest goes to stdout (or ``--output``). This module is the only place the manifests are
+written (docs/kubernetes.md says why there is no helm chart). The launcher runs exactly the line
+that ``python -m launch`` would run for the same ranks (:func:`launch.mpirun.build_command`),
+printed at the top of the manifest; the operator writes the hostfile and points Open MPI at it, so
+the line names no hosts. Pods that run ranks run sshd (the launcher's mpirun reaches them through
+it) as the image's non-root user. The trainer gets ``--expect-hosts N`` (N pods run ranks): a job
+whose ranks all landed on fewer pods stops at start with one line instead of finishing "Complete".
+
+The two APIs place the ranks alike: ``--workers N`` pods, ``--slots-per-worker`` ranks in each. An
+MPIJob's launcher pod runs only mpirun; a TrainJob's launcher is also the first of the N pods
+(``runLauncherAsNode``: Trainer gives ``resourcesPerNode`` to the launcher and to the nodes alike).
 
 Preemption: Kubernetes sends SIGTERM to every container of a pod it evicts and SIGKILL after
 ``terminationGracePeriodSeconds``. The entrypoints in deploy/ turn SIGTERM into the trainer's
@@ -32,13 +40,13 @@ from dataclasses import dataclass, field
 
 from .mpirun import TRAINER, LaunchSpec, add_mpi_allreduce_arg, build_command, ring_rules
 
-# Fixed by the image (deploy/Dockerfile); the chart's values.yaml carries the same defaults.
+# Fixed by the image (deploy/Dockerfile)
 APP_DIR = "/opt/allreduce_train"
 PYTHON = f"{APP_DIR}/.venv/bin/python"
 IMAGE_PATH = f"{APP_DIR}/.venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 RUNS_DIR = f"{APP_DIR}/runs"  # the trainer's default --run-dir "runs", relative to the working directory
 USER_ID = 1000  # mpiuser: sshd, mpirun and the ranks never run as root
-SSH_DIR = "/home/mpiuser/.ssh"  # where mpi-operator mounts the job's ssh keys (sshAuthMountPath)
+SSH_DIR = "/home/mpiuser/.ssh"  # where the operator mounts the job's ssh keys (sshAuthMountPath)
 SSH_PORT = 2222  # a non-root sshd cannot bind 22
 TENSORBOARD_PORT = 6006
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -46,34 +54,51 @@ LABEL_NAME = "app.kubernetes.io/name"
 LABEL_INSTANCE = "app.kubernetes.io/instance"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 APP = "allreduce-train"
+EXIT_PREEMPTED = 75  # allreduce_train.errors: checkpoint written, continue with --resume auto
+EXIT_NO_RETRY = (2, 65)  # bad input, diverged: a restart cannot help (docs/faults.md)
+TRAINER_API = "trainer.kubeflow.org"
+ANCESTOR_LABEL = f"{TRAINER_API}/trainjob-ancestor-step"  # marks the Job that takes the TrainJob's trainer fields
+NODE = "node"  # Trainer's name for the trainer container and for the Job of the nodes
+APIS = ("trainjob", "mpijob")
 
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")  # RFC 1035, what pod hostnames must be
 QUANTITY = re.compile(r"^([0-9]+(\.[0-9]+)?|\.[0-9]+)(m|[KMGTPE]i?|[kMGTPE])?$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 CLEAN_POD_POLICIES = ("None", "Running", "All")
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 
 @dataclass
 class K8sSpec:
-    """One MPIJob: the launcher's options plus what Kubernetes needs to place the pods."""
+    """One job: the launcher's options plus what Kubernetes needs to place the pods."""
 
+    api: str = "trainjob"
     name: str = "allreduce-train"
     namespace: str = ""
+    runtime: str = "allreduce-train"  # the ClusterTrainingRuntime the TrainJob names
     image: str = "allreduce-train:cpu"
     image_pull_policy: str = "IfNotPresent"
-    workers: int = 2
+    image_pull_secrets: list[str] = field(default_factory=list)
+    workers: int = 2  # pods that run ranks
     slots_per_worker: int = 1
     cpu: str = "2"  # per worker: requests = limits, so that ranks get whole cores
     memory: str = "4Gi"
     gpus: int = 0  # per worker
+    node_selector: dict[str, str] = field(default_factory=dict)  # every pod of the job
+    tolerations: list[dict] = field(default_factory=list)
+    affinity: dict = field(default_factory=dict)
     mca: list[tuple[str, str]] = field(default_factory=list)
     mpi_allreduce: str = "ring"  # the image's launch/openmpi_allreduce_ring.rules; "auto": Open MPI's choice
     env: dict[str, str] = field(default_factory=dict)  # set in every pod; HOROVOD_*/NCCL_* reach the ranks with -x
     trainer_args: list[str] = field(default_factory=list)
     resume: bool = True  # --name <job> --resume auto: a restarted launcher continues the run
-    runs_pvc: str = ""  # claim mounted at RUNS_DIR in the workers (and TensorBoard)
+    runs_pvc: str = ""  # claim mounted at RUNS_DIR in the pods that run ranks (and TensorBoard)
     runs_pvc_size: str = ""  # also render that claim (ReadWriteMany) with this size
     storage_class: str = ""
+    data_pvc: str = ""  # claim with the dataset, mounted read-only at data_dir
+    data_dir: str = "/data"
     tensorboard: bool = False
     grace_seconds: int = 120
     backoff_limit: int = 3
@@ -83,21 +108,31 @@ class K8sSpec:
     def np(self) -> int:
         return self.workers * self.slots_per_worker
 
+    def pod_names(self) -> list[str]:
+        """The longest pod names the operator will create (pod hostnames must be DNS labels)."""
+        if self.api == "mpijob":
+            return [f"{self.name}-worker-{self.workers - 1}", f"{self.name}-launcher"]
+        # JobSet: <jobset>-<replicated job>-<job index>-<pod index>
+        return [f"{self.name}-{NODE}-0-{max(self.workers - 2, 0)}", f"{self.name}-launcher-0-0"]
+
     def validate(self) -> None:
         """Raise ValueError naming the option to fix (the messages mention the CLI flags)."""
+        if self.api not in APIS:
+            raise ValueError(f"--api {self.api!r}: choose one of {', '.join(APIS)}")
         if self.workers < 1:
             raise ValueError(f"--workers must be >= 1 (got {self.workers})")
         if self.slots_per_worker < 1:
             raise ValueError(f"--slots-per-worker must be >= 1 (got {self.slots_per_worker})")
         if self.gpus < 0:
             raise ValueError(f"--gpus must be >= 0 (got {self.gpus})")
-        # mpi-operator names worker pods <name>-worker-<i>, and pod hostnames are DNS labels
-        last = f"{self.name}-worker-{self.workers - 1}"
-        if not DNS_LABEL.match(self.name) or len(last) > 63:
+        longest = max(self.pod_names(), key=len)
+        if not DNS_LABEL.match(self.name) or len(longest) > 63:
             raise ValueError(f"--name {self.name!r}: must be lowercase letters, digits and '-', start with a letter, "
-                             f"and keep the pod name {last!r} within 63 characters")
-        if self.namespace and (not DNS_LABEL.match(self.namespace) or len(self.namespace) > 63):
-            raise ValueError(f"--namespace {self.namespace!r}: must be a DNS label (lowercase letters, digits, '-')")
+                             f"and keep the pod name {longest!r} within 63 characters")
+        for flag, value in (("--namespace", self.namespace), ("--runtime", self.runtime), ("--runs-pvc", self.runs_pvc),
+                            ("--data-pvc", self.data_pvc), *(("--image-pull-secret", s) for s in self.image_pull_secrets)):
+            if value and (not DNS_LABEL.match(value) or len(value) > 63):
+                raise ValueError(f"{flag} {value!r}: must be a DNS label (lowercase letters, digits, '-')")
         if not self.image or any(c.isspace() for c in self.image):
             raise ValueError(f"--image {self.image!r}: give an image reference without spaces")
         for flag, value in (("--cpu", self.cpu), ("--memory", self.memory), ("--runs-pvc-size", self.runs_pvc_size)):
@@ -106,18 +141,36 @@ class K8sSpec:
         for name in self.env:
             if not ENV_NAME.match(name):
                 raise ValueError(f"--env {name!r}: variable names are letters, digits and '_'")
-        if self.runs_pvc and not DNS_LABEL.match(self.runs_pvc):
-            raise ValueError(f"--runs-pvc {self.runs_pvc!r}: must be a DNS label (lowercase letters, digits, '-')")
+        for key, value in self.node_selector.items():
+            if not LABEL_KEY.match(key) or not LABEL_VALUE.match(value):
+                raise ValueError(f"--node-selector {key}={value}: not a label key and value (e.g. "
+                                 "nvidia.com/gpu.present=true)")
         if self.runs_pvc_size and not self.runs_pvc:
             raise ValueError("--runs-pvc-size needs --runs-pvc NAME (the claim to create)")
         if self.tensorboard and not self.runs_pvc:
             raise ValueError("--tensorboard needs --runs-pvc: TensorBoard reads the runs the workers write to that volume")
+        if not self.data_dir.startswith("/") or self.data_dir.rstrip("/") in ("", RUNS_DIR, APP_DIR, SSH_DIR):
+            raise ValueError(f"--data-dir {self.data_dir!r}: give an absolute path of its own (not /, the app or runs "
+                             "directory), e.g. /data")
         if self.grace_seconds < 1:
             raise ValueError(f"--grace-period must be >= 1 second (got {self.grace_seconds})")
         if self.backoff_limit < 0:
             raise ValueError(f"--backoff-limit must be >= 0 (got {self.backoff_limit})")
         if self.clean_pod_policy not in CLEAN_POD_POLICIES:
             raise ValueError(f"--clean-pod-policy {self.clean_pod_policy!r}: choose one of {', '.join(CLEAN_POD_POLICIES)}")
+
+
+def parse_toleration(text: str) -> dict:
+    """``KEY[=VALUE]:EFFECT`` or ``KEY[=VALUE]`` (any effect) -> a toleration; no value: operator Exists."""
+    taint, _, effect = text.partition(":")
+    key, eq, value = taint.partition("=")
+    if not key or not LABEL_KEY.match(key) or (effect and effect not in TAINT_EFFECTS) or (eq and not LABEL_VALUE.match(value)):
+        raise ValueError(f"--toleration {text!r}: write KEY[=VALUE][:EFFECT], EFFECT one of {', '.join(TAINT_EFFECTS)}, "
+                         "e.g. nvidia.com/gpu:NoSchedule")
+    tol = {"key": key, "operator": "Equal", "value": value} if eq else {"key": key, "operator": "Exists"}
+    if effect:
+        tol["effect"] = effect
+    return tol
 
 
 def launcher_env(spec: K8sSpec) -> dict[str, str]:
@@ -127,9 +180,13 @@ def launcher_env(spec: K8sSpec) -> dict[str, str]:
 
 
 def rank_args(spec: K8sSpec) -> list[str]:
-    # a fixed run name, so that a restarted launcher finds the run (and its checkpoint) again;
-    # the user's own arguments come after and win
+    # A fixed run name, so that a restarted launcher finds the run (and its checkpoint) again; the
+    # pods that run ranks as the placement to check; the data volume's path. The user's own
+    # arguments come after and win.
     head = ["--name", spec.name, "--resume", "auto"] if spec.resume else []
+    head += ["--expect-hosts", str(spec.workers)]
+    if spec.data_pvc:
+        head += ["--data-dir", spec.data_dir]
     return [*head, *spec.trainer_args]
 
 
@@ -140,8 +197,8 @@ def mpirun_command(spec: K8sSpec) -> list[str]:
     return build_command(launch, environ={"PATH": IMAGE_PATH, **launcher_env(spec)}, is_root=False)
 
 
-def _labels(spec: K8sSpec, component: str) -> dict[str, str]:
-    return {LABEL_NAME: APP, LABEL_INSTANCE: spec.name, LABEL_COMPONENT: component}
+def _labels(spec: K8sSpec, component: str, instance: str = "") -> dict[str, str]:
+    return {LABEL_NAME: APP, LABEL_INSTANCE: instance or spec.name, LABEL_COMPONENT: component}
 
 
 def _metadata(spec: K8sSpec, name: str, component: str) -> dict:
@@ -161,19 +218,69 @@ def _pod_security() -> dict:
     return {"runAsUser": USER_ID, "runAsGroup": USER_ID, "runAsNonRoot": True, "fsGroup": USER_ID}
 
 
-def _runs_volume(spec: K8sSpec) -> dict:
-    return {"name": "runs", "persistentVolumeClaim": {"claimName": spec.runs_pvc}}
+def _rank_resources(spec: K8sSpec) -> dict:
+    """A pod that runs ranks: requests = limits (whole cores; one rank per GPU with --gpus)."""
+    resources = {"cpu": spec.cpu, "memory": spec.memory}
+    if spec.gpus:
+        resources[GPU_RESOURCE] = str(spec.gpus)
+    return {"requests": dict(resources), "limits": dict(resources)}
 
+
+def _placement(spec: K8sSpec) -> dict:
+    """Where every pod of the job may run and how its image is pulled."""
+    out: dict = {}
+    if spec.image_pull_secrets:
+        out["imagePullSecrets"] = [{"name": s} for s in spec.image_pull_secrets]
+    if spec.node_selector:
+        out["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        out["tolerations"] = [dict(t) for t in spec.tolerations]
+    if spec.affinity:
+        out["affinity"] = spec.affinity
+    return out
+
+
+def _rank_volumes(spec: K8sSpec) -> tuple[list[dict], list[dict]]:
+    """Volumes and mounts of a pod that runs ranks, besides /dev/shm: the runs and the data volume."""
+    volumes, mounts = [], []
+    if spec.runs_pvc:
+        volumes.append({"name": "runs", "persistentVolumeClaim": {"claimName": spec.runs_pvc}})
+        mounts.append({"name": "runs", "mountPath": RUNS_DIR})
+    if spec.data_pvc:
+        volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": spec.data_pvc, "readOnly": True}})
+        mounts.append({"name": "data", "mountPath": spec.data_dir, "readOnly": True})
+    return volumes, mounts
+
+
+SHM_VOLUME = {"name": "dshm", "emptyDir": {"medium": "Memory"}}  # Open MPI's shared memory between slots of a pod
+SHM_MOUNT = {"name": "dshm", "mountPath": "/dev/shm"}
+
+
+def _sshd_container(spec: K8sSpec, name: str, env: dict[str, str]) -> dict:
+    """A pod's sshd, through which the launcher's mpirun starts the ranks of that pod."""
+    return {
+        "name": name,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "workingDir": APP_DIR,  # where orted starts the ranks: runs/ is the volume
+        "command": [f"{APP_DIR}/deploy/worker-entrypoint.sh"],
+        "env": _env_list({"SSHD_PORT": str(SSH_PORT), **env}),
+        "ports": [{"name": "ssh", "containerPort": SSH_PORT}],
+        # the launcher starts once every worker's sshd accepts connections
+        "readinessProbe": {"tcpSocket": {"port": SSH_PORT}, "periodSeconds": 2},
+    }
+
+
+# -- MPIJob (mpi-operator) -------------------------------------------------------------------
 
 def launcher_pod(spec: K8sSpec) -> dict:
-    cmd = mpirun_command(spec)
     container = {
         "name": "launcher",
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "workingDir": APP_DIR,  # mpirun starts the ranks in the same directory: runs/ is the volume
         "command": [f"{APP_DIR}/deploy/launcher-entrypoint.sh"],
-        "args": cmd,
+        "args": mpirun_command(spec),
         "env": _env_list(launcher_env(spec)),
         "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
     }
@@ -182,40 +289,24 @@ def launcher_pod(spec: K8sSpec) -> dict:
         "spec": {
             "terminationGracePeriodSeconds": spec.grace_seconds,
             "securityContext": _pod_security(),
+            **_placement(spec),
             "containers": [container],
         },
     }
 
 
 def worker_pod(spec: K8sSpec) -> dict:
-    resources = {"cpu": spec.cpu, "memory": spec.memory}
-    if spec.gpus:
-        resources[GPU_RESOURCE] = str(spec.gpus)
-    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]  # Open MPI's shared memory between slots of a pod
-    volumes: list[dict] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
-    if spec.runs_pvc:
-        mounts.append({"name": "runs", "mountPath": RUNS_DIR})
-        volumes.append(_runs_volume(spec))
-    container = {
-        "name": "worker",
-        "image": spec.image,
-        "imagePullPolicy": spec.image_pull_policy,
-        "workingDir": APP_DIR,
-        "command": [f"{APP_DIR}/deploy/worker-entrypoint.sh"],
-        "env": _env_list({"SSHD_PORT": str(SSH_PORT), **spec.env}),
-        "ports": [{"name": "ssh", "containerPort": SSH_PORT}],
-        # the launcher is created once every worker's sshd accepts connections
-        "readinessProbe": {"tcpSocket": {"port": SSH_PORT}, "periodSeconds": 2},
-        "resources": {"requests": dict(resources), "limits": dict(resources)},
-        "volumeMounts": mounts,
-    }
+    volumes, mounts = _rank_volumes(spec)
+    container = {**_sshd_container(spec, "worker", spec.env), "resources": _rank_resources(spec),
+                 "volumeMounts": [SHM_MOUNT, *mounts]}
     return {
         "metadata": {"labels": _labels(spec, "worker")},
         "spec": {
             "terminationGracePeriodSeconds": spec.grace_seconds,
             "securityContext": _pod_security(),
+            **_placement(spec),
             "containers": [container],
-            "volumes": volumes,
+            "volumes": [SHM_VOLUME, *volumes],
         },
     }
 
@@ -239,6 +330,113 @@ def mpijob(spec: K8sSpec) -> dict:
         },
     }
 
+
+# -- TrainJob + ClusterTrainingRuntime (Kubeflow Trainer) --------------------------------------
+
+def _restart_policy(spec: K8sSpec, container: str, no_retry: bool) -> dict:
+    """A Job's restarts: a preempted pod (exit 75, or evicted) is replaced without counting against
+    backoffLimit; bad input and divergence fail the job at once (``no_retry``); anything else is
+    retried up to backoffLimit times. podFailurePolicy needs restartPolicy Never."""
+    rules = [{"action": "Ignore", "onExitCodes": {"containerName": container, "operator": "In",
+                                                  "values": [EXIT_PREEMPTED]}},
+             {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]
+    if no_retry:
+        rules.insert(1, {"action": "FailJob", "onExitCodes": {"containerName": container, "operator": "In",
+                                                              "values": list(EXIT_NO_RETRY)}})
+    return {"backoffLimit": spec.backoff_limit, "podFailurePolicy": {"rules": rules}}
+
+
+def training_runtime(spec: K8sSpec) -> dict:
+    """The ClusterTrainingRuntime: Open MPI started by Trainer's MPI plugin (ssh keys, hostfile), a
+    launcher that is also the first node, nodes that run sshd. What differs from job to job is in
+    the TrainJob (the trainer's command, counts, resources, environment, runtimePatches)."""
+    node_pod = {
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": spec.grace_seconds,
+            "securityContext": _pod_security(),
+            "containers": [{**_sshd_container(spec, NODE, {}), "volumeMounts": [SHM_MOUNT]}],
+            "volumes": [SHM_VOLUME],
+        },
+    }
+    launcher_pod = {
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": spec.grace_seconds,
+            "securityContext": _pod_security(),
+            "containers": [{
+                "name": NODE,  # Trainer gives the TrainJob's image, command, args, env, resources to this container
+                "image": spec.image,
+                "imagePullPolicy": spec.image_pull_policy,
+                "workingDir": APP_DIR,  # mpirun starts the ranks in the same directory: runs/ is the volume
+                "command": [f"{APP_DIR}/deploy/launcher-entrypoint.sh"],
+                "volumeMounts": [SHM_MOUNT],
+            }],
+            "volumes": [SHM_VOLUME],
+        },
+    }
+    meta = {"name": spec.runtime, "labels": _labels(spec, "runtime", instance=spec.runtime)}
+    return {
+        "apiVersion": f"{TRAINER_API}/v1alpha1",
+        "kind": "ClusterTrainingRuntime",
+        "metadata": meta,
+        "spec": {
+            "mlPolicy": {
+                "numNodes": 1,
+                "mpi": {"numProcPerNode": 1, "mpiImplementation": "OpenMPI", "sshAuthMountPath": SSH_DIR,
+                        "runLauncherAsNode": True},
+            },
+            "template": {
+                "spec": {
+                    "network": {"publishNotReadyAddresses": True},  # hostnames resolve before sshd is ready
+                    "successPolicy": {"operator": "All", "targetReplicatedJobs": ["launcher"]},
+                    "replicatedJobs": [
+                        {"name": NODE, "template": {"spec": {**_restart_policy(spec, NODE, no_retry=False),
+                                                             "template": node_pod}}},
+                        {"name": "launcher",
+                         "dependsOn": [{"name": NODE, "status": "Ready"}],
+                         "template": {"metadata": {"labels": {ANCESTOR_LABEL: "trainer"}},
+                                      "spec": {**_restart_policy(spec, NODE, no_retry=True), "template": launcher_pod}}},
+                    ],
+                },
+            },
+        },
+    }
+
+
+def trainjob(spec: K8sSpec) -> dict:
+    volumes, mounts = _rank_volumes(spec)
+    pod_patch = {**_placement(spec)}
+    if volumes:
+        pod_patch["volumes"] = volumes
+        pod_patch["containers"] = [{"name": NODE, "volumeMounts": mounts}]
+    job = {
+        "apiVersion": f"{TRAINER_API}/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": _metadata(spec, spec.name, "job"),
+        "spec": {
+            "runtimeRef": {"name": spec.runtime, "kind": "ClusterTrainingRuntime", "apiGroup": TRAINER_API},
+            "trainer": {
+                "image": spec.image,
+                "command": [f"{APP_DIR}/deploy/launcher-entrypoint.sh"],
+                "args": mpirun_command(spec),
+                "env": _env_list(launcher_env(spec)),  # the launcher's and the nodes' "node" containers
+                "numNodes": spec.workers,
+                "numProcPerNode": spec.slots_per_worker,
+                "resourcesPerNode": _rank_resources(spec),
+            },
+        },
+    }
+    if pod_patch:
+        job["spec"]["runtimePatches"] = [{
+            "manager": f"{APP}.kubeflow.org/launch-k8s",
+            "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
+                {"name": rjob, "template": {"spec": {"template": {"spec": pod_patch}}}} for rjob in (NODE, "launcher")]}}},
+        }]
+    return job
+
+
+# -- both -----------------------------------------------------------------------------------
 
 def runs_claim(spec: K8sSpec) -> dict:
     claim: dict = {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": spec.runs_pvc_size}}}
@@ -276,7 +474,8 @@ def tensorboard(spec: K8sSpec) -> list[dict]:
             "selector": {"matchLabels": labels},
             "template": {
                 "metadata": {"labels": labels},
-                "spec": {"securityContext": _pod_security(), "containers": [container], "volumes": [_runs_volume(spec)]},
+                "spec": {"securityContext": _pod_security(), **_placement(spec), "containers": [container],
+                         "volumes": [{"name": "runs", "persistentVolumeClaim": {"claimName": spec.runs_pvc}}]},
             },
         },
     }
@@ -294,7 +493,7 @@ def manifests(spec: K8sSpec) -> list[dict]:
     """Every object of the job, in the order to apply them."""
     spec.validate()
     docs = [runs_claim(spec)] if spec.runs_pvc_size else []
-    docs.append(mpijob(spec))
+    docs += [training_runtime(spec), trainjob(spec)] if spec.api == "trainjob" else [mpijob(spec)]
     if spec.tensorboard:
         docs += tensorboard(spec)
     return docs
@@ -363,59 +562,98 @@ def make_parser() -> argparse.ArgumentParser:
     d = K8sSpec()
     p = argparse.ArgumentParser(
         prog="python -m launch k8s",
-        description="Print a Kubeflow MPIJob (kubeflow.org/v2beta1) that runs the trainer; arguments after `--` "
-                    "go to the trainer. Apply it with `kubectl apply -f -`.",
+        description="Print the Kubernetes objects that run the trainer: a Kubeflow Trainer TrainJob and its "
+                    "ClusterTrainingRuntime (trainer.kubeflow.org/v1alpha1), or an mpi-operator MPIJob "
+                    "(kubeflow.org/v2beta1); arguments after `--` go to the trainer. Apply them with "
+                    "`kubectl apply -f -` (docs/kubernetes.md).",
         epilog="example: python -m launch k8s --name lenet --workers 2 --image REGISTRY/allreduce-train:cpu "
                "--runs-pvc runs --runs-pvc-size 10Gi --tensorboard -- --epochs 2 | kubectl apply -f -",
     )
-    p.add_argument("--name", default=d.name, help=f"MPIJob name, also the run name under runs/ (default: {d.name})")
-    p.add_argument("--namespace", default="", help="namespace of every object (default: kubectl's current one)")
+    p.add_argument("--api", default=d.api, choices=APIS,
+                   help="trainjob: Kubeflow Trainer (v2.3) TrainJob + ClusterTrainingRuntime; mpijob: mpi-operator "
+                        f"(v0.8) MPIJob (default: {d.api})")
+    p.add_argument("--name", default=d.name, help=f"job name, also the run name under runs/ (default: {d.name})")
+    p.add_argument("--namespace", default="", help="namespace of every namespaced object (default: kubectl's current one)")
+    p.add_argument("--runtime", default=d.runtime,
+                   help=f"name of the ClusterTrainingRuntime rendered with the TrainJob; one per image (default: {d.runtime})")
     p.add_argument("--image", default=d.image, help=f"image built from deploy/Dockerfile (default: {d.image})")
     p.add_argument("--image-pull-policy", default=d.image_pull_policy, choices=("IfNotPresent", "Always", "Never"))
-    p.add_argument("--workers", type=int, default=d.workers, help=f"worker pods (default: {d.workers})")
+    p.add_argument("--image-pull-secret", action="append", default=[], metavar="SECRET",
+                   help="Secret with the registry's credentials, for every pod (repeatable)")
+    p.add_argument("--workers", type=int, default=d.workers,
+                   help=f"pods that run ranks (a TrainJob's launcher is the first of them) (default: {d.workers})")
     p.add_argument("--slots-per-worker", type=int, default=None,
                    help="ranks per worker pod (default: --gpus when set, else 1); ranks = workers x slots")
     p.add_argument("--cpu", default=d.cpu, help=f"CPU per worker pod, request = limit (default: {d.cpu})")
     p.add_argument("--memory", default=d.memory, help=f"memory per worker pod, request = limit (default: {d.memory})")
     p.add_argument("--gpus", type=int, default=0, help=f"{GPU_RESOURCE} per worker pod (default: 0; needs the GPU image)")
+    p.add_argument("--node-selector", action="append", default=[], metavar="LABEL=VALUE",
+                   help="run every pod on nodes with this label (repeatable), e.g. nvidia.com/gpu.present=true")
+    p.add_argument("--toleration", action="append", default=[], metavar="KEY[=VALUE][:EFFECT]",
+                   help="tolerate this taint in every pod (repeatable), e.g. nvidia.com/gpu:NoSchedule")
+    p.add_argument("--affinity", default="", metavar="JSON",
+                   help="the pods' affinity, as JSON (a Kubernetes Affinity object), e.g. "
+                        "'{\"podAntiAffinity\": {...}}'")
     p.add_argument("--mca", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
                    help="extra Open MPI parameter, e.g. --mca btl_tcp_if_include eth0 (repeatable)")
     add_mpi_allreduce_arg(p, d.mpi_allreduce, d.mpi_allreduce, where="the image's ")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="environment variable for every pod (repeatable); HOROVOD_*/NCCL_* are forwarded to the ranks")
     p.add_argument("--runs-pvc", default="", metavar="CLAIM",
-                   help="PersistentVolumeClaim for runs/ (logs, checkpoints); without one, runs stay in worker 0's pod")
+                   help="PersistentVolumeClaim for runs/ (logs, checkpoints); without one, runs stay in rank 0's pod")
     p.add_argument("--runs-pvc-size", default="", metavar="SIZE",
                    help="also create that claim (ReadWriteMany) with this size, e.g. 10Gi")
     p.add_argument("--storage-class", default="", help="storage class of the created claim (default: the cluster's)")
+    p.add_argument("--data-pvc", default="", metavar="CLAIM",
+                   help="PersistentVolumeClaim holding the dataset, mounted read-only at --data-dir in every pod that "
+                        "runs ranks; the trainer gets --data-dir")
+    p.add_argument("--data-dir", default=d.data_dir, help=f"where --data-pvc is mounted (default: {d.data_dir})")
     p.add_argument("--tensorboard", action="store_true",
                    help="add a TensorBoard Deployment and ClusterIP Service reading the runs volume")
     p.add_argument("--grace-period", type=int, default=d.grace_seconds, metavar="SECONDS",
                    help=f"terminationGracePeriodSeconds: time for one step + a checkpoint after SIGTERM (default: {d.grace_seconds})")
     p.add_argument("--backoff-limit", type=int, default=d.backoff_limit,
-                   help=f"launcher restarts (each resumes from the checkpoint) before the job fails (default: {d.backoff_limit})")
-    p.add_argument("--clean-pod-policy", default=d.clean_pod_policy, help="None, Running or All (default: Running)")
+                   help="launcher restarts after a failure before the job fails; a TrainJob's preemptions (exit 75, "
+                        f"eviction) do not count, an MPIJob's do (default: {d.backoff_limit})")
+    p.add_argument("--clean-pod-policy", default=d.clean_pod_policy, help="MPIJob: None, Running or All (default: Running)")
     p.add_argument("--no-resume", action="store_true", help="do not add `--name NAME --resume auto` to the trainer arguments")
     p.add_argument("-o", "--output", default="", help="write the manifest to this file instead of stdout")
     p.add_argument("trainer_args", nargs=argparse.REMAINDER, help="arguments for the trainer, after --")
     return p
 
 
-def spec_from_args(args: argparse.Namespace) -> K8sSpec:
-    env = {}
-    for item in args.env:
+def _pairs(items: list[str], flag: str, example: str) -> dict[str, str]:
+    out = {}
+    for item in items:
         name, sep, value = item.partition("=")
         if not sep:
-            raise ValueError(f"--env {item!r}: write NAME=VALUE")
-        env[name] = value
+            raise ValueError(f"{flag} {item!r}: write {example}")
+        out[name] = value
+    return out
+
+
+def spec_from_args(args: argparse.Namespace) -> K8sSpec:
+    affinity = {}
+    if args.affinity:
+        try:
+            affinity = json.loads(args.affinity)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--affinity: not JSON ({e.msg} at character {e.pos})") from None
+        if not isinstance(affinity, dict):
+            raise ValueError("--affinity: give a JSON object (a Kubernetes Affinity)")
     trainer = args.trainer_args[1:] if args.trainer_args[:1] == ["--"] else args.trainer_args
-    return K8sSpec(name=args.name, namespace=args.namespace, image=args.image, image_pull_policy=args.image_pull_policy,
+    return K8sSpec(api=args.api, name=args.name, namespace=args.namespace, runtime=args.runtime, image=args.image,
+                   image_pull_policy=args.image_pull_policy, image_pull_secrets=args.image_pull_secret,
                    workers=args.workers,
                    slots_per_worker=max(args.gpus, 1) if args.slots_per_worker is None else args.slots_per_worker,
-                   cpu=args.cpu, memory=args.memory, gpus=args.gpus, mca=[tuple(kv) for kv in args.mca],
-                   mpi_allreduce=args.mpi_allreduce, env=env,
+                   cpu=args.cpu, memory=args.memory, gpus=args.gpus,
+                   node_selector=_pairs(args.node_selector, "--node-selector", "LABEL=VALUE"),
+                   tolerations=[parse_toleration(t) for t in args.toleration], affinity=affinity,
+                   mca=[tuple(kv) for kv in args.mca], mpi_allreduce=args.mpi_allreduce,
+                   env=_pairs(args.env, "--env", "NAME=VALUE"),
                    trainer_args=trainer, resume=not args.no_resume, runs_pvc=args.runs_pvc,
-                   runs_pvc_size=args.runs_pvc_size, storage_class=args.storage_class, tensorboard=args.tensorboard,
+                   runs_pvc_size=args.runs_pvc_size, storage_class=args.storage_class, data_pvc=args.data_pvc,
+                   data_dir=args.data_dir, tensorboard=args.tensorboard,
                    grace_seconds=args.grace_period, backoff_limit=args.backoff_limit,
                    clean_pod_policy=args.clean_pod_policy)
 
@@ -423,7 +661,7 @@ def spec_from_args(args: argparse.Namespace) -> K8sSpec:
 def render(spec: K8sSpec, argv: list[str]) -> str:
     spec.validate()
     header = ["Rendered by: python -m launch k8s " + shlex.join(argv),
-              f"The launcher runs ({spec.np} ranks: {spec.workers} workers x {spec.slots_per_worker} per worker):",
+              f"The launcher runs ({spec.np} ranks: {spec.workers} pods x {spec.slots_per_worker} per pod):",
               "+ " + shlex.join(mpirun_command(spec))]
     return to_yaml(manifests(spec), header)
 

@@ -1,17 +1,20 @@
-"""Kubernetes: `python -m launch k8s` and the helm chart render an MPIJob that Kubernetes would accept.
+"""Kubernetes: `python -m launch k8s` renders a TrainJob + ClusterTrainingRuntime (Kubeflow Trainer)
+or an MPIJob (mpi-operator) that Kubernetes would accept.
 
-There is no cluster here. What is checked: the manifests parse as YAML; the MPIJob carries what
-mpi-operator's v2beta1 CRD and its validation (pkg/apis/kubeflow/validation) require; every pod
-template, Deployment, Service and claim survives a round trip through the `kubernetes` client's
-models (unknown or misspelt fields, wrong types and missing required fields fail); the launcher
-runs the same mpirun line as `python -m launch`; the entrypoints turn SIGTERM into the trainer's
-SIGUSR1 for real processes.
+There is no cluster here. What is checked: the manifests parse as YAML; every custom resource
+passes its CRD's openAPIV3Schema as released (vendored in tests/launch/schemas/: Kubeflow Trainer
+v2.3.0, mpi-operator v0.8.0), with a field the schema does not name counted as an error (as
+`kubectl apply --validate=strict` would), plus what the operators' webhooks refuse; every pod
+template, Job spec, Deployment, Service and claim survives a round trip through the `kubernetes`
+client's models (unknown or misspelt fields, wrong types and missing required fields fail); the
+launcher runs the same mpirun line as `python -m launch`; the entrypoints turn SIGTERM into the
+trainer's SIGUSR1 for real processes.
 """
 
 from __future__ import annotations
 
+import json
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -19,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
 from kubernetes.client import models
@@ -28,14 +32,19 @@ from launch import LaunchSpec, build_command
 from launch.mpirun import RING_RULES
 from launch import k8s
 
-from helm_subset import Fail, Renderer, TemplateError, helmify, lex, parse, render_chart
-
 ROOT = Path(__file__).resolve().parents[2]
+SCHEMAS = Path(__file__).with_name("schemas")
 
 
 def render(*argv: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "launch", "k8s", *argv], cwd=ROOT, capture_output=True, text=True,
                           timeout=60)
+
+
+def rendered(*argv: str) -> list[dict]:
+    out = render(*argv)
+    assert out.returncode == 0, out.stderr
+    return docs_of(out.stdout)
 
 
 def docs_of(text: str) -> list[dict]:
@@ -48,43 +57,129 @@ def by_kind(docs: list[dict], kind: str) -> dict:
 
 
 def launcher_container(job: dict) -> dict:
+    if job["kind"] == "TrainJob":
+        return job["spec"]["trainer"]  # what Trainer puts into the launcher's "node" container
     return job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
 
 
-# -- mpi-operator's MPIJob v2beta1 -------------------------------------------------------------
-# From its CRD (manifests/base/kubeflow.org_mpijobs.yaml) and validation.go: the fields spec may
-# carry, the enums, and what the operator rejects.
-SPEC_FIELDS = {"slotsPerWorker", "runPolicy", "mpiImplementation", "launcherCreationPolicy", "sshAuthMountPath",
-               "mpiReplicaSpecs", "runLauncherAsWorker"}
-RUN_POLICY_FIELDS = {"cleanPodPolicy", "backoffLimit", "activeDeadlineSeconds", "ttlSecondsAfterFinished",
-                     "schedulingPolicy", "suspend", "managedBy"}
-REPLICA_FIELDS = {"replicas", "restartPolicy", "template"}
+# -- the CRDs' schemas -------------------------------------------------------------------------
 
+def crd_schema(name: str) -> dict:
+    return json.loads((SCHEMAS / f"{name}.json").read_text())
+
+
+def unknown_fields(obj, schema: dict, path: str = "") -> list[str]:
+    """Fields of ``obj`` that ``schema`` (a structural OpenAPI v3 schema) does not name. The API
+    server drops them silently (or refuses them with --validate=strict): either way a typo."""
+    if schema.get("x-kubernetes-preserve-unknown-fields") or not isinstance(obj, (dict, list)):
+        return []
+    if isinstance(obj, list):
+        items = schema.get("items", {})
+        return [e for i, item in enumerate(obj) for e in unknown_fields(item, items, f"{path}[{i}]")]
+    props, extra = schema.get("properties"), schema.get("additionalProperties")
+    out = []
+    for key, value in obj.items():
+        if props is not None and key in props:
+            out += unknown_fields(value, props[key], f"{path}.{key}")
+        elif isinstance(extra, dict):
+            out += unknown_fields(value, extra, f"{path}.{key}")
+        elif extra is not True:
+            out.append(f"{path}.{key}")
+    return out
+
+
+def check_crd(obj: dict, name: str) -> None:
+    """``obj`` is valid for the vendored CRD ``name``: types, enums, patterns, bounds, required
+    fields (jsonschema) and no field the schema lacks."""
+    crd = crd_schema(name)
+    assert obj["apiVersion"] == f"{crd['group']}/{crd['version']}" and obj["kind"] == crd["kind"]
+    errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+              for e in jsonschema.Draft7Validator(crd["openAPIV3Schema"]).iter_errors(obj)]
+    assert not errors, errors
+    # the root's metadata is the API server's (the CRDs say only "object"): the client's model checks it
+    assert unknown_fields({k: v for k, v in obj.items() if k != "metadata"}, crd["openAPIV3Schema"]) == []
+    check_model(obj["metadata"], "V1ObjectMeta")
+
+
+def test_the_schema_check_catches_unknown_fields_wrong_types_and_enums():
+    job = by_kind(rendered("--api", "mpijob"), "MPIJob")
+    check_crd(job, "mpijob")
+    misspelt = json.loads(json.dumps(job))
+    misspelt["spec"]["slotPerWorker"] = 1
+    with pytest.raises(AssertionError, match=r"\.spec\.slotPerWorker"):
+        check_crd(misspelt, "mpijob")
+    deep = json.loads(json.dumps(job))
+    deep["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["readinesProbe"] = {}
+    with pytest.raises(AssertionError, match="readinesProbe"):
+        check_crd(deep, "mpijob")
+    wrong = json.loads(json.dumps(job))
+    wrong["spec"]["runPolicy"]["backoffLimit"] = "3"
+    with pytest.raises(AssertionError, match="backoffLimit: '3' is not of type 'integer'"):
+        check_crd(wrong, "mpijob")
+    runtime, train = rendered("--api", "trainjob")
+    train["spec"]["trainer"]["numNodes"] = "2"
+    with pytest.raises(AssertionError, match="numNodes"):
+        check_crd(train, "trainjob")
+    runtime["spec"]["mlPolicy"]["mpi"]["mpiImplementation"] = "MPICH"
+    with pytest.raises(AssertionError, match="MPICH"):
+        check_crd(runtime, "clustertrainingruntime")
+
+
+# -- mpi-operator's MPIJob v2beta1 -------------------------------------------------------------
 
 def check_mpijob(job: dict) -> None:
-    assert job["apiVersion"] == "kubeflow.org/v2beta1" and job["kind"] == "MPIJob"
+    """The CRD's schema, then what mpi-operator's validation (pkg/apis/kubeflow/validation) adds."""
+    check_crd(job, "mpijob")
     spec = job["spec"]
-    assert set(spec) <= SPEC_FIELDS, set(spec) - SPEC_FIELDS
-    assert isinstance(spec["slotsPerWorker"], int) and spec["slotsPerWorker"] >= 1
-    assert spec["mpiImplementation"] == "OpenMPI"
-    assert spec["launcherCreationPolicy"] in ("AtStartup", "WaitForWorkersReady")
-    assert spec["sshAuthMountPath"]
-    policy = spec["runPolicy"]
-    assert set(policy) <= RUN_POLICY_FIELDS, set(policy) - RUN_POLICY_FIELDS
-    assert policy["cleanPodPolicy"] in ("None", "Running", "All")
-    assert isinstance(policy["backoffLimit"], int) and policy["backoffLimit"] >= 0
+    assert spec["mpiImplementation"] == "OpenMPI" and spec["sshAuthMountPath"] == k8s.SSH_DIR
+    assert spec["runPolicy"]["cleanPodPolicy"] in ("None", "Running", "All")
     replicas = spec["mpiReplicaSpecs"]
     assert set(replicas) == {"Launcher", "Worker"}
     for role, rs in replicas.items():
-        assert set(rs) <= REPLICA_FIELDS, (role, set(rs) - REPLICA_FIELDS)
-        assert isinstance(rs["replicas"], int) and rs["replicas"] >= 1
         assert rs["restartPolicy"] in ("Never", "OnFailure")  # what validation.go accepts
-        assert rs["template"]["spec"]["containers"]
         check_model(rs["template"], "V1PodTemplateSpec")
     assert replicas["Launcher"]["replicas"] == 1
     last = f"{job['metadata']['name']}-worker-{replicas['Worker']['replicas'] - 1}"
     assert k8s.DNS_LABEL.match(last) and len(last) <= 63  # mpi-operator's name check
-    check_model(job["metadata"], "V1ObjectMeta")
+
+
+# -- Kubeflow Trainer's TrainJob + ClusterTrainingRuntime v1alpha1 -----------------------------
+
+MPI_RESERVED_ENV = {"OMPI_MCA_orte_default_hostfile", "OMPI_MCA_plm_rsh_args", "OMPI_MCA_orte_keep_fqdn_hostnames",
+                    "OMPI_MCA_orte_set_default_slots"}  # Trainer's constants.MPIReservedEnvNames
+
+
+def check_trainjob(runtime: dict, job: dict) -> None:
+    """The CRDs' schemas, then what Trainer's webhooks and plugins (v2.3.0: plugins/mpi, plugins/jobset,
+    jobset/builder.go) need of an MPI runtime and a job that names it."""
+    check_crd(runtime, "clustertrainingruntime")
+    check_crd(job, "trainjob")
+    assert job["spec"]["runtimeRef"] == {"name": runtime["metadata"]["name"], "kind": "ClusterTrainingRuntime",
+                                         "apiGroup": "trainer.kubeflow.org"}
+    mpi = runtime["spec"]["mlPolicy"]["mpi"]
+    assert mpi["mpiImplementation"] == "OpenMPI" and mpi["sshAuthMountPath"] == k8s.SSH_DIR
+    rjobs = {r["name"]: r for r in runtime["spec"]["template"]["spec"]["replicatedJobs"]}
+    # the MPI plugin wants a "launcher" and a "node" Job when the launcher runs as a node of 2+
+    assert set(rjobs) == {"launcher", "node"}
+    # the TrainJob's trainer (image, command, args) goes to the "node" container of the Job labelled
+    # as the trainer's ancestor: the launcher
+    assert rjobs["launcher"]["template"]["metadata"]["labels"][k8s.ANCESTOR_LABEL] == "trainer"
+    for rjob in rjobs.values():
+        check_model(rjob["template"]["spec"], "V1JobSpec")
+        pod = rjob["template"]["spec"]["template"]["spec"]
+        assert [c["name"] for c in pod["containers"]] == ["node"]
+        assert pod["restartPolicy"] == "Never"  # podFailurePolicy needs it
+    assert not {e["name"] for e in job["spec"]["trainer"].get("env", [])} & MPI_RESERVED_ENV
+    # runtimePatches: only containers the runtime's Job has, and no env for "node" containers
+    for patch in job["spec"].get("runtimePatches", []):
+        for rjob in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]:
+            pod = rjob["template"]["spec"]["template"]["spec"]
+            runtime_containers = {c["name"] for c in rjobs[rjob["name"]]["template"]["spec"]["template"]["spec"]["containers"]}
+            assert {c["name"] for c in pod.get("containers", [])} <= runtime_containers
+            assert all("env" not in c for c in pod.get("containers", []))
+            check_model({"spec": {"containers": [{"name": "x"}], **pod}}, "V1PodTemplateSpec")
+    for name in k8s.K8sSpec(name=job["metadata"]["name"], workers=job["spec"]["trainer"]["numNodes"]).pod_names():
+        assert k8s.DNS_LABEL.match(name) and len(name) <= 63
 
 
 def check_model(obj: dict, model: str) -> None:
@@ -107,11 +202,37 @@ def test_the_model_check_catches_unknown_fields_and_missing_names():
 
 # -- python -m launch k8s ----------------------------------------------------------------------
 
-def test_rendered_job_parses_and_passes_the_schema_checks():
-    out = render("--name", "lenet", "--workers", "3", "--slots-per-worker", "2", "--runs-pvc", "runs",
-                 "--runs-pvc-size", "5Gi", "--tensorboard", "--", "--epochs", "2")
-    assert out.returncode == 0, out.stderr
-    docs = docs_of(out.stdout)
+JOB_OPTIONS = ["--name", "lenet", "--workers", "3", "--slots-per-worker", "2", "--runs-pvc", "runs",
+               "--runs-pvc-size", "5Gi", "--tensorboard", "--", "--epochs", "2"]
+
+
+def rank_pods(docs: list[dict]) -> list[dict]:
+    """The pod specs that run ranks: an MPIJob's workers; a TrainJob's nodes and launcher, with
+    the TrainJob's runtimePatches laid over the runtime's pods (volumes and mounts appended)."""
+    if any(d["kind"] == "MPIJob" for d in docs):
+        return [by_kind(docs, "MPIJob")["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]]
+    runtime, job = by_kind(docs, "ClusterTrainingRuntime"), by_kind(docs, "TrainJob")
+    patches = {r["name"]: r["template"]["spec"]["template"]["spec"] for p in job["spec"].get("runtimePatches", [])
+               for r in p["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]}
+    pods = []
+    for rjob in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
+        pod = json.loads(json.dumps(rjob["template"]["spec"]["template"]["spec"]))
+        patch = patches.get(rjob["name"], {})
+        for key, value in patch.items():
+            if key == "volumes":
+                pod["volumes"] = pod.get("volumes", []) + value
+            elif key == "containers":
+                for c in value:
+                    (target,) = [t for t in pod["containers"] if t["name"] == c["name"]]
+                    target["volumeMounts"] = target.get("volumeMounts", []) + c.get("volumeMounts", [])
+            else:
+                pod[key] = value
+        pods.append(pod)
+    return pods
+
+
+def test_rendered_mpijob_parses_and_passes_the_schema_checks():
+    docs = rendered("--api", "mpijob", *JOB_OPTIONS)
     assert [d["kind"] for d in docs] == ["PersistentVolumeClaim", "MPIJob", "Deployment", "Service"]
     job = by_kind(docs, "MPIJob")
     check_mpijob(job)
@@ -121,17 +242,38 @@ def test_rendered_job_parses_and_passes_the_schema_checks():
     check_model(by_kind(docs, "Service"), "V1Service")
 
 
+def test_rendered_trainjob_passes_trainers_schemas_and_runs_the_mpijobs_ranks():
+    docs = rendered("--api", "trainjob", *JOB_OPTIONS)
+    assert [d["kind"] for d in docs] == ["PersistentVolumeClaim", "ClusterTrainingRuntime", "TrainJob", "Deployment",
+                                         "Service"]
+    runtime, job = by_kind(docs, "ClusterTrainingRuntime"), by_kind(docs, "TrainJob")
+    check_trainjob(runtime, job)
+    trainer = job["spec"]["trainer"]
+    assert trainer["numNodes"] == 3 and trainer["numProcPerNode"] == 2
+    # the same ranks as the MPIJob's: the same mpirun line, the same resources per pod that runs ranks
+    mpi_docs = rendered("--api", "mpijob", *JOB_OPTIONS)
+    mpi = by_kind(mpi_docs, "MPIJob")
+    assert trainer["args"] == launcher_container(mpi)["args"]
+    assert trainer["args"][trainer["args"].index("--expect-hosts") + 1] == "3"  # the 3 pods that run ranks
+    assert trainer["resourcesPerNode"] == rank_pods(mpi_docs)[0]["containers"][0]["resources"]
+    for pod in rank_pods(docs):  # the launcher is a node too: both write to the runs volume
+        assert {"name": "runs", "mountPath": k8s.RUNS_DIR} in pod["containers"][0]["volumeMounts"]
+    assert by_kind(docs, "Deployment") == by_kind(mpi_docs, "Deployment")
+
+
 def test_launcher_runs_the_mpirun_line_of_python_m_launch():
     out = render("--workers", "2", "--slots-per-worker", "2", "--mca", "btl_tcp_if_include", "eth0",
                  "--env", "HOROVOD_CYCLE_TIME=0.25", "--", "--model", "lenet5", "--lr", "0.1; rm -rf /")
     assert out.returncode == 0, out.stderr
-    job = by_kind(docs_of(out.stdout), "MPIJob")
+    job = by_kind(docs_of(out.stdout), "TrainJob")
     args = launcher_container(job)["args"]
     # independently: the launcher module's own line for 4 ranks in the image's environment (its checkout)
     image_rules = f"{k8s.APP_DIR}/launch/{RING_RULES.name}"
+    trainer_args = ["--name", "allreduce-train", "--resume", "auto", "--expect-hosts", "2", "--model", "lenet5",
+                    "--lr", "0.1; rm -rf /"]
     expected = build_command(
         LaunchSpec(np=4, mca=[("btl_tcp_if_include", "eth0")], python=k8s.PYTHON, allreduce_rules=image_rules,
-                   trainer_args=["--name", "allreduce-train", "--resume", "auto", "--model", "lenet5", "--lr", "0.1; rm -rf /"]),
+                   trainer_args=trainer_args),
         environ={"PATH": "/usr/bin", "HWLOC_COMPONENTS": "-gl", "HOROVOD_CYCLE_TIME": "0.25"}, is_root=False)
     assert args == expected
     assert "--allow-run-as-root" not in args  # the image's user is mpiuser
@@ -140,11 +282,12 @@ def test_launcher_runs_the_mpirun_line_of_python_m_launch():
     # and the CLI's dry run prints the same flags for the same ranks
     env = {"PATH": os.environ["PATH"], "HWLOC_COMPONENTS": "-gl", "HOROVOD_CYCLE_TIME": "0.25"}
     dry = subprocess.run([sys.executable, "-m", "launch", "-np", "4", "--mca", "btl_tcp_if_include", "eth0",
-                          "--mpi-allreduce", "ring", "--dry-run",
-                          "--", "--name", "allreduce-train", "--resume", "auto", "--model", "lenet5", "--lr", "0.1; rm -rf /"],
+                          "--mpi-allreduce", "ring", "--dry-run", "--", *trainer_args],
                          cwd=ROOT, capture_output=True, text=True, env=env, timeout=60)  # cwd puts launch on sys.path
     line = shlex.split(dry.stdout.strip().splitlines()[-1][2:])
-    line = [{sys.executable: k8s.PYTHON, str(RING_RULES): image_rules}.get(a, a) for a in line if a != "--allow-run-as-root"]
+    # less what only this machine's run adds: root, and more ranks than its cores (the pods' hostfile has the slots)
+    line = [{sys.executable: k8s.PYTHON, str(RING_RULES): image_rules}.get(a, a) for a in line
+            if a not in ("--allow-run-as-root", "--oversubscribe")]
     assert line == args
     auto = render("--mpi-allreduce", "auto", "--", "--model", "lenet5")
     assert auto.returncode == 0 and "coll_tuned" not in auto.stdout, auto.stderr
@@ -161,20 +304,27 @@ def test_output_file_holds_what_stdout_would(tmp_path):
     assert (tmp_path / "job.yaml").read_text() == printed.replace("--workers 3", f"-o {tmp_path / 'job.yaml'} --workers 3", 1)
 
 
-def test_gpus_set_the_resource_and_the_slots():
-    out = render("--workers", "2", "--gpus", "4", "--image", "r.example/allreduce-train:gpu")
-    assert out.returncode == 0, out.stderr
-    job = by_kind(docs_of(out.stdout), "MPIJob")
-    check_mpijob(job)
-    assert job["spec"]["slotsPerWorker"] == 4
-    worker = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
-    assert worker["resources"]["limits"][k8s.GPU_RESOURCE] == "4"
-    assert launcher_container(job)["args"][launcher_container(job)["args"].index("-np") + 1] == "8"
+def test_gpus_set_the_resource_and_one_rank_per_gpu():
+    for api in ("mpijob", "trainjob"):
+        docs = rendered("--api", api, "--workers", "2", "--gpus", "4", "--image", "r.example/allreduce-train:gpu")
+        if api == "mpijob":
+            job = by_kind(docs, "MPIJob")
+            check_mpijob(job)
+            assert job["spec"]["slotsPerWorker"] == 4
+        else:
+            job = by_kind(docs, "TrainJob")
+            check_trainjob(by_kind(docs, "ClusterTrainingRuntime"), job)
+            assert job["spec"]["trainer"]["numProcPerNode"] == 4
+            assert job["spec"]["trainer"]["resourcesPerNode"]["limits"][k8s.GPU_RESOURCE] == "4"
+        for pod in rank_pods(docs)[:1] if api == "mpijob" else []:
+            assert pod["containers"][0]["resources"]["limits"][k8s.GPU_RESOURCE] == "4"
+        args = launcher_container(job)["args"]
+        assert args[args.index("-np") + 1] == "8"
 
 
-def test_preemption_grace_period_and_restart_are_wired():
-    out = render("--grace-period", "300", "--backoff-limit", "5", "--", "--epochs", "1")
-    job = by_kind(docs_of(out.stdout), "MPIJob")
+def test_mpijob_preemption_grace_period_and_restart_are_wired():
+    job = by_kind(rendered("--api", "mpijob", "--grace-period", "300", "--backoff-limit", "5", "--", "--epochs", "1"),
+                  "MPIJob")
     for role in ("Launcher", "Worker"):
         rs = job["spec"]["mpiReplicaSpecs"][role]
         assert rs["template"]["spec"]["terminationGracePeriodSeconds"] == 300
@@ -182,13 +332,69 @@ def test_preemption_grace_period_and_restart_are_wired():
     assert job["spec"]["runPolicy"]["backoffLimit"] == 5
     launcher = launcher_container(job)
     assert launcher["command"] == [f"{k8s.APP_DIR}/deploy/launcher-entrypoint.sh"]
-    assert launcher["args"][-4:] == ["--resume", "auto", "--epochs", "1"]
+    assert launcher["args"][-6:] == ["--resume", "auto", "--expect-hosts", "2", "--epochs", "1"]
     for script in ("launcher-entrypoint.sh", "worker-entrypoint.sh"):
         assert os.access(ROOT / "deploy" / script, os.X_OK)
 
 
+def test_trainjob_replaces_preempted_pods_without_counting_them_and_stops_on_bad_input():
+    runtime, job = rendered("--grace-period", "300", "--backoff-limit", "5", "--", "--epochs", "1")
+    check_trainjob(runtime, job)
+    rjobs = {r["name"]: r["template"]["spec"] for r in runtime["spec"]["template"]["spec"]["replicatedJobs"]}
+    for name, spec in rjobs.items():
+        assert spec["backoffLimit"] == 5 and spec["template"]["spec"]["terminationGracePeriodSeconds"] == 300
+        rules = spec["podFailurePolicy"]["rules"]
+        # exit 75 (the trainer after SIGUSR1; a worker entrypoint after SIGTERM) and an eviction: a new pod, not a failure
+        assert {"action": "Ignore", "onExitCodes": {"containerName": "node", "operator": "In", "values": [75]}} in rules
+        assert {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]} in rules
+        fail_job = [r for r in rules if r["action"] == "FailJob"]
+        # the launcher carries mpirun's exit code: usage errors and divergence end the job at once
+        assert fail_job == ([{"action": "FailJob", "onExitCodes": {"containerName": "node", "operator": "In",
+                                                                   "values": [2, 65]}}] if name == "launcher" else [])
+    (command,) = [c["command"] for c in rjobs["node"]["template"]["spec"]["containers"]]
+    assert command == [f"{k8s.APP_DIR}/deploy/worker-entrypoint.sh"]
+    assert job["spec"]["trainer"]["command"] == [f"{k8s.APP_DIR}/deploy/launcher-entrypoint.sh"]
+    assert job["spec"]["trainer"]["args"][-6:] == ["--resume", "auto", "--expect-hosts", "2", "--epochs", "1"]
+
+
+CLUSTER_OPTIONS = ["--image-pull-secret", "regcred", "--node-selector", "nvidia.com/gpu.present=true",
+                   "--toleration", "nvidia.com/gpu:NoSchedule", "--toleration", "dedicated=ml",
+                   "--affinity", json.dumps({"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                       {"weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname", "labelSelector": {
+                           "matchLabels": {k8s.LABEL_INSTANCE: "lm"}}}}]}}),
+                   "--data-pvc", "ptb", "--data-dir", "/datasets/ptb", "--runs-pvc", "runs", "--tensorboard",
+                   "--name", "lm", "--", "--model", "ptb-lstm-small", "--dataset", "ptb"]
+
+
+@pytest.mark.parametrize("api", ["trainjob", "mpijob"])
+def test_cluster_options_reach_every_pod_and_the_data_volume_is_read_only_at_data_dir(api):
+    docs = rendered("--api", api, *CLUSTER_OPTIONS)
+    if api == "mpijob":
+        job = by_kind(docs, "MPIJob")
+        check_mpijob(job)
+        pods = [rs["template"]["spec"] for rs in job["spec"]["mpiReplicaSpecs"].values()]
+    else:
+        job = by_kind(docs, "TrainJob")
+        check_trainjob(by_kind(docs, "ClusterTrainingRuntime"), job)
+        pods = rank_pods(docs)
+    pods.append(by_kind(docs, "Deployment")["spec"]["template"]["spec"])
+    for pod in pods:
+        assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+        assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+        assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                                      {"key": "dedicated", "operator": "Equal", "value": "ml"}]
+        assert pod["affinity"]["podAntiAffinity"]
+        check_model({"spec": pod}, "V1PodTemplateSpec")
+    for pod in rank_pods(docs):
+        assert {"name": "data", "persistentVolumeClaim": {"claimName": "ptb", "readOnly": True}} in pod["volumes"]
+        assert {"name": "data", "mountPath": "/datasets/ptb", "readOnly": True} in pod["containers"][0]["volumeMounts"]
+    args = launcher_container(job)["args"]
+    assert args[args.index("--data-dir") + 1] == "/datasets/ptb"
+    assert args.index("--data-dir") < args.index("--dataset")  # the user's own arguments come last and win
+
+
 def test_tensorboard_listens_on_the_pod_and_the_service_stays_in_the_cluster():
-    docs = docs_of(render("--runs-pvc", "runs", "--tensorboard").stdout)
+    docs = rendered("--runs-pvc", "runs", "--tensorboard")
     deployment, service = by_kind(docs, "Deployment"), by_kind(docs, "Service")
     cmd = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
     assert cmd[cmd.index("--host") + 1] == "0.0.0.0" and cmd[cmd.index("--logdir") + 1] == k8s.RUNS_DIR
@@ -203,12 +409,18 @@ def test_tensorboard_listens_on_the_pod_and_the_service_stays_in_the_cluster():
     (["--workers", "0"], "--workers"),
     (["--slots-per-worker", "0"], "--slots-per-worker"),
     (["--name", "Big_Name"], "--name"),
-    (["--name", "x" * 60, "--workers", "10"], "--name"),
+    (["--name", "x" * 52, "--workers", "10"], "--name"),
+    (["--api", "mpijob", "--name", "x" * 60, "--workers", "10"], "--name"),
     (["--tensorboard"], "--runs-pvc"),
     (["--memory", "4GB"], "--memory"),
     (["--env", "NOVALUE"], "--env"),
     (["--clean-pod-policy", "Sometimes"], "--clean-pod-policy"),
     (["--runs-pvc-size", "1Gi"], "--runs-pvc"),
+    (["--toleration", "gpu:Sometimes"], "--toleration"),
+    (["--node-selector", "gpu"], "--node-selector"),
+    (["--affinity", "{nodeAffinity"], "--affinity"),
+    (["--data-pvc", "ptb", "--data-dir", "data"], "--data-dir"),
+    (["--image-pull-secret", "Reg_Cred"], "--image-pull-secret"),
 ])
 def test_bad_options_give_one_line_naming_the_flag(argv, names):
     out = render(*argv)
@@ -235,9 +447,12 @@ def test_image_recipe_matches_what_the_manifests_assume():
     assert f"\\1{k8s.SSH_PORT}/g" in dockerfile  # the ssh client's port, for mpirun's ssh to the workers
     for src in ("deploy/sshd_config", "tools/install.sh", "tools/install_gpu.sh"):
         assert (ROOT / src).is_file(), src
-    job = by_kind(docs_of(render().stdout), "MPIJob")
-    for role in ("Launcher", "Worker"):
-        (command,) = job["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]["containers"][0]["command"]
+    job = by_kind(rendered("--api", "mpijob"), "MPIJob")
+    commands = [rs["template"]["spec"]["containers"][0]["command"] for rs in job["spec"]["mpiReplicaSpecs"].values()]
+    runtime, train = rendered("--api", "trainjob")
+    commands += [r["template"]["spec"]["template"]["spec"]["containers"][0]["command"]
+                 for r in runtime["spec"]["template"]["spec"]["replicatedJobs"]] + [train["spec"]["trainer"]["command"]]
+    for (command,) in commands:
         assert command.startswith(k8s.APP_DIR + "/") and os.access(ROOT / command[len(k8s.APP_DIR) + 1:], os.X_OK)
 
 
@@ -295,102 +510,9 @@ def test_worker_entrypoint_asks_its_ranks_to_checkpoint_before_sshd_stops(tmp_pa
     try:
         wait_for(tmp_path / "rank.ready")
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
+        assert proc.wait(timeout=30) == 75  # preempted: a Job replaces the pod (a 0 would mark its work done)
         assert (tmp_path / "rank").read_text() == "SIGUSR1"
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-
-
-# -- the helm chart -------------------------------------------------------------------------------
-
-CHART = ROOT / "deploy" / "helm" / "allreduce-train"
-ALLREDUCE = ["--model", "lenet5", "--epochs", "2", "--strategy", "allreduce"]
-
-
-def test_chart_default_render_is_the_job_launch_k8s_renders():
-    chart = docs_of(render_chart(CHART, "lenet"))
-    assert [d["kind"] for d in chart] == ["MPIJob"]
-    check_mpijob(chart[0])
-    out = render("--name", "lenet", "--", *ALLREDUCE)
-    assert out.returncode == 0, out.stderr
-    assert chart == docs_of(out.stdout)  # the same object, field for field, so the same mpirun line
-
-
-def test_chart_values_map_to_the_launcher_options():
-    values = {"workers": 3, "slotsPerWorker": 2, "strategy": "ps-dedicated", "psServers": 2, "psMode": "async",
-              "model": "ptb-lstm-small", "dataset": "ptb", "epochs": 13, "extraArgs": ["--lr", "20"],
-              "image": {"repository": "r.example/allreduce-train", "tag": "gpu"},
-              "resources": {"cpu": "8", "memory": "32Gi", "gpus": 2},
-              "env": {"NCCL_SOCKET_IFNAME": "eth0", "HOROVOD_CYCLE_TIME": "0.25", "OMP_NUM_THREADS": "4"},
-              "mca": {"btl_tcp_if_include": "eth0"}, "mpiAllreduce": "auto",
-              "runs": {"create": True, "size": "20Gi", "storageClass": "nfs"}, "tensorboard": {"enabled": True},
-              "gracePeriodSeconds": 300, "backoffLimit": 5, "cleanPodPolicy": "All"}
-    chart = docs_of(render_chart(CHART, "lstm", values))
-    for doc in chart:
-        check_model(doc, {"PersistentVolumeClaim": "V1PersistentVolumeClaim", "Deployment": "V1Deployment",
-                          "Service": "V1Service"}[doc["kind"]]) if doc["kind"] != "MPIJob" else check_mpijob(doc)
-    out = render("--name", "lstm", "--workers", "3", "--slots-per-worker", "2", "--image", "r.example/allreduce-train:gpu",
-                 "--cpu", "8", "--memory", "32Gi", "--gpus", "2",
-                 # the chart's maps come out sorted by key, as Go templates range over them
-                 "--env", "HOROVOD_CYCLE_TIME=0.25", "--env", "NCCL_SOCKET_IFNAME=eth0", "--env", "OMP_NUM_THREADS=4",
-                 "--mca", "btl_tcp_if_include", "eth0", "--mpi-allreduce", "auto", "--runs-pvc", "lstm-runs", "--runs-pvc-size", "20Gi",
-                 "--storage-class", "nfs", "--tensorboard", "--grace-period", "300", "--backoff-limit", "5",
-                 "--clean-pod-policy", "All", "--",
-                 "--model", "ptb-lstm-small", "--dataset", "ptb", "--epochs", "13", "--strategy", "ps",
-                 "--ps-placement", "dedicated", "--ps-servers", "2", "--ps-mode", "async", "--lr", "20")
-    assert out.returncode == 0, out.stderr
-    ours = docs_of(out.stdout)
-    key = lambda d: d["kind"]  # noqa: E731 (helm orders objects by template file, launch k8s by use)
-    assert sorted(chart, key=key) == sorted(ours, key=key)
-
-
-def test_chart_leaves_the_ring_rules_out_when_mca_chooses_open_mpis_allreduce():
-    mca = {"coll_tuned_use_dynamic_rules": "1", "coll_tuned_allreduce_algorithm": "3"}
-    chart = docs_of(render_chart(CHART, "own", {"mca": mca}))
-    assert "coll_tuned_dynamic_rules_filename" not in launcher_container(chart[0])["args"]
-    out = render("--name", "own", "--mca", "coll_tuned_allreduce_algorithm", "3",  # the chart's map: sorted by key
-                 "--mca", "coll_tuned_use_dynamic_rules", "1", "--", *ALLREDUCE)
-    assert out.returncode == 0, out.stderr
-    assert chart == docs_of(out.stdout)
-
-
-def test_chart_colocated_ps_and_no_resume():
-    # --set resources.cpu=4 gives a number, not a string: both are a quantity
-    job = docs_of(render_chart(CHART, "co", {"strategy": "ps-colocated", "resume": False, "resources": {"cpu": 4}}))[0]
-    worker = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
-    assert worker["resources"]["limits"]["cpu"] == "4"
-    args = launcher_container(job)["args"]
-    assert args[args.index("train") + 1:] == ["--model", "lenet5", "--epochs", "2",
-                                              "--strategy", "ps", "--ps-placement", "colocated", "--ps-mode", "sync"]
-    # the model's own defaults where dataset and epochs are left out
-    job = docs_of(render_chart(CHART, "lm", {"model": "ptb-lstm-small", "epochs": 0}))[0]
-    args = launcher_container(job)["args"]
-    assert "--dataset" not in args and "--epochs" not in args
-
-
-@pytest.mark.parametrize("values, message", [
-    ({"strategy": "ps-dedicated", "psServers": 2}, "psServers (2) must be less than workers x slotsPerWorker (2)"),
-    ({"tensorboard": {"enabled": True}}, "tensorboard.enabled needs runs.claimName or runs.create"),
-    ({"strategy": "ring"}, "strategy"),
-    ({"workers": 0}, "workers"),
-    ({"resources": {"memory": "4GB"}}, "resources.memory"),
-    ({"env": {"BAD-NAME": "1"}}, "env"),
-])
-def test_chart_refuses_bad_values_with_a_message_naming_them(values, message):
-    with pytest.raises(Fail, match=re.escape(message)):
-        render_chart(CHART, "bad", values)
-
-
-def test_template_subset_fails_where_helm_would():
-    # helm reads numbers as float64: printf %d of a raw value and eq of a number and a string are errors
-    with pytest.raises(TemplateError, match="float64"):
-        Renderer({}).run(parse(lex('{{ printf "%d" .n }}'), {}), {"n": helmify(2)}, [{}])
-    with pytest.raises(TemplateError, match="incompatible"):
-        Renderer({}).run(parse(lex('{{ if eq .n "2" }}x{{ end }}'), {}), {"n": helmify(2)}, [{}])
-    with pytest.raises(TemplateError, match="outside the subset"):
-        Renderer({}).run(parse(lex("{{ toYaml .n }}"), {}), {"n": 1}, [{}])
-    text = Renderer({}).run(parse(lex("a {{- if .x }} b {{ else }} c {{- end }}\n{{ range $k, $v := .m }}{{ $k }}={{ $v }},{{ end }}"), {}),
-                            {"x": False, "m": helmify({"b": 1, "a": 1e6})}, [{}])
-    assert text == "a c\na=1e+06,b=1,"
