@@ -6,12 +6,13 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.install-stamp
 NP      ?= 2
 ARGS    ?=
-INSTALL_INPUTS := pyproject.toml tools/install.sh tools/build_horovod.sh $(wildcard tools/patches/*.patch)
+INSTALL_INPUTS := pyproject.toml tools/install.sh tools/torch_pip.py tools/build_horovod.sh $(wildcard tools/patches/*.patch)
 
-.PHONY: install install-gpu check-gpu-build gpu-check train train-ptb test test-fast tensorboard tb-check clean help scaling commbench scaling-netns train-ps train-ps-colocated bench bench-tuning slurm-train time-to-accuracy commbench-netns
+.PHONY: portability install install-gpu check-gpu-build gpu-check train train-ptb test test-fast tensorboard tb-check clean help scaling commbench scaling-netns train-ps train-ps-colocated bench bench-tuning slurm-train time-to-accuracy commbench-netns
 
 help:
-	@echo "make install      Debian packages, .venv, torch (CPU), patched Horovod (cached wheel)"
+	@echo "make install      Debian packages, .venv, torch (CPU; TORCH_VARIANT=cuda), patched Horovod (cached wheel); LAB=0: no Chromium/Slurm"
+	@echo "make portability  make install/train/test-fast in a Debian 13 root file system and with CMake 4 (root, network; docs/portability.md)"
 	@echo "make install-gpu  .venv-gpu: CUDA torch 2.13.0, NCCL, Horovod with NCCL ops (GBs; docs/gpu.md); CUDA 12 or 13 by the driver, CUDA=12|13 to choose"
 	@echo "make check-gpu-build  install-gpu, then check it lists NCCL and trains on CPU without a GPU"
 	@echo "make gpu-check    on a one-GPU machine, no network: build Horovod, trainer vs bare Horovod vs DDP table, 2 ranks on the GPU (DRY=1: on CPU)"
@@ -38,6 +39,11 @@ install: $(STAMP)
 $(STAMP): $(INSTALL_INPUTS)
 	bash tools/install.sh
 	@touch $@
+
+# Today's toolchains from a clean copy of HEAD: Debian 13 (GCC 14, CMake 3.31, Python 3.13) in a
+# chroot, and CMake 4 from PyPI here (docs/portability.md). Not part of make test.
+portability:
+	bash tools/portability.sh $(ARGS)
 
 # GPU: its own venv, so the CPU install and make test never see it (docs/gpu.md).
 install-gpu:
