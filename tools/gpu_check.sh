@@ -83,7 +83,10 @@ site=$root/.gpucheck/site
 build_horovod() {  # in a subshell: the build's variables never reach the runs
     export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_WITHOUT_MPI=1 HOROVOD_BUILD_CUDA_CC_LIST=$cc
     export HOROVOD_TARGET=$site ALLREDUCE_TRAIN_CACHE=$root/.gpucheck/cache MAKEFLAGS="-j$(nproc)"
-    if [ -n "$cuda_home" ]; then export HOROVOD_CUDA_HOME=$cuda_home CUDA_HOME=$cuda_home PATH="$cuda_home/bin:$PATH"; fi
+    if [ -n "$cuda_home" ]; then
+        export HOROVOD_CUDA_HOME=$cuda_home CUDA_HOME=$cuda_home PATH="$cuda_home/bin:$PATH"
+        pip_cuda_libs "$cuda_home"
+    fi
     if [ -n "$nccl" ]; then
         export HOROVOD_NCCL_INCLUDE=$nccl/include HOROVOD_NCCL_LINK=SHARED
         HOROVOD_NCCL_LIB=$(nccl_link_dir "$nccl" "$root/.gpucheck/nccl")

@@ -46,6 +46,15 @@ PY
     cuda_home_of "$dir" || true
 }
 
+# pip_cuda_libs CUDA_HOME: NVIDIA's PyPI wheels put the CUDA libraries in lib/, where nvcc's own
+# profile links from lib64/ ("cannot find -lcudadevrt" in CMake's CUDA compiler check): add lib/ to
+# the linker's LIBRARY_PATH for such a home. A toolkit with lib64/ is left as it is.
+pip_cuda_libs() {
+    if [ ! -d "$1/lib64" ] && [ -f "$1/lib/libcudart_static.a" ]; then
+        export LIBRARY_PATH="$1/lib${LIBRARY_PATH:+:$LIBRARY_PATH}"
+    fi
+}
+
 # torch_cuda_version PY: the CUDA version PY's torch was built with ("13.0"), or nothing for a CPU build.
 torch_cuda_version() {
     "$1" -c 'import torch; print(torch.version.cuda or "")'
