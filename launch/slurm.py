@@ -136,7 +136,8 @@ def job_command(job: SlurmJob, environ: dict[str, str], is_root: bool) -> tuple[
         quoted = [w if w == NTASKS else shlex.quote(w) for w in words]
         first_x = quoted.index("-x") if "-x" in quoted else len(quoted)
         groups = [quoted[:first_x], quoted[first_x:]]
-    groups.append([*map(shlex.quote, program), '"${resume[@]}"', *name])
+    # --expect-hosts: every rank refuses to train if the ranks did not land on the allocation's nodes
+    groups.append([*map(shlex.quote, program), '"${resume[@]}"', *name, "--expect-hosts", str(job.nodes)])
     if job.trainer_args:
         groups.append([shlex.quote(a) for a in job.trainer_args])
     return [f"export {k}={shlex.quote(v)}" for k, v in env], [g for g in groups if g]

@@ -62,7 +62,7 @@ def test_the_job_step_is_the_launchers_mpirun_line_reading_the_allocation():
     local[local.index("-np") + 1] = "$SLURM_NTASKS"  # the allocation's task count, not a number
     assert step.startswith(" ".join(local[:-3]).replace("^openib", "'^openib'") + " ")
     assert "-H" not in step.split() and "--hostfile" not in step
-    assert step.endswith('-m allreduce_train train "${resume[@]}" --name "slurm-$SLURM_JOB_ID" --lr 0.1')
+    assert step.endswith('-m allreduce_train train "${resume[@]}" --name "slurm-$SLURM_JOB_ID" --expect-hosts 2 --lr 0.1')
     named = slurm.render_script(slurm.SlurmJob(trainer_args=["--name", "mine"]), environ=env, is_root=True)
     assert "slurm-$SLURM_JOB_ID\"" not in named and "--name mine" in named
 
