@@ -447,6 +447,13 @@ def test_image_recipe_matches_what_the_manifests_assume():
     assert f"\\1{k8s.SSH_PORT}/g" in dockerfile  # the ssh client's port, for mpirun's ssh to the workers
     for src in ("deploy/sshd_config", "tools/install.sh", "tools/install_gpu.sh"):
         assert (ROOT / src).is_file(), src
+    # neither image carries the lab's Chromium or Slurm daemons; the CPU image has CPU torch
+    assert "LAB=0 TORCH_VARIANT=cpu bash tools/install.sh" in dockerfile
+    assert "GPU_VENV=.venv bash tools/install_gpu.sh" in dockerfile
+    # BuildKit reads the ignore file beside the Dockerfile; without it the build stops on the first RUN
+    ignored = (ROOT / "deploy" / "Dockerfile.dockerignore").read_text().split()
+    assert {".git", ".venv", "runs"} <= set(ignored)
+    assert "if [ -e .venv ] || [ -e .git ]; then" in dockerfile
     job = by_kind(rendered("--api", "mpijob"), "MPIJob")
     commands = [rs["template"]["spec"]["containers"][0]["command"] for rs in job["spec"]["mpiReplicaSpecs"].values()]
     runtime, train = rendered("--api", "trainjob")
