@@ -429,7 +429,7 @@ def trainjob(spec: K8sSpec) -> dict:
     }
     if pod_patch:
         job["spec"]["runtimePatches"] = [{
-            "manager": f"{APP}.kubeflow.org/launch-k8s",
+            "manager": f"{APP}/launch-k8s",  # who owns the patch (Kueue, for one, adds its own)
             "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
                 {"name": rjob, "template": {"spec": {"template": {"spec": pod_patch}}}} for rjob in (NODE, "launcher")]}}},
         }]
