@@ -85,7 +85,7 @@ build_horovod() {  # in a subshell: the build's variables never reach the runs
     export HOROVOD_TARGET=$site ALLREDUCE_TRAIN_CACHE=$root/.gpucheck/cache MAKEFLAGS="-j$(nproc)"
     if [ -n "$cuda_home" ]; then
         export HOROVOD_CUDA_HOME=$cuda_home CUDA_HOME=$cuda_home PATH="$cuda_home/bin:$PATH"
-        pip_cuda_libs "$cuda_home"
+        pip_cuda_libs "$cuda_home" "$root/.gpucheck/cuda"
     fi
     if [ -n "$nccl" ]; then
         export HOROVOD_NCCL_INCLUDE=$nccl/include HOROVOD_NCCL_LINK=SHARED

@@ -46,13 +46,21 @@ PY
     cuda_home_of "$dir" || true
 }
 
-# pip_cuda_libs CUDA_HOME: NVIDIA's PyPI wheels put the CUDA libraries in lib/, where nvcc's own
-# profile links from lib64/ ("cannot find -lcudadevrt" in CMake's CUDA compiler check): add lib/ to
-# the linker's LIBRARY_PATH for such a home. A toolkit with lib64/ is left as it is.
+# pip_cuda_libs CUDA_HOME OUT: NVIDIA's PyPI wheels put the CUDA libraries in lib/ and only as
+# versioned files (libcudart.so.13), where nvcc's own profile links from lib64/ ("cannot find
+# -lcudadevrt" in CMake's CUDA compiler check) and CMake's FindCUDAToolkit looks for libcudart.so
+# ("Could NOT find CUDAToolkit (missing: CUDA_CUDART)"). For such a home: unversioned links in
+# OUT/lib, and both directories on the linker's LIBRARY_PATH and CMake's CMAKE_LIBRARY_PATH. A
+# toolkit with lib64/ is left as it is.
 pip_cuda_libs() {
-    if [ ! -d "$1/lib64" ] && [ -f "$1/lib/libcudart_static.a" ]; then
-        export LIBRARY_PATH="$1/lib${LIBRARY_PATH:+:$LIBRARY_PATH}"
-    fi
+    local f
+    [ ! -d "$1/lib64" ] && [ -f "$1/lib/libcudart_static.a" ] || return 0
+    mkdir -p "$2/lib"
+    for f in "$1"/lib/lib*.so.*; do
+        ln -sf "$f" "$2/lib/$(basename "${f%%.so.*}").so"
+    done
+    export LIBRARY_PATH="$2/lib:$1/lib${LIBRARY_PATH:+:$LIBRARY_PATH}"
+    export CMAKE_LIBRARY_PATH="$2/lib:$1/lib${CMAKE_LIBRARY_PATH:+:$CMAKE_LIBRARY_PATH}"
 }
 
 # torch_cuda_version PY: the CUDA version PY's torch was built with ("13.0"), or nothing for a CPU build.

@@ -102,7 +102,7 @@ trap 'rm -rf "$work"' EXIT
 export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_CUDA_HOME="$cuda_home" CUDA_HOME="$cuda_home" HOROVOD_NCCL_LINK=SHARED
 export HOROVOD_NCCL_INCLUDE="$nccl/include" HOROVOD_NCCL_LIB=$(nccl_link_dir "$nccl" "$work/nccl")
 export HOROVOD_BUILD_CUDA_CC_LIST=$GPU_CC_LIST PATH="$cuda_home/bin:$PATH"
-pip_cuda_libs "$cuda_home"
+pip_cuda_libs "$cuda_home" "$work/cuda"
 log "Horovod $HOROVOD_VERSION with NCCL ops (NCCL $(nccl_version "$nccl/include") from $nccl), CUDA archs $GPU_CC_LIST"
 PY="$PY" tools/build_horovod.sh
 log "done in $((SECONDS - t0)) s; check: $VENV/bin/horovodrun --check-build"
