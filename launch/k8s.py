@@ -410,6 +410,8 @@ def trainjob(spec: K8sSpec) -> dict:
     if volumes:
         pod_patch["volumes"] = volumes
         pod_patch["containers"] = [{"name": NODE, "volumeMounts": mounts}]
+    # the job's own pod labels, as an MPIJob's pods have them: `kubectl logs -l` works alike for both
+    components = {NODE: "worker", "launcher": "launcher"}
     job = {
         "apiVersion": f"{TRAINER_API}/v1alpha1",
         "kind": "TrainJob",
@@ -427,12 +429,13 @@ def trainjob(spec: K8sSpec) -> dict:
             },
         },
     }
-    if pod_patch:
-        job["spec"]["runtimePatches"] = [{
-            "manager": f"{APP}/launch-k8s",  # who owns the patch (Kueue, for one, adds its own)
-            "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
-                {"name": rjob, "template": {"spec": {"template": {"spec": pod_patch}}}} for rjob in (NODE, "launcher")]}}},
-        }]
+    job["spec"]["runtimePatches"] = [{
+        "manager": f"{APP}/launch-k8s",  # who owns the patch (Kueue, for one, adds its own)
+        "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
+            {"name": rjob, "template": {"spec": {"template": {
+                "metadata": {"labels": _labels(spec, component)}, **({"spec": pod_patch} if pod_patch else {})}}}}
+            for rjob, component in components.items()]}}},
+    }]
     return job
 
 

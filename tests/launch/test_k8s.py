@@ -173,7 +173,7 @@ def check_trainjob(runtime: dict, job: dict) -> None:
     # runtimePatches: only containers the runtime's Job has, and no env for "node" containers
     for patch in job["spec"].get("runtimePatches", []):
         for rjob in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]:
-            pod = rjob["template"]["spec"]["template"]["spec"]
+            pod = rjob["template"]["spec"]["template"].get("spec", {})
             runtime_containers = {c["name"] for c in rjobs[rjob["name"]]["template"]["spec"]["template"]["spec"]["containers"]}
             assert {c["name"] for c in pod.get("containers", [])} <= runtime_containers
             assert all("env" not in c for c in pod.get("containers", []))
@@ -212,7 +212,7 @@ def rank_pods(docs: list[dict]) -> list[dict]:
     if any(d["kind"] == "MPIJob" for d in docs):
         return [by_kind(docs, "MPIJob")["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]]
     runtime, job = by_kind(docs, "ClusterTrainingRuntime"), by_kind(docs, "TrainJob")
-    patches = {r["name"]: r["template"]["spec"]["template"]["spec"] for p in job["spec"].get("runtimePatches", [])
+    patches = {r["name"]: r["template"]["spec"]["template"].get("spec", {}) for p in job["spec"].get("runtimePatches", [])
                for r in p["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]}
     pods = []
     for rjob in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
@@ -259,6 +259,11 @@ def test_rendered_trainjob_passes_trainers_schemas_and_runs_the_mpijobs_ranks():
     for pod in rank_pods(docs):  # the launcher is a node too: both write to the runs volume
         assert {"name": "runs", "mountPath": k8s.RUNS_DIR} in pod["containers"][0]["volumeMounts"]
     assert by_kind(docs, "Deployment") == by_kind(mpi_docs, "Deployment")
+    # the pods carry the MPIJob's pods' labels (the runtime is shared: the TrainJob patches them in)
+    labels = {r["name"]: r["template"]["spec"]["template"]["metadata"]["labels"]
+              for r in job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]}
+    for rjob, role in (("launcher", "Launcher"), ("node", "Worker")):
+        assert labels[rjob] == mpi["spec"]["mpiReplicaSpecs"][role]["template"]["metadata"]["labels"]
 
 
 def test_launcher_runs_the_mpirun_line_of_python_m_launch():
