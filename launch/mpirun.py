@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -39,10 +41,15 @@ if TYPE_CHECKING:  # launch.netns is imported only when a cluster is emulated
 # Forwarded to every rank when set here (plus every HOROVOD_* and NCCL_* variable).
 FORWARD_VARS = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "HWLOC_COMPONENTS",
                 "ALLREDUCE_TRAIN_PROGRESS", "ALLREDUCE_TRAIN_TRACEBACK", "ALLREDUCE_TRAIN_CONNECT_FIRST",
-                "CUDA_VISIBLE_DEVICES")
+                "ALLREDUCE_TRAIN_EXIT_DIR", "CUDA_VISIBLE_DEVICES")
 FORWARD_PREFIXES = ("HOROVOD_", "NCCL_")
 TRAINER = "allreduce_train"
 EXIT_PREEMPTED, EXIT_TIMEOUT = 75, 124  # as allreduce_train/errors.py documents (launch does not import the trainer)
+# Where every rank records its exit code as it exits (allreduce_train/errors.py record_exit): mpirun hears of
+# an exit from the rank's host daemon, and waits forever for a daemon on a host it can no longer reach.
+EXIT_DIR_ENV = "ALLREDUCE_TRAIN_EXIT_DIR"
+GRACE_PERIOD = 30.0  # seconds mpirun has to end the job once a rank failed or a stop was asked for
+KILL_PATIENCE = 5.0  # seconds between SIGTERM and SIGKILL to mpirun's process group
 
 
 def no_gl_probe(environ: dict[str, str]) -> dict[str, str]:
@@ -198,6 +205,10 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-np", type=int, default=0, metavar="N",
                    help="with --emulate-hosts and --max-restarts: when hosts are lost, restart on the remaining "
                         "ones as long as at least N ranks fit (elastic shrink; default: never shrink)")
+    p.add_argument("--grace-period", type=float, default=GRACE_PERIOD, metavar="SECONDS",
+                   help="once a rank has failed or a stop was asked for (SIGTERM, Ctrl-C), the time mpirun has to "
+                        "end the job before the launcher kills it, e.g. when it waits for a host it cannot "
+                        f"reach (default: {GRACE_PERIOD:g})")
     p.add_argument("--dry-run", action="store_true", help="print the mpirun line and exit")
     p.add_argument("trainer_args", nargs=argparse.REMAINDER, help="arguments for the trainer, after --")
     return p
@@ -216,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--timeout must be >= 0 (got {args.timeout:g})")
         if args.max_restarts < 0 or args.min_np < 0:
             raise ValueError("--max-restarts and --min-np must be >= 0")
+        if args.grace_period <= 0:
+            raise ValueError(f"--grace-period must be > 0 (got {args.grace_period:g})")
         if args.min_np and not (args.emulate_hosts and args.max_restarts):
             raise ValueError("--min-np shrinks an emulated cluster on restart: give --emulate-hosts and --max-restarts")
         if args.max_restarts and args.module == TRAINER:
@@ -228,7 +241,15 @@ def main(argv: list[str] | None = None) -> int:
                           cluster=cluster, allreduce_rules=ring_rules(mpi_allreduce))
         if spec.hostfile and not os.path.isfile(spec.hostfile):
             raise ValueError(f"--hostfile {spec.hostfile}: file not found")
+        cores = usable_cores()
+        if not (spec.hosts or spec.hostfile or spec.cluster or spec.oversubscribe) and spec.np > cores:
+            # horovodrun and torchrun start any number of ranks on one host; Open MPI refuses with a
+            # page of text. Say it in one line and go on.
+            print(f"launch: {spec.np} ranks on {cores} core(s): adding --oversubscribe (the ranks share the cores)",
+                  file=sys.stderr, flush=True)
+            spec = dataclasses.replace(spec, oversubscribe=True)
         env = dict(os.environ)
+        env.pop(EXIT_DIR_ENV, None)
         cmd = build_command(spec, environ=env)  # sets HWLOC_COMPONENTS=-gl in the line unless env has it
     except ValueError as e:
         print(f"launch: error: {e}", file=sys.stderr)
@@ -247,22 +268,41 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run and spec.cluster:
         for setup in spec.cluster.setup_commands():
             print("+ " + shlex.join(setup))
-    print("+ " + shlex.join(cmd), flush=True)
     if args.dry_run:
+        print("+ " + shlex.join(cmd), flush=True)
         return 0
     if sys.stderr.isatty() and "ALLREDUCE_TRAIN_PROGRESS" not in env:
         # Under mpirun every rank writes into a pipe, so the trainer cannot see that a person is
         # watching; tell it, so rank 0 draws its progress bar.
         env["ALLREDUCE_TRAIN_PROGRESS"] = "1"
-        cmd = build_command(spec, environ=env)
-    if spec.cluster:
-        return run_emulated(spec.cluster, cmd, env, args.timeout or EMULATED_TIMEOUT,
-                            spec=spec, max_restarts=args.max_restarts, min_np=args.min_np)
+    env[EXIT_DIR_ENV] = tempfile.mkdtemp(prefix="launch-exits-")  # see run_bounded
     try:
-        return supervise(spec, cmd, env, args.timeout, args.max_restarts)
-    except KeyboardInterrupt:
-        print("launch: interrupted", file=sys.stderr)
-        return 130
+        cmd = build_command(spec, environ=env)
+        print("+ " + shlex.join(cmd), flush=True)
+        if spec.cluster:
+            return run_emulated(spec.cluster, cmd, env, args.timeout or EMULATED_TIMEOUT, spec=spec,
+                                max_restarts=args.max_restarts, min_np=args.min_np, grace=args.grace_period)
+        try:
+            return supervise(spec, cmd, env, args.timeout, args.max_restarts, grace=args.grace_period)
+        except KeyboardInterrupt:
+            print("launch: interrupted", file=sys.stderr)
+            return 130
+    finally:
+        shutil.rmtree(env[EXIT_DIR_ENV], ignore_errors=True)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on, counted as Open MPI counts a host's slots without a
+    hostfile: cores, not hardware threads."""
+    cpus = os.sched_getaffinity(0)
+    cores = set()
+    for cpu in cpus:
+        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            cores.add(((topology / "physical_package_id").read_text(), (topology / "core_id").read_text()))
+        except OSError:
+            return len(cpus)  # no topology (a container without /sys): one slot per CPU
+    return len(cores)
 
 
 # Exit codes as allreduce_train/errors.py documents them (launch does not import the trainer).
@@ -303,7 +343,7 @@ def resuming(args: list[str]) -> list[str]:
 
 
 def supervise(spec: LaunchSpec, cmd: list[str], env: dict[str, str], timeout: float, max_restarts: int,
-              shrink=None) -> int:
+              shrink=None, grace: float = GRACE_PERIOD) -> int:
     """Run the job; relaunch it with ``--resume auto`` after a failure, up to ``max_restarts`` times.
 
     Not restarted: success, usage errors, divergence (each would fail the same way again), the
@@ -313,7 +353,7 @@ def supervise(spec: LaunchSpec, cmd: list[str], env: dict[str, str], timeout: fl
     """
     for attempt in range(max_restarts + 1):
         stops: list[str] = []
-        rc = run_bounded(cmd, env, timeout, stops)
+        rc = run_bounded(cmd, env, timeout, stops, grace=grace, np=spec.np)
         if rc in NOT_RESTARTED or stops or attempt == max_restarts:
             return rc
         print(f"launch: the job ended with exit {rc} ({why(rc)}); restart {attempt + 1} of {max_restarts} "
@@ -328,61 +368,184 @@ def supervise(spec: LaunchSpec, cmd: list[str], env: dict[str, str], timeout: fl
     return rc
 
 
-def run_bounded(cmd: list[str], env: dict[str, str], timeout: float = 0, stops: list[str] | None = None) -> int:
-    """Run ``cmd``; past ``timeout`` seconds (0 = none), or on Ctrl-C, stop mpirun, which takes its job down.
-
-    Preemption: SIGTERM or SIGUSR1 to this launcher becomes SIGUSR1 to mpirun, which Open MPI
-    forwards to every rank (a SIGTERM to mpirun itself would end the ranks a second later); the
-    ranks finish their step, checkpoint and exit 75 (allreduce_train/preempt.py).
-    """
-    proc = subprocess.Popen(cmd, env=env)
-
-    def forward(signum, _frame):
-        stops.append(signal.Signals(signum).name)
-        if proc.poll() is None:
-            print(f"launch: {signal.Signals(signum).name}: asking the job to checkpoint and stop (SIGUSR1 to mpirun)",
-                  file=sys.stderr, flush=True)
-            proc.send_signal(signal.SIGUSR1)
-
-    stops = [] if stops is None else stops
-    main_thread = threading.current_thread() is threading.main_thread()
-    old = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGUSR1)} if main_thread else {}
+def read_exits(exit_dir: str) -> dict[int, tuple[int, str, float]]:
+    """The ranks that have exited, from their records in ``exit_dir``: rank -> (code, host, when written)."""
+    found = {}
     try:
-        rc = proc.wait(timeout=timeout or None)
+        names = [n for n in os.listdir(exit_dir) if n.isdigit()] if exit_dir else []
+    except OSError:
+        return found
+    for name in names:
+        path = os.path.join(exit_dir, name)
+        try:
+            record = json.loads(Path(path).read_text())
+            found[int(name)] = (int(record["code"]), str(record.get("host", "?")), os.stat(path).st_mtime)
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # replaced while being read: the next look sees it
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (children, their children, ...), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat[stat.rindex(")") + 2:].split()[1])  # after "pid (comm) state"
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_job(proc: subprocess.Popen, patience: float = KILL_PATIENCE) -> None:
+    """End mpirun and what it started on this host. With ``patience``: SIGTERM first, Open MPI's own
+    "end the job", and ``patience`` s for it. Then SIGKILL to mpirun and its descendants (the ranks it
+    forked here; the ssh or namespace agents, which Open MPI puts in process groups of their own):
+    a remote daemon ends when its agent's connection does; the emulated hosts' processes are ended
+    by launch.netns."""
+    if patience:
+        proc.terminate()
+        try:
+            proc.wait(timeout=patience)
+        except subprocess.TimeoutExpired:
+            pass
+    for pid in [proc.pid, *descendants(proc.pid)] if proc.poll() is None else []:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+
+
+def run_bounded(cmd: list[str], env: dict[str, str], timeout: float = 0, stops: list[str] | None = None,
+                grace: float = GRACE_PERIOD, np: int = 0) -> int:
+    """Run ``cmd`` (mpirun) and end it within a stated bound, whatever the network does.
+
+    - Past ``timeout`` seconds (0 = none): mpirun is stopped; exit 124.
+    - SIGTERM or SIGUSR1 to this launcher: SIGUSR1 to mpirun, which Open MPI forwards to every rank
+      (a SIGTERM to mpirun itself would end the ranks a second later); the ranks finish their step,
+      checkpoint and exit 75 (allreduce_train/preempt.py). Ctrl-C: SIGTERM to mpirun, Open MPI's
+      "end the job"; KeyboardInterrupt is raised once it is over.
+    - Once a rank has exited with an error (its record in ``$ALLREDUCE_TRAIN_EXIT_DIR``), all ``np``
+      ranks have exited, or a stop was asked for, mpirun has ``grace`` seconds to end the job; then it
+      is killed with what it started here (:func:`kill_job`; mpirun waits forever for a host it cannot
+      reach). The exit code is then the first failed rank's, 75 when a rank checkpointed, else 128 +
+      the stop signal's number.
+    - A stop signal when a rank has already failed (nobody is left to checkpoint), or a second stop
+      signal (TERM, USR1 or INT), kills mpirun at once.
+    """
+    exit_dir = env.get(EXIT_DIR_ENV, "")
+    for name in os.listdir(exit_dir) if exit_dir else ():
+        os.unlink(os.path.join(exit_dir, name))  # an earlier attempt's records
+    # its own process group, so that it can be ended with whatever it started; a background group
+    # does not read the terminal (Open MPI forwards stdin only from the foreground)
+    proc = subprocess.Popen(cmd, env=env, process_group=0)
+    stops = [] if stops is None else stops
+    signals: list[int] = []
+    main_thread = threading.current_thread() is threading.main_thread()
+    old = ({sig: signal.signal(sig, lambda signum, _frame: signals.append(signum))
+            for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)} if main_thread else {})
+    started, since, handled = time.monotonic(), None, 0  # since: when the grace period began
+
+    def say(line: str) -> None:
+        print(f"launch: {line}", file=sys.stderr, flush=True)
+
+    def first_failure(exits) -> tuple[int, int, str] | None:
+        failed = sorted((when, rank, code, host) for rank, (code, host, when) in exits.items() if code != 0)
+        return failed[0][1:] if failed else None
+
+    try:
+        while True:
+            try:
+                rc = proc.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            now, exits = time.monotonic(), read_exits(exit_dir)
+            failed = first_failure(exits)
+            for sig in signals[handled:]:
+                handled += 1
+                name = signal.Signals(sig).name
+                stops.append(name)
+                if handled > 1:
+                    say(f"{name} again: killing the job now")
+                    kill_job(proc, patience=0)
+                    if sig == signal.SIGINT:
+                        raise KeyboardInterrupt
+                    return failed[1] if failed else 128 + sig
+                if sig == signal.SIGINT:
+                    say("interrupted: stopping the job (Ctrl-C again to kill it at once)")
+                    proc.terminate()
+                elif failed:
+                    say(f"{name}: rank {failed[0]} on {failed[2]} has exited {failed[1]} ({why(failed[1])}): no "
+                        "checkpoint can be written; stopping the job now")
+                    kill_job(proc, patience=0)
+                    return failed[1]
+                else:
+                    say(f"{name}: asking the job to checkpoint and stop (SIGUSR1 to mpirun; --grace-period {grace:g} s)")
+                    proc.send_signal(signal.SIGUSR1)
+                since = since if since is not None else now
+            if timeout and now - started > timeout:
+                say(f"error: the job ran past --timeout {timeout:g}s; stopping it")
+                kill_job(proc)
+                return EXIT_TIMEOUT
+            if since is None and (failed or (np and len(exits) >= np)):
+                since = now
+            if since is not None and now - since > grace:
+                if failed:
+                    rank, code, host = failed
+                    say(f"rank {rank} on {host} exited {code} ({why(code)}) and mpirun has not ended the job "
+                        f"{grace:g} s later (--grace-period; a host it cannot reach?): killing it")
+                elif stops:
+                    saved = any(code == EXIT_PREEMPTED for code, _, _ in exits.values())
+                    code = EXIT_PREEMPTED if saved else 128 + signals[0]
+                    say(f"the job has not stopped {grace:g} s after {stops[0]} (--grace-period): killing it; " +
+                        ("the checkpoint was written" if saved else "no checkpoint was written"))
+                else:
+                    code = 0
+                    say(f"every rank has exited, and mpirun has not {grace:g} s later (--grace-period): killing it")
+                kill_job(proc, patience=0)  # it has had its grace period
+                if stops and stops[0] == "SIGINT":
+                    raise KeyboardInterrupt
+                return code
+        if signals and signals[0] == signal.SIGINT:
+            raise KeyboardInterrupt
         if stops and rc == 128 + signal.SIGUSR1:
             # a rank still starting up (its handler not yet installed) died of the forwarded signal:
             # nothing had been trained, so nothing is lost; the job was preempted all the same
-            print("launch: the job was stopped before training began; nothing to checkpoint", file=sys.stderr)
+            say("the job was stopped before training began; nothing to checkpoint")
             rc = EXIT_PREEMPTED
         return rc
-    except subprocess.TimeoutExpired:
-        print(f"launch: error: the job ran past --timeout {timeout:g}s; stopping it", file=sys.stderr, flush=True)
-        return EXIT_TIMEOUT
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        if proc.poll() is None:  # an exception (SIGHUP in an emulated cluster) cut the wait short
+            kill_job(proc, patience=1.0)
 
 
 def run_emulated(cluster: ClusterSpec, cmd: list[str], env: dict[str, str], timeout: float,
-                 spec: LaunchSpec | None = None, max_restarts: int = 0, min_np: int = 0) -> int:
+                 spec: LaunchSpec | None = None, max_restarts: int = 0, min_np: int = 0,
+                 grace: float = GRACE_PERIOD) -> int:
     """Build the emulated cluster, run the job in it, and remove the cluster however the job ended.
 
-    With ``max_restarts``, a failed job is relaunched; hosts whose namespace disappeared get no
-    ranks, and with ``min_np`` the job shrinks onto the remaining hosts (elastic, Horovod-style,
-    through a restart from the checkpoint instead of Gloo's rendezvous).
+    With ``max_restarts``, a failed job is relaunched; hosts that cannot be reached (namespace gone,
+    link down) get no ranks, and with ``min_np`` the job shrinks onto the remaining hosts (elastic,
+    Horovod-style, through a restart from the checkpoint instead of Gloo's rendezvous).
     """
-    from .netns import ClusterError, EmulatedCluster
+    from .netns import ClusterError, EmulatedCluster, stop_inside, unreachable
 
     def shrink(job: LaunchSpec, rc: int) -> LaunchSpec | None:
         em = job.cluster
-        gone = {i for i in em.live_hosts if not os.path.exists(f"/run/netns/{em.netns(i)}")}
+        # what mpirun could not end (a daemon and its rank on a cut-off host) goes before the next attempt
+        stop_inside(em.namespaces)
+        gone = unreachable(em) & set(em.live_hosts)
         if not gone:
             return job
         names = ", ".join(em.hostname(i) for i in sorted(gone))
@@ -401,8 +564,8 @@ def run_emulated(cluster: ClusterSpec, cmd: list[str], env: dict[str, str], time
     try:
         with EmulatedCluster(cluster, log=lambda msg: print(msg, flush=True)):
             if spec is None:
-                return run_bounded(cmd, env, timeout)
-            return supervise(spec, cmd, env, timeout, max_restarts, shrink)
+                return run_bounded(cmd, env, timeout, grace=grace)
+            return supervise(spec, cmd, env, timeout, max_restarts, shrink, grace)
     except ClusterError as e:
         print(f"launch: error: {e}", file=sys.stderr)
         return 2

@@ -301,6 +301,31 @@ def stop_processes(live: Callable[[], list[int]], grace: float) -> list[int]:
     return pids
 
 
+def stop_inside(names: list[str], grace: float = 5.0) -> list[int]:
+    """End every process inside these namespaces (TERM, then KILL), keeping the namespaces: what a job
+    that mpirun could not end left on its hosts. Returns the PIDs that survived."""
+    inodes = {ino for ino in map(_ns_inode, names) if ino is not None}
+    return stop_processes(lambda: _holders(inodes), grace)
+
+
+def unreachable(spec: ClusterSpec) -> set[int]:
+    """The hosts (1-based) the switch cannot reach: the namespace is gone, or the host's link is down at
+    either end (``ip netns exec <ns> ip link set emu0 down``: a pulled cable)."""
+    lost = set()
+    for i in range(1, spec.hosts + 1):
+        if not os.path.exists(f"/run/netns/{spec.netns(i)}"):
+            lost.add(i)
+            continue
+        proc = _run(["ip", "-n", spec.netns(i), "-j", "link", "show", "dev", HOST_IFACE], check=False)
+        try:
+            flags = json.loads(proc.stdout)[0]["flags"]
+        except (ValueError, IndexError, KeyError):
+            flags = []  # no such link: nothing reaches the host
+        if "UP" not in flags or "LOWER_UP" not in flags:  # LOWER_UP: carrier, i.e. the switch's end is up too
+            lost.add(i)
+    return lost
+
+
 def remove(names: list[str], grace: float = 5.0, retry: str | None = None) -> None:
     """Stop every process inside these namespaces (TERM, then KILL) and delete them.
 
@@ -311,7 +336,7 @@ def remove(names: list[str], grace: float = 5.0, retry: str | None = None) -> No
     stuck in a collective) is ended first. Only processes inside our own namespaces are signalled.
     """
     inodes = {ino for ino in map(_ns_inode, names) if ino is not None}
-    stop_processes(lambda: _holders(inodes), grace)
+    stop_inside(names, grace)
     errors = []
     for name in names:
         if os.path.exists(f"/run/netns/{name}"):
@@ -396,6 +421,8 @@ class EmulatedCluster:
         """Bytes each host sent/received over its link so far (kernel counters), one line."""
         parts = []
         for i in range(1, self.spec.hosts + 1):
+            if not os.path.exists(f"/run/netns/{self.spec.netns(i)}"):
+                continue  # a host removed while the job ran (tests/launch/test_elastic.py)
             rx, tx = self.link_bytes(i)
             parts.append(f"{self.spec.hostname(i)} {tx}/{rx}")
         return "link traffic (bytes sent/received): " + ", ".join(parts)

@@ -1,11 +1,12 @@
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
 from launch import LaunchSpec, build_command
-from launch.mpirun import RING_RULES, pinned_name, resuming, why
+from launch.mpirun import RING_RULES, pinned_name, resuming, usable_cores, why
 
 from helpers import RANKS, ROOT, check, launch
 
@@ -65,6 +66,21 @@ def test_restart_arguments_and_reasons():
     named = pinned_name(["--lr", "1"])
     assert named[:2] == ["--lr", "1"] and named[2] == "--name" and named[3].startswith("run-")
     assert why(137) == "a rank was killed by SIGKILL" and why(69) == "stalled" and why(75) == "a rank was preempted"
+
+
+@pytest.mark.mpi
+def test_more_ranks_than_cores_on_one_host_run_oversubscribed_with_a_one_line_note():
+    """`make train NP=4` on 2 cores: Open MPI alone refuses with a page about slots; horovodrun and
+    torchrun users expect the ranks to start. A rank program that needs no trainer shows mpirun took it."""
+    n = usable_cores() + 1
+    proc = check(launch(n, ["report"], module="netns_rank", env={"PYTHONPATH": str(RANKS)}, timeout=120))
+    note = [ln for ln in proc.stderr.splitlines() if ln.startswith("launch:")]
+    assert note == [f"launch: {n} ranks on {n - 1} core(s): adding --oversubscribe (the ranks share the cores)"], proc.stderr
+    assert "--oversubscribe" in next(ln for ln in proc.stdout.splitlines() if ln.startswith("+ "))
+    assert sorted(int(m) for m in re.findall(r"^rank (\d+) pid", proc.stdout, re.M)) == list(range(n))
+    given = subprocess.run([sys.executable, "-m", "launch", "-np", str(n), "-H", f"localhost:{n}", "--dry-run", "--"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert "--oversubscribe" not in given.stdout and given.stderr == ""  # slots the user gave are the user's
 
 
 def test_min_np_needs_an_emulated_cluster_and_restarts():

@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -275,8 +276,17 @@ def test_link_rate_holds(namespaces_permitted):
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root to drop to nobody")
 def test_without_privileges_the_message_is_clear():
-    proc = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
-                           sys.executable, "-m", "launch", "-np", "2", "--emulate-hosts", "2", "--", "--steps", "1"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    # nobody may not be able to read the checkout (a clone in /root, mode 0700): it runs a copy of the
+    # launcher (standard library only) from a directory of its own, with the interpreter the venv links to
+    where = tempfile.mkdtemp(prefix="launch-unprivileged-")
+    try:
+        shutil.copytree(ROOT / "launch", os.path.join(where, "launch"))
+        os.chmod(where, 0o755)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        proc = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+                               os.path.realpath(sys.executable), "-m", "launch", "-np", "2", "--emulate-hosts", "2",
+                               "--", "--steps", "1"], cwd=where, capture_output=True, text=True, timeout=60, env=env)
+    finally:
+        shutil.rmtree(where)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "cannot create network namespaces here" in proc.stderr and "CAP_NET_ADMIN" in proc.stderr
