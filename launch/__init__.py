@@ -5,7 +5,7 @@ It prints the exact ``mpirun`` line it runs and passes the trainer's arguments t
 program given with ``--module``) as a command, never as an import, so it works before the trainer's
 dependencies are importable and cannot grow into the trainer (tests/unit/test_layout.py).
 :mod:`.mpirun` builds and runs the line, :mod:`.netns` emulates hosts with network namespaces,
-:mod:`.k8s` renders the same line into a Kubernetes MPIJob (``python -m launch k8s``).
+:mod:`.k8s` renders the same line into a Kubeflow TrainJob or MPIJob (``python -m launch k8s``).
 """
 
 from .mpirun import LaunchSpec, build_command, main

@@ -2,7 +2,7 @@ import sys
 
 from .mpirun import main
 
-if sys.argv[1:2] == ["k8s"]:  # python -m launch k8s ...: render a Kubernetes MPIJob instead of running mpirun
+if sys.argv[1:2] == ["k8s"]:  # python -m launch k8s ...: render a Kubeflow TrainJob or MPIJob instead of running mpirun
     from .k8s import main as k8s_main
 
     raise SystemExit(k8s_main(sys.argv[2:]))
