@@ -405,6 +405,8 @@ def training_runtime(spec: K8sSpec) -> dict:
 
 
 def trainjob(spec: K8sSpec) -> dict:
+    """The TrainJob: the launcher's line and the pods' counts and resources in ``trainer``; the
+    placement, volumes and labels of this job's pods as a patch of the shared runtime."""
     volumes, mounts = _rank_volumes(spec)
     pod_patch = {**_placement(spec)}
     if volumes:
@@ -412,7 +414,7 @@ def trainjob(spec: K8sSpec) -> dict:
         pod_patch["containers"] = [{"name": NODE, "volumeMounts": mounts}]
     # the job's own pod labels, as an MPIJob's pods have them: `kubectl logs -l` works alike for both
     components = {NODE: "worker", "launcher": "launcher"}
-    job = {
+    return {
         "apiVersion": f"{TRAINER_API}/v1alpha1",
         "kind": "TrainJob",
         "metadata": _metadata(spec, spec.name, "job"),
@@ -427,16 +429,15 @@ def trainjob(spec: K8sSpec) -> dict:
                 "numProcPerNode": spec.slots_per_worker,
                 "resourcesPerNode": _rank_resources(spec),
             },
+            "runtimePatches": [{
+                "manager": f"{APP}/launch-k8s",  # who owns the patch (Kueue, for one, adds its own)
+                "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
+                    {"name": rjob, "template": {"spec": {"template": {
+                        "metadata": {"labels": _labels(spec, component)}, **({"spec": pod_patch} if pod_patch else {})}}}}
+                    for rjob, component in components.items()]}}},
+            }],
         },
     }
-    job["spec"]["runtimePatches"] = [{
-        "manager": f"{APP}/launch-k8s",  # who owns the patch (Kueue, for one, adds its own)
-        "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
-            {"name": rjob, "template": {"spec": {"template": {
-                "metadata": {"labels": _labels(spec, component)}, **({"spec": pod_patch} if pod_patch else {})}}}}
-            for rjob, component in components.items()]}}},
-    }]
-    return job
 
 
 # -- both -----------------------------------------------------------------------------------
