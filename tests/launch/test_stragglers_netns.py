@@ -1,0 +1,74 @@
+"""Stragglers on the emulated cluster (launch/netns.py): a rank slowed in its computation is named with
+its host; a rank slowed by its host's link is not -- that shows as every rank's wait, not as compute.
+
+Each test skips, with the reason, where namespaces cannot be built, and checks that nothing it
+created is left behind.
+"""
+
+import json
+import re
+import subprocess
+
+import pytest
+
+from launch import netns
+from models import MODELS
+
+from helpers import Job
+
+pytestmark = pytest.mark.mpi
+
+# The rule checks every 10 steps over the last 20, once the 10 warm-up steps are past.
+QUICK = ["--dataset", "synthetic", "--synthetic-samples", "2048", "--no-progress", "--batch-size", "32",
+         "--log-every", "10", "--straggler-window", "20", "--eval-every", "1000", "--allreduce-engine", "mpi"]
+SLOW_LINK = "10mbit"
+
+
+@pytest.fixture(scope="module")
+def namespaces_permitted():
+    reason = netns.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+
+
+def run(tmp_path, name, args, on_start=None):
+    """Train on 2 emulated hosts at 1 Gbit/s; ``on_start(prefix)`` runs as soon as the hosts exist,
+    before the ranks start. Returns (stdout, metrics.json)."""
+    job = Job(2, QUICK + args + ["--run-dir", str(tmp_path), "--name", name], f"straggler-{name}",
+              launcher=["--emulate-hosts", "2", "--link-rate", "1gbit"])
+    try:
+        job.wait_for("emulated cluster art-", timeout=60)
+        prefix = re.search(r"emulated cluster (art-\d+-\d+):", "".join(job.out)).group(1)
+        if on_start:
+            on_start(prefix)
+        assert job.finish(timeout=240) == 0, job.text()
+    finally:
+        job.kill_leftovers()
+    assert not any(n.startswith(prefix + "-") for n in netns.list_namespaces()), "emulated hosts left behind"
+    return "".join(job.out), json.loads((tmp_path / name / "metrics.json").read_text())
+
+
+def test_a_rank_slowed_in_its_computation_is_named_with_its_emulated_host(tmp_path, namespaces_permitted):
+    out, m = run(tmp_path, "slow-rank", ["--steps", "80", "--debug-slow-rank", "1:4"])
+    lines = [ln for ln in out.splitlines() if ln.startswith("straggler:")]
+    assert len(lines) == 1 and lines[0].startswith("straggler: rank 1 on host h2 computes "), out
+    assert [(s["rank"], s["host"]) for s in m["stragglers"]] == [(1, "h2")]
+    assert [(r["rank"], r["host"]) for r in m["ranks"]] == [(0, "h1"), (1, "h2")]
+
+
+def test_a_rank_slowed_by_its_link_shows_as_wait_on_every_rank_and_is_not_named(tmp_path, namespaces_permitted):
+    def slow_link(prefix):
+        # h2's upload (its end of the veth) and download (the switch's port): SLOW_LINK instead of 1 Gbit/s
+        tbf = netns.tbf(netns.parse_rate(SLOW_LINK))
+        for ns, dev in ((f"{prefix}-h2", netns.HOST_IFACE), (f"{prefix}-head", "h2")):
+            subprocess.run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", *tbf], check=True, timeout=30)
+
+    out, m = run(tmp_path, "slow-link", ["--steps", "50"], on_start=slow_link)
+    assert not any(ln.startswith("straggler:") for ln in out.splitlines()), out
+    assert m["stragglers"] == []
+    # Every step moves the gradients across h2's link once each way; at SLOW_LINK that takes longer
+    # than a step's computation, and both ranks wait for it, h1 as much as h2.
+    grad_bytes = 4 * sum(p.numel() for p in MODELS["lenet5"].build().parameters())
+    link_ms = 1e3 * 8 * grad_bytes / netns.parse_rate(SLOW_LINK)
+    for r in m["ranks"]:
+        assert r["wait_ms"] > 0.5 * link_ms and r["wait_ms"] > r["compute_ms"], m["ranks"]
