@@ -101,6 +101,10 @@ debian13() {
     mkdir -p "$root"
     tar -xf "$tarball" -C "$root"
     cp /etc/resolv.conf "$root/etc/resolv.conf"
+    # This machine's network: its CA bundle (local CAs included) and pip's pointer to it, as any
+    # machine here has them; nothing else of its pip configuration (no local wheels, no constraints).
+    cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
+    [ ! -f /etc/pip.conf ] || cp /etc/pip.conf "$root/etc/pip.conf"
     clean_copy "$root/root/allreduce_train"
     # Persistent between runs: pip's and the project's caches (~/.cache: the Horovod wheels) and apt's.
     mkdir -p "$cache/debian13-home-cache" "$cache/debian13-apt-archives" "$root/root/.cache"
