@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The MPIJob's pod plumbing without a cluster (docs/kubernetes.md, "What was verified"): two network
+# The pods' plumbing without a cluster (docs/kubernetes.md, "What was verified"), in the MPIJob's
+# layout (a launcher that runs only mpirun, a worker whose sshd starts the ranks; a TrainJob's node
+# pods run the same worker entrypoint and sshd): two network
 # namespaces stand in for the launcher pod and one worker pod, joined by a veth pair. As a non-root
 # user (uid 1000, like the image's mpiuser), the worker runs deploy/worker-entrypoint.sh with a real
 # sshd configured as deploy/sshd_config; the launcher runs deploy/launcher-entrypoint.sh with the
@@ -128,13 +130,15 @@ echo "--- first launcher: output (last 12 lines), exit status $status"
 tail -n 12 "$work/launcher1.log"
 
 if [ "${STOP:-launcher}" = worker ]; then
-    wait "$worker" || true
-    start_worker  # mpi-operator recreates the worker pod
+    status=0
+    wait "$worker" || status=$?
+    echo "--- the worker entrypoint: exit status $status (75: a Job replaces the pod rather than count it done)"
+    start_worker  # the operator recreates the worker pod
 fi
 echo "--- the launcher restarted (restartPolicy: OnFailure); it runs to the end"
 start_launcher "$work/launcher2.log"
 status=0
 wait "$launcher" || status=$?
-grep -h "from step" "$work/launcher1.log" "$work/launcher2.log" | sed 's/^/    /'
+grep -h -e "from step" -e "ranks on" "$work/launcher1.log" "$work/launcher2.log" | sed 's/^/    /'
 tail -n 3 "$work/launcher2.log"
 echo "--- second launcher: exit status $status"
