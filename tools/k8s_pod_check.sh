@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
-# The pods' plumbing without a cluster (docs/kubernetes.md, "What was verified"), in the MPIJob's
-# layout (a launcher that runs only mpirun, a worker whose sshd starts the ranks; a TrainJob's node
-# pods run the same worker entrypoint and sshd): two network
+# The pods' plumbing without a cluster (docs/kubernetes.md, "What was verified"): two network
 # namespaces stand in for the launcher pod and one worker pod, joined by a veth pair. As a non-root
 # user (uid 1000, like the image's mpiuser), the worker runs deploy/worker-entrypoint.sh with a real
 # sshd configured as deploy/sshd_config; the launcher runs deploy/launcher-entrypoint.sh with the
 # mpirun line `python -m launch k8s` renders, and Open MPI reads a hostfile and ssh options from the
 # environment, as mpi-operator sets them. After the ranks have written a checkpoint it sends SIGTERM
 # to the launcher entrypoint, as Kubernetes does to a pod it stops, reports how the job ended, then
-# starts the launcher again (restartPolicy: OnFailure), which resumes (--resume auto) and finishes.
+# starts the launcher again, as the operator would, which resumes (--resume auto) and finishes.
 #
 #   sudo SSHD=/path/to/sshd [STOP=worker] tools/k8s_pod_check.sh [trainer arguments]
 #
 # STOP=worker sends the SIGTERM to the worker pod's entrypoint instead (a worker pod evicted alone).
+# LAYOUT=mpijob (default): the launcher runs only mpirun, the worker's 2 slots run the ranks.
+# LAYOUT=trainjob: the launcher is a node too (Trainer's runLauncherAsNode), 1 slot in each pod, and
+# the trainer expects 2 hosts. Each pod has its own hostname (a UTS namespace), as pods do.
+# HOSTFILE=unread: the launcher's environment does not name the hostfile (as with an Open MPI that
+# reads other variables), so mpirun starts every rank in the launcher pod; with LAYOUT=trainjob the
+# trainer must then refuse to train (--expect-hosts 2: one line, exit 2).
 #
 # Needs root (namespaces), iproute2, setpriv, ssh-keygen and an sshd binary (Debian's openssh-server;
 # `apt-get download openssh-server && dpkg -x` is enough, no service is installed or started).
@@ -22,6 +26,10 @@ cd "$(dirname "$0")/.."
 : "${SSHD:?set SSHD to an sshd binary}"
 PY=${PY:-$PWD/.venv/bin/python}
 RUNAS=${RUNAS:-1000}
+LAYOUT=${LAYOUT:-mpijob}
+case "$LAYOUT" in mpijob|trainjob) ;; *) echo "error: LAYOUT=$LAYOUT: use mpijob or trainjob" >&2; exit 2 ;; esac
+HOSTFILE=${HOSTFILE:-read}
+case "$HOSTFILE" in read|unread) ;; *) echo "error: HOSTFILE=$HOSTFILE: use read or unread" >&2; exit 2 ;; esac
 L=k8scheck-launcher W=k8scheck-worker0
 WORKER_IP=10.250.0.2
 
@@ -69,14 +77,24 @@ Host *
     IdentityFile $work/ssh/id_rsa
     LogLevel ERROR
 EOF
-echo "$WORKER_IP slots=2" >"$work/hostfile"
+# the hostfile the operator writes: the worker pod's slots, and with runLauncherAsNode the launcher's first
+if [ "$LAYOUT" = trainjob ]; then
+    printf '10.250.0.1 slots=1\n%s slots=1\n' "$WORKER_IP" >"$work/hostfile"
+else
+    echo "$WORKER_IP slots=2" >"$work/hostfile"
+fi
 chown -R "$RUNAS" "$work"
 chmod 755 "$work"
 
-as_user() { local ns=$1; shift; exec ip netns exec "$ns" setpriv --reuid="$RUNAS" --regid="$RUNAS" --clear-groups -- "$@"; }
+as_user() {  # $1: the pod's namespace, $2: its hostname, then the command to run there as $RUNAS
+    local ns=$1 host=$2
+    shift 2
+    exec ip netns exec "$ns" unshare --uts -- \
+        sh -c 'hostname "$1" && shift && exec setpriv --reuid="$0" --regid="$0" --clear-groups -- "$@"' "$RUNAS" "$host" "$@"
+}
 
 start_worker() {  # the worker pod: its entrypoint and sshd
-    (as_user "$W" env HOME="$work" SSHD="$SSHD" SSHD_CONFIG="$work/sshd_config" LD_LIBRARY_PATH="${SSHD_LIBS:-}" \
+    (as_user "$W" pod-worker-0 env HOME="$work" SSHD="$SSHD" SSHD_CONFIG="$work/sshd_config" LD_LIBRARY_PATH="${SSHD_LIBS:-}" \
         deploy/worker-entrypoint.sh) &
     worker=$!
     pids+=($worker)
@@ -84,21 +102,24 @@ start_worker() {  # the worker pod: its entrypoint and sshd
 }
 
 start_launcher() {  # the launcher pod's container; $1: log file
-    (as_user "$L" env HOME="$work" PATH="$PATH" HWLOC_COMPONENTS=-gl OMPI_MCA_orte_default_hostfile="$work/hostfile" \
+    local hostfile=()
+    [ "$HOSTFILE" = unread ] || hostfile=(OMPI_MCA_orte_default_hostfile="$work/hostfile")
+    (as_user "$L" pod-launcher env HOME="$work" PATH="$PATH" HWLOC_COMPONENTS=-gl "${hostfile[@]}" \
         OMPI_MCA_plm_rsh_args="-F $work/ssh_config" OMPI_MCA_orte_keep_fqdn_hostnames=true \
         deploy/launcher-entrypoint.sh "${cmd[@]}" >"$1" 2>&1) &
     launcher=$!
     pids+=($launcher)
 }
 
-# the launcher's line for 1 worker x 2 slots (with --name allreduce-train --resume auto), this
-# checkout's Python in place of the image's, and the run directory in $work
-mapfile -t cmd < <("$PY" - "$PY" "$work/runs" "$@" <<'EOF'
+# the launcher's line for 1 worker x 2 slots, or 2 pods x 1 (with --name allreduce-train --resume auto
+# --expect-hosts N), this checkout's Python in place of the image's, and the run directory in $work
+mapfile -t cmd < <("$PY" - "$PY" "$work/runs" "$LAYOUT" "$@" <<'EOF'
 import sys
 from launch import k8s
-spec = k8s.K8sSpec(workers=1, slots_per_worker=2,
+pods, slots = (2, 1) if sys.argv[3] == "trainjob" else (1, 2)
+spec = k8s.K8sSpec(api=sys.argv[3], workers=pods, slots_per_worker=slots,
                    trainer_args=["--dataset", "synthetic", "--steps", "2000", "--log-every", "5", "--no-progress",
-                                 "--checkpoint-every", "20", "--run-dir", sys.argv[2], *sys.argv[3:]])
+                                 "--checkpoint-every", "20", "--run-dir", sys.argv[2], *sys.argv[4:]])
 print("\n".join(sys.argv[1] if a == k8s.PYTHON else a for a in k8s.mpirun_command(spec)))
 EOF
 )
@@ -112,16 +133,24 @@ for _ in $(seq 600); do
     [ -e "$run/checkpoint.pt" ] || ! kill -0 "$launcher" 2>/dev/null && break
     sleep 0.5
 done
+if [ "$HOSTFILE" = unread ]; then
+    status=0
+    wait "$launcher" || status=$?
+    echo "--- the hostfile unread: the launcher's exit status $status (2: the trainer refused to train)"
+    grep -h -e "ranks on" -e "error" -e "from step" -e "^done" "$work/launcher1.log" | sed 's/^/    /'
+    [ "$status" = 2 ]
+    exit
+fi
 if ! kill -0 "$launcher" 2>/dev/null; then
     echo "the launcher ended before a checkpoint was written:"
     tail -n 20 "$work/launcher1.log"
     exit 1
 fi
 if [ "${STOP:-launcher}" = worker ]; then
-    echo "ranks are training on the worker; SIGTERM to the worker entrypoint (the worker pod is stopped)"
+    echo "ranks are training; SIGTERM to the worker entrypoint (the worker pod is stopped)"
     kill -TERM "$worker"
 else
-    echo "ranks are training on the worker; SIGTERM to the launcher entrypoint (the launcher pod is stopped)"
+    echo "ranks are training; SIGTERM to the launcher entrypoint (the launcher pod is stopped)"
     kill -TERM "$launcher"
 fi
 status=0
@@ -135,7 +164,7 @@ if [ "${STOP:-launcher}" = worker ]; then
     echo "--- the worker entrypoint: exit status $status (75: a Job replaces the pod rather than count it done)"
     start_worker  # the operator recreates the worker pod
 fi
-echo "--- the launcher restarted (restartPolicy: OnFailure); it runs to the end"
+echo "--- the launcher restarted (as the operator restarts it); it runs to the end"
 start_launcher "$work/launcher2.log"
 status=0
 wait "$launcher" || status=$?
