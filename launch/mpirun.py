@@ -242,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         if spec.hostfile and not os.path.isfile(spec.hostfile):
             raise ValueError(f"--hostfile {spec.hostfile}: file not found")
         cores = usable_cores()
-        if not (spec.hosts or spec.hostfile or spec.cluster or spec.oversubscribe) and spec.np > cores:
+        allocated = any(v in os.environ for v in ("SLURM_JOB_ID", "PBS_JOBID"))  # slots come from the scheduler
+        if not (spec.hosts or spec.hostfile or spec.cluster or spec.oversubscribe or allocated) and spec.np > cores:
             # horovodrun and torchrun start any number of ranks on one host; Open MPI refuses with a
             # page of text. Say it in one line and go on.
             print(f"launch: {spec.np} ranks on {cores} core(s): adding --oversubscribe (the ranks share the cores)",

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.mpi
 
 QUICK = ["--dataset", "synthetic", "--synthetic-samples", "2048", "--no-progress", "--log-every", "5",
          "--warmup-steps", "0", "--lr", "0.05", "--batch-size", "16"]
-STALL, GRACE = 10, 5  # --stall-timeout and --grace-period here (defaults: 120 and 30 s)
+STALL, GRACE = 6, 3  # --stall-timeout and --grace-period here (defaults: 120 and 30 s)
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +90,7 @@ def test_with_min_np_a_cut_host_is_left_out_and_the_job_ends_bit_identical_to_a_
         tmp_path, namespaces_permitted):
     """Elastic shrink after a partition: the restart goes to the hosts that can still be reached, from
     the last checkpoint, and ends as a 1-rank run started from that checkpoint does."""
-    steps = ["--steps", "300", "--stall-timeout", str(STALL)]
+    steps = ["--steps", "60", "--stall-timeout", str(STALL)]
     job = emulated_job(tmp_path, 2, 2, ["--name", "el", *steps, "--dump-params", str(tmp_path / "el-{rank}.pt")],
                        "partition-elastic", launcher=["--max-restarts", "1", "--min-np", "1"])
     prefix = f"art-{job.proc.pid}-0"
@@ -125,8 +125,9 @@ def test_with_min_np_a_cut_host_is_left_out_and_the_job_ends_bit_identical_to_a_
 
 @pytest.mark.timeout(600)
 def test_a_link_that_comes_back_within_the_stall_timeout_loses_nothing(tmp_path, namespaces_permitted):
-    """A cable pulled for 3 s: TCP retransmits, the job carries on and ends as an uninterrupted run does."""
-    args = ["--steps", "200", "--stall-timeout", "60", "--no-scale-lr"]
+    """A cable pulled for 3 s: TCP retransmits, the job carries on and ends as the same job whose link stays up
+    does (a job on one host is no reference: it exchanges differently)."""
+    args = ["--steps", "40", "--stall-timeout", "60"]
     job = emulated_job(tmp_path, 2, 2, ["--name", "flap", *args, "--dump-params", str(tmp_path / "flap-{rank}.pt")],
                        "flap")
     prefix = f"art-{job.proc.pid}-0"
@@ -141,8 +142,11 @@ def test_a_link_that_comes_back_within_the_stall_timeout_loses_nothing(tmp_path,
         job.kill_leftovers()
     assert rc == 0 and "stalled" not in "".join(job.err), job.text()
     assert_nothing_left(job, prefix, inodes)
-    check(launch(2, QUICK + ["--run-dir", str(tmp_path), "--name", "ref", "--checkpoint-every", "10", *args,
-                             "--dump-params", str(tmp_path / "ref-{rank}.pt")]))
+    ref = emulated_job(tmp_path, 2, 2, ["--name", "ref", *args, "--dump-params", str(tmp_path / "ref-{rank}.pt")], "ref")
+    try:
+        assert ref.finish(timeout=300) == 0, ref.text()
+    finally:
+        ref.kill_leftovers()
     got, want = load_params(tmp_path / "flap-1.pt"), load_params(tmp_path / "ref-1.pt")
     for k in want:
         assert torch.equal(got[k], want[k]), f"{k} differs from the run whose link never went down"
