@@ -33,11 +33,14 @@ named (the per-rank ``perf/wait_ms`` shows it; docs/faults.md).
 
 The rule (:class:`StragglerRule`): at every ``--log-every`` step, once ``--straggler-window``
 steps after the throughput warm-up have been measured, each worker contributes the median of its
-compute time over its last ``--straggler-window`` steps. A worker whose median is at least
-``--straggler-factor`` times the median of the other workers' medians is a straggler. It is
-named once in the run, in one line, with its global rank and host. A median over the window
-needs more than half of the window's steps to be slow: one long step (a page fault, a garbage
-collection, an evaluation's aftermath) does not name anyone.
+compute time over its last ``--straggler-window`` steps. A worker is slow at that check when its
+median is at least ``--straggler-factor`` times the median of the other workers' medians, and a
+straggler when it was slow at every check for ``--straggler-window`` steps more: persistently,
+for at least twice the window. It is named once, in one line, with its global rank and host. A
+median over the window needs more than half of the window's steps to be slow, and the second
+window a slowdown that lasts: one long step (a page fault, a garbage collection) or a burst of
+them (another job on the host for a while, the scheduler favouring one process for some
+seconds) names nobody.
 """
 
 from __future__ import annotations
@@ -66,10 +69,10 @@ class Straggler:
 
     rank: int  # global rank
     host: str
-    step: int  # the step at which the rule fired; the window ends here
-    window: int  # steps the medians cover
-    compute_ms: float  # the straggler's median compute time per step over the window
-    others_ms: float  # the median of the other workers' medians
+    since: int  # the first step of the first window in which it was slow
+    step: int  # the step at which the rule fired
+    compute_ms: float  # the straggler's median compute time per step over the window ending at ``step``
+    others_ms: float  # the median of the other workers' medians over that window
 
     @property
     def ratio(self) -> float:
@@ -77,8 +80,8 @@ class Straggler:
 
     def line(self) -> str:
         return (f"straggler: rank {self.rank} on host {self.host} computes {self.compute_ms:.1f} ms per step, "
-                f"{self.ratio:.2f}x the other ranks' median {self.others_ms:.1f} ms (steps "
-                f"{self.step - self.window + 1}-{self.step}); every step waits for it")
+                f"{self.ratio:.2f}x the other ranks' median {self.others_ms:.1f} ms (slow since step {self.since}, "
+                f"checked at step {self.step}); every step waits for it")
 
     def record(self) -> dict[str, float | int | str]:
         return {**asdict(self), "ratio": self.ratio}
@@ -91,13 +94,17 @@ class StragglerRule:
     def __init__(self, factor: float, window: int, ranks: Sequence[int], hosts: Sequence[str]) -> None:
         self.factor, self.window = factor, window
         self.ranks, self.hosts = list(ranks), list(hosts)
+        self.slow_from: dict[int, int] = {}  # worker -> the first check of its current run of slow checks
         self.found: list[Straggler] = []
 
     def check(self, step: int, window_compute_ms: Sequence[float]) -> list[Straggler]:
         """``window_compute_ms``: each worker's median compute time over the window ending at ``step``."""
+        slow = dict(slow_workers(window_compute_ms, self.factor))
+        self.slow_from = {i: self.slow_from.get(i, step) for i in slow}
         named = {s.rank for s in self.found}
-        new = [Straggler(self.ranks[i], self.hosts[i], step, self.window, window_compute_ms[i], others)
-               for i, others in slow_workers(window_compute_ms, self.factor) if self.ranks[i] not in named]
+        new = [Straggler(self.ranks[i], self.hosts[i], first - self.window + 1, step, window_compute_ms[i], slow[i])
+               for i, first in self.slow_from.items()
+               if step - first >= self.window and self.ranks[i] not in named]
         self.found += new
         return new
 
