@@ -65,21 +65,32 @@ def assert_nothing_left(job: Job, prefix: str, inodes: set[int]) -> None:
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("cut, missing", [("h2", 1), ("h1", 0)])
+@pytest.mark.parametrize("cut, missing, sigterm", [("h2", 1, False), ("h1", 0, False), ("h2", 1, True)])
 def test_a_cut_link_ends_the_job_within_the_stall_timeout_and_grace_period_naming_the_host(
-        tmp_path, namespaces_permitted, cut, missing):
-    """h2: rank 1's host; h1: rank 0's, where the watchdog's board and the first checkpoint writer run."""
-    job = emulated_job(tmp_path, 2, 2, ["--name", "cut", "--steps", "100000", "--stall-timeout", str(STALL)], cut)
+        tmp_path, namespaces_permitted, cut, missing, sigterm):
+    """h2: rank 1's host; h1: rank 0's, where the watchdog's board and the checkpoint writer run.
+    sigterm: a scheduler's SIGTERM after a rank has exited cannot be answered with a checkpoint (the stop
+    vote needs every worker): it ends the job at once, without waiting for --grace-period."""
+    job = emulated_job(tmp_path, 2, 2, ["--name", "cut", "--steps", "100000", "--stall-timeout", str(STALL)],
+                       f"cut-{cut}-{sigterm}", launcher=["--grace-period", "600"] if sigterm else [])
     prefix = f"art-{job.proc.pid}-0"
     try:
         wait_for_checkpoint(job, tmp_path / "cut" / "checkpoint.pt")
         inodes = host_inodes(prefix, 2)
         set_link(prefix, cut, "down")
+        if sigterm:
+            deadline = time.monotonic() + STALL + 60
+            while not any("did not arrive" in ln for ln in job.err):
+                assert job.proc.poll() is None and time.monotonic() < deadline, job.text()
+                time.sleep(0.1)
+            time.sleep(1)  # the speaker records its exit right after its line
+            job.proc.send_signal(signal.SIGTERM)
         rc = job.finish(timeout=STALL + GRACE + 60)  # the bound, with room for a loaded machine
     finally:
         job.kill_leftovers()
     err = "".join(job.err)
     assert rc == 69, job.text()
+    assert not sigterm or "has exited 69 (stalled): no checkpoint can be written; stopping the job now" in err, err
     # the rank on the other side says who did not arrive, and where (the cut host's own line is lost with its link)
     assert f"rank(s) {missing} did not arrive (on {cut})" in err, job.text()
     assert_nothing_left(job, prefix, inodes)
