@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
 # make gpu-check: the GPU check for a machine with one GPU, its own PyTorch (a CUDA build), CMake
-# and nvcc, no network and no MPI. Builds Horovod 0.28.1 from the sdist carried with the tree
-# (third_party/; Gloo controller + NCCL operations, only the GPU's own CUDA architecture), then
+# and nvcc (or NVIDIA's PyPI nvcc beside torch), no network and no MPI. Builds Horovod 0.28.1 from
+# the sdist carried with the tree (third_party/; Gloo controller + NCCL operations, only the GPU's
+# own CUDA architecture), and a second time without GPU operations for the two-rank run; then
 # trains LeNet-5, ResNet-18 and the small LSTM for a fixed number of steps at one rank through the
-# trainer, a bare Horovod (NCCL) loop and a bare DDP (NCCL) loop, and prints one table. Sized for
-# a short lease: ~3 min of build on 16 cores, ~2 min of runs. Nothing is installed into that
-# Python: Horovod goes to .gpucheck/site (PYTHONPATH).
+# trainer (without and with the exchange), a bare Horovod (NCCL) loop and a bare DDP (NCCL) loop,
+# at each model's batch and at a busy one, then 2 ranks on the one GPU (Horovod over Gloo, and the
+# mpi4py ring and PS where MPI is installed), and prints one table. ~3 min of builds on 16 cores
+# (cached in .gpucheck/ after), ~5 min of runs. Nothing is installed into that Python: Horovod goes
+# to .gpucheck/site and .gpucheck/site-gloo (PYTHONPATH).
 #
 #   tools/gpu_check.sh [--dry-run | --build-only] [gpucheck options, e.g. --steps 100 --models lenet5]
 #
 # --dry-run (make gpu-check DRY=1): on this CPU machine with the project's .venv: checks the carried
 # sdist and that every patch applies, prints the build it would run, then runs the same table on
-# the CPU (Horovod's CPU operations, DDP over gloo) with a few steps. --build-only: steps 1-3 for real
-# without a GPU (PYTHON=.venv-gpu/bin/python here), to check the build itself. Results also go to $OUT when
+# the CPU (Horovod's CPU operations, DDP over gloo) with a few steps, one busy batch and the
+# two-rank jobs for LeNet-5. --build-only: steps 1-3 for real (the NCCL build) without a GPU
+# (PYTHON=.venv-gpu/bin/python here), to check the build itself; on a lent GPU, a first call with
+# --build-only and a second without keeps each under a device call's time limit. Results also go to $OUT when
 # set (a device machine's output folder), else .gpucheck/. docs/gpu.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -112,10 +117,23 @@ build_horovod() {  # in a subshell: the build's variables never reach the runs
 }
 tb=$SECONDS
 (build_horovod)
+gloo_site=""
 if [ $dry = 1 ]; then
     export PYTHONPATH="$root${deps}${PYTHONPATH:+:$PYTHONPATH}"  # the CPU .venv's own Horovod
 else
     log "Horovod built and installed in $((SECONDS - tb)) s"
+    if [ $build_only = 0 ]; then
+        # The two-rank run shares the one GPU, which NCCL refuses, and a Horovod with NCCL operations
+        # sends every CUDA tensor to NCCL: a second build without GPU operations, whose CUDA tensors
+        # go through the host to Gloo (gpucheck.py's docstring).
+        tb=$SECONDS
+        gloo_site=$root/.gpucheck/site-gloo
+        log "step 2/4 (b): Horovod $HOROVOD_VERSION without GPU operations (Gloo, no MPI) for the two-rank run"
+        (unset HOROVOD_GPU_OPERATIONS
+         export HOROVOD_WITHOUT_MPI=1 HOROVOD_TARGET=$gloo_site ALLREDUCE_TRAIN_CACHE=$root/.gpucheck/cache MAKEFLAGS="-j$(nproc)"
+         PY="$PY" tools/build_horovod.sh)
+        log "Horovod without GPU operations built and installed in $((SECONDS - tb)) s"
+    fi
     export PYTHONPATH="$site:$root${deps}${PYTHONPATH:+:$PYTHONPATH}"
 fi
 
@@ -136,10 +154,11 @@ if [ $build_only = 1 ]; then
 fi
 log "step 4/4: the runs (each prints what it does), then the table"
 device=cuda
-extra=()
+extra=(--gloo-pythonpath "$gloo_site")
 if [ $dry = 1 ]; then
     device=cpu
-    extra=(--steps 2 --warmup-steps 1 --batch-size 4 --synthetic-samples 128)
+    extra=(--steps 2 --warmup-steps 1 --batch-size 4 --synthetic-samples 128 --busy lenet5=16
+           --two-rank-models lenet5 --two-rank-steps 4)
 fi
 set +e
 "$PY" -m allreduce_train.experiments gpucheck --device $device "${extra[@]}" --out "$out/gpucheck.json" "$@" \

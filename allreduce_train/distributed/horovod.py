@@ -140,6 +140,16 @@ def connect_first() -> None:
     MPI.COMM_WORLD.Allreduce(ones, np.empty_like(ones), op=MPI.SUM)  # communication: the first between the ranks
 
 
+def exchange_at_one_rank(environ) -> bool:
+    """``ALLREDUCE_TRAIN_EXCHANGE_AT_ONE_RANK=1``, for checks (tools/gpu_check.sh): a job of one rank
+    still sends every gradient through Horovod's allreduce (NCCL for CUDA tensors), which it otherwise
+    skips, so its step can be compared with a bare Horovod or DDP loop of one rank."""
+    choice = environ.get("ALLREDUCE_TRAIN_EXCHANGE_AT_ONE_RANK", "0")
+    if choice not in ("0", "1"):
+        raise UserError(f"ALLREDUCE_TRAIN_EXCHANGE_AT_ONE_RANK={choice!r}: use 1 (for checks) or 0 (the default)")
+    return choice == "1"
+
+
 def _cycle_ms(environ) -> float | None:
     """The HOROVOD_CYCLE_TIME Horovod runs with (its default: 1 ms); None if it is not a number."""
     try:
@@ -177,8 +187,10 @@ class HorovodAllreduce(GradientExchange):
         # round trip: Horovod's default stays.
         # One process exchanges nothing (prepare() skips Horovod): a slow cycle keeps the idle
         # thread's CPU (~11 % of a core at 0.25 ms) for training.
-        world = os.environ.get("OMPI_COMM_WORLD_SIZE", "1")
-        if world == "1":
+        # (HOROVOD_SIZE: a job that horovodrun --gloo or tools/gpu_check.sh started without mpirun.)
+        world = os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("HOROVOD_SIZE", "1"))
+        self._exchange_alone = exchange_at_one_rank(os.environ)
+        if world == "1" and not self._exchange_alone:
             os.environ.setdefault("HOROVOD_CYCLE_TIME", "5")
         elif one_host(os.environ):
             os.environ.setdefault("HOROVOD_CYCLE_TIME", ONE_HOST_CYCLE_MS)
@@ -209,10 +221,11 @@ class HorovodAllreduce(GradientExchange):
             "horovod_cycle_time_ms": _cycle_ms(os.environ),
             "horovod_fusion_threshold": os.environ.get("HOROVOD_FUSION_THRESHOLD", "default"),
             "horovod_connect_first": self._connected_first,
+            "horovod_exchange_at_one_rank": self._exchange_alone,
         }
 
     def prepare(self, model, optimizer):
-        if self.size == 1:
+        if self.size == 1 and not self._exchange_alone:
             # The average over one worker is its own gradient: skip Horovod's hooks, copies and
             # background-thread round trips altogether (no fp16 round trip either: nothing is sent).
             return optimizer
@@ -227,6 +240,11 @@ class HorovodAllreduce(GradientExchange):
             backward_passes_per_step=self.cfg.backward_passes_per_step,
             op=op,
         )
+        if self.size == 1:
+            # Exchange at one rank (for checks): Horovod registers its backward hooks only at size > 1
+            # (0.28.1, DistributedOptimizer.__init__); without them synchronize() would send every
+            # gradient after backward instead of as each is ready, unlike a real job.
+            wrapped._register_hooks()
         # The wrapper is a new optimizer over the same parameters with empty state: carry over
         # what was loaded from a checkpoint (momentum buffers), or a resumed run would diverge.
         wrapped.load_state_dict(optimizer.state_dict())
