@@ -49,7 +49,7 @@ EXIT_PREEMPTED, EXIT_TIMEOUT = 75, 124  # as allreduce_train/errors.py documents
 # an exit from the rank's host daemon, and waits forever for a daemon on a host it can no longer reach.
 EXIT_DIR_ENV = "ALLREDUCE_TRAIN_EXIT_DIR"
 GRACE_PERIOD = 30.0  # seconds mpirun has to end the job once a rank failed or a stop was asked for
-KILL_PATIENCE = 5.0  # seconds between SIGTERM and SIGKILL to mpirun's process group
+KILL_PATIENCE = 5.0  # seconds between SIGTERM to mpirun and SIGKILL to it and its descendants
 
 
 def no_gl_probe(environ: dict[str, str]) -> dict[str, str]:
@@ -445,9 +445,7 @@ def run_bounded(cmd: list[str], env: dict[str, str], timeout: float = 0, stops: 
     exit_dir = env.get(EXIT_DIR_ENV, "")
     for name in os.listdir(exit_dir) if exit_dir else ():
         os.unlink(os.path.join(exit_dir, name))  # an earlier attempt's records
-    # its own process group, so that it can be ended with whatever it started; a background group
-    # does not read the terminal (Open MPI forwards stdin only from the foreground)
-    proc = subprocess.Popen(cmd, env=env, process_group=0)
+    proc = subprocess.Popen(cmd, env=env)
     stops = [] if stops is None else stops
     signals: list[int] = []
     main_thread = threading.current_thread() is threading.main_thread()
