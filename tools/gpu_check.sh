@@ -70,18 +70,26 @@ if [ ${#missing[@]} -gt 0 ]; then
     [ $dry = 1 ] && log "missing for the real run here: ${missing[*]}" || die "missing: ${missing[*]}"
 fi
 
-# Horovod imports cloudpickle and packaging, the project's config tomli before Python 3.11 (all pure
-# Python); the tree carries their wheels for a Python that lacks them.
+# Horovod imports cloudpickle, packaging and psutil (horovod.torch -> its elastic module -> the runner's
+# network helpers), the project's config tomli before Python 3.11; the tree carries their wheels for
+# a Python that lacks them. The pure-Python ones are imported from the wheel itself; psutil's compiled
+# module (an abi3 wheel, any CPython 3 on x86_64 Linux) cannot be imported from a zip, so it is
+# unpacked into .gpucheck/deps.
 "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || die "$PY is older than Python 3.10 (the project needs >= 3.10)"
 deps=""
-for mod in cloudpickle packaging $("$PY" -c 'import sys; print("tomli" if sys.version_info < (3, 11) else "")'); do
-    if ! "$PY" -c "import $mod" 2>/dev/null; then
-        whl=$(ls "$root"/third_party/"$mod"-*-py3-none-any.whl 2>/dev/null | head -1)
+unpacked=$root/.gpucheck/deps
+for mod in cloudpickle packaging psutil $("$PY" -c 'import sys; print("tomli" if sys.version_info < (3, 11) else "")'); do
+    if ! PYTHONPATH="$unpacked" "$PY" -c "import $mod" 2>/dev/null; then
+        whl=$(ls "$root"/third_party/"$mod"-*.whl 2>/dev/null | head -1)
         [ -n "$whl" ] || die "$PY has no $mod and third_party/ has no $mod wheel"
-        deps="$deps:$whl"
+        case "$whl" in
+            *-none-any.whl) deps="$deps:$whl" ;;
+            *) "$PY" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$whl" "$unpacked" ;;
+        esac
         log "$mod: from $(basename "$whl") (not in $PY)"
     fi
 done
+[ -d "$unpacked" ] && deps="$deps:$unpacked"
 
 log "step 2/4: Horovod $HOROVOD_VERSION with NCCL operations, Gloo controller, no MPI, CUDA arch $cc"
 site=$root/.gpucheck/site
