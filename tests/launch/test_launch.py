@@ -1,12 +1,13 @@
 import os
 import re
+import socket
 import subprocess
 import sys
 
 import pytest
 
 from launch import LaunchSpec, build_command
-from launch.mpirun import RING_RULES, pinned_name, resuming, usable_cores, why
+from launch.mpirun import EXIT_DIR_ENV, RING_RULES, pinned_name, read_exits, resuming, usable_cores, why
 
 from helpers import RANKS, ROOT, check, launch
 
@@ -81,6 +82,23 @@ def test_more_ranks_than_cores_on_one_host_run_oversubscribed_with_a_one_line_no
     given = subprocess.run([sys.executable, "-m", "launch", "-np", str(n), "-H", f"localhost:{n}", "--dry-run", "--"],
                            cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert "--oversubscribe" not in given.stdout and given.stderr == ""  # slots the user gave are the user's
+
+
+def test_a_ranks_exit_record_reaches_the_launcher(tmp_path, monkeypatch):
+    """The trainer's record_exit and the launcher's read_exits agree on the place and the format (the
+    launcher does not import the trainer, so the variable's name is written in both)."""
+    from allreduce_train import errors
+
+    assert errors.EXIT_DIR_ENV == EXIT_DIR_ENV
+    monkeypatch.setenv(EXIT_DIR_ENV, str(tmp_path))
+    errors.record_exit(3, 69)
+    errors.record_exit(0, 0)
+    exits = read_exits(str(tmp_path))
+    assert {rank: code for rank, (code, _, _) in exits.items()} == {3: 69, 0: 0}
+    assert exits[3][1] == socket.gethostname() and sorted(os.listdir(tmp_path)) == ["0", "3"]  # no temporary left
+    monkeypatch.setenv(EXIT_DIR_ENV, str(tmp_path / "absent"))  # a host that does not see the directory
+    errors.record_exit(1, 1)
+    assert not (tmp_path / "absent").exists()
 
 
 def test_min_np_needs_an_emulated_cluster_and_restarts():
