@@ -30,7 +30,7 @@ def tb_texts(run_dir, tag):
     (3, 1, ["--strategy", "ps", "--ps-placement", "dedicated"]),  # rank 0 serves: worker 0 is rank 1
 ], ids=["horovod", "mpi-ring", "ps-dedicated"])
 def test_a_slowed_rank_is_named_once_with_its_host(tmp_path, np, slow, engine):
-    proc = check(launch(np, QUICK + engine + ["--debug-slow-rank", f"{slow}:4", "--run-dir", str(tmp_path),
+    proc = check(launch(np, QUICK + engine + ["--debug-slow-rank", f"{slow}:6", "--run-dir", str(tmp_path),
                                               "--name", "slow"], oversubscribe=np > 2))
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("straggler:")]
     assert len(lines) == 1, proc.stdout
