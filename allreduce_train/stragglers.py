@@ -53,14 +53,22 @@ from dataclasses import asdict, dataclass
 def slow_workers(compute_ms: Sequence[float], factor: float) -> list[tuple[int, float]]:
     """The workers whose figure is at least ``factor`` times the median of the others' figures,
     each with that median; nobody with fewer than two workers or with ``factor`` 0 (off)."""
-    if factor <= 0 or len(compute_ms) < 2:
+    n = len(compute_ms)
+    if factor <= 0 or n < 2:
         return []
+    order = sorted(range(n), key=compute_ms.__getitem__)
+    ranked = [compute_ms[i] for i in order]
+
+    def without(k: int, j: int) -> float:  # the j-th smallest figure once the k-th smallest is left out
+        return ranked[j] if j < k else ranked[j + 1]
+
     found = []
-    for i, mine in enumerate(compute_ms):
-        others = statistics.median([v for j, v in enumerate(compute_ms) if j != i])
-        if others > 0 and mine >= factor * others:
+    for k, i in enumerate(order):  # one sort for all: the others' median is the sorted list less one
+        half = (n - 1) // 2
+        others = without(k, half) if (n - 1) % 2 else (without(k, half - 1) + without(k, half)) / 2
+        if others > 0 and compute_ms[i] >= factor * others:
             found.append((i, others))
-    return found
+    return sorted(found)
 
 
 @dataclass(frozen=True)

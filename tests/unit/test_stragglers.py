@@ -2,6 +2,7 @@
 
 import json
 import random
+import statistics
 
 import pytest
 
@@ -105,3 +106,15 @@ def test_bad_straggler_flags_are_named(args, needle):
 
 def test_debug_slow_rank_is_parsed():
     assert parse(["--debug-slow-rank", "2:3.5"]).train.debug_slow_rank == "2:3.5"
+
+
+def test_the_others_median_from_one_sort_is_the_definitions():
+    rng = random.Random(1)
+    for _ in range(2000):
+        figures = [rng.choice([1.0, 2.0, 3.0, rng.uniform(0, 5)]) for _ in range(rng.randint(2, 9))]
+        by_definition = []
+        for i, mine in enumerate(figures):
+            others = statistics.median(figures[:i] + figures[i + 1:])
+            if others > 0 and mine >= 1.5 * others:
+                by_definition.append((i, others))
+        assert slow_workers(figures, 1.5) == by_definition, figures
