@@ -129,7 +129,8 @@ class ExchangeConfig:
     mpi_algorithm: str = _f("ring", "allreduce-engine mpi: ring = reduce-scatter + allgather of Isend/Irecv; "
                                     "iallreduce = MPI_Iallreduce per bucket (Open MPI's algorithm)",
                             ("ring", "iallreduce"))
-    compression: str = _f("none", "gradient compression on the wire (allreduce)", ("none", "fp16"))
+    compression: str = _f("none", "16-bit on the wire: gradients (allreduce; bf16 not with Horovod), and with ps "
+                                  "also the pulled parameters (docs/concepts.md)", ("none", "fp16", "bf16"))
     backward_passes_per_step: int = _f(1, "local gradient accumulation steps per exchange (allreduce)")
     reduce_op: str = _f("average", "allreduce reduction", ("average", "adasum"))
     horovod_backend: str = _f("mpi", "allreduce: Horovod's controller and CPU collectives; gloo (one host only under "

@@ -238,7 +238,7 @@ class Trainer:
             mine["cuda_rng"] = torch.cuda.get_rng_state()
         workers = self.ex.gather_from_workers(mine)
         if self.ex.is_main:
-            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+            state = {"model": self.ex.model_state_dict(model), "optimizer": optimizer.state_dict(), "step": step,
                      "config": self.cfg.to_dict(), "workers": workers}
             checkpoint.save(os.path.join(self.run_dir, checkpoint.CHECKPOINT_NAME), state)
 

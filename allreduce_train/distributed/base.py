@@ -83,6 +83,11 @@ class GradientExchange(ABC):
         every worker's RNG and task state)."""
         return self.allgather_object(obj)
 
+    def model_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The model's state for a checkpoint, on the main rank (the parameter server's float32 master
+        parameters where workers hold 16-bit-rounded ones)."""
+        return model.state_dict()
+
     def serve(self) -> None:
         """Run a non-worker rank until the workers finish."""
         raise NotImplementedError(f"{self.name} has no server ranks")

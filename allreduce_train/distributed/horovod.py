@@ -12,7 +12,7 @@ import torch
 
 from .. import watchdog
 from ..config import ExchangeConfig
-from ..errors import UserError
+from ..errors import ConfigError, UserError
 from .base import GradientExchange
 
 
@@ -169,6 +169,9 @@ class HorovodAllreduce(GradientExchange):
     name = "allreduce"
 
     def __init__(self, cfg: ExchangeConfig) -> None:
+        if cfg.compression == "bf16":  # before any process group forms: every rank fails alike
+            raise ConfigError("--compression bf16: Horovod 0.28.1's PyTorch binding has no bfloat16 allreduce; "
+                              "use --allreduce-engine mpi (it sums bfloat16 itself) or --compression fp16")
         self.cfg = cfg
         self.hvd = hvd = _import_horovod()
         self._rendezvous = gloo_under_mpirun(os.environ) if wants_gloo(cfg, os.environ) else None

@@ -14,7 +14,7 @@ Every rank sends and receives 2(N-1)/N of the bucket, the bandwidth-optimal figu
 Yuan that Horovod's (and Baidu's) ring reaches. ``--mpi-algorithm iallreduce`` hands each bucket
 to MPI_Iallreduce instead (Open MPI picks its own algorithm). The sum is divided by N (Horovod's
 Average); clipping stays in the trainer (after the exchange, on the averaged gradient) and
-``--compression fp16`` sends and sums float16, as Horovod's fp16 compression does.
+``--compression fp16`` (or ``bf16``) sends and sums 16-bit floats, as Horovod's fp16 compression does.
 
 There is no background thread: messages advance whenever this rank's Python runs the exchange --
 in every gradient hook, and in :meth:`synchronize` until every bucket is done, which sleeps between
@@ -34,6 +34,7 @@ import torch
 from ..config import Config
 from ..errors import ConfigError, UserError
 from .base import GradientExchange
+from .compression import SIXTEEN_BIT, wire_dtype
 from .ps.exchange import MAX_BUCKETS, _import_mpi, allgather_pickle, bcast_pickle, poll
 from .ps.sharding import plan
 
@@ -44,9 +45,9 @@ def check_config(cfg: Config) -> None:
     if x.reduce_op != "average":
         raise ConfigError("--reduce-op adasum is Horovod's; --allreduce-engine mpi averages "
                           "(use --reduce-op average, or --allreduce-engine horovod)")
-    if x.compression == "fp16" and x.mpi_algorithm == "iallreduce":
-        raise ConfigError("--compression fp16 with --mpi-algorithm iallreduce: MPI has no float16 sum; "
-                          "use --mpi-algorithm ring (it sums float16 itself) or --compression none")
+    if x.compression in SIXTEEN_BIT and x.mpi_algorithm == "iallreduce":
+        raise ConfigError(f"--compression {x.compression} with --mpi-algorithm iallreduce: MPI has no 16-bit float "
+                          "sum; use --mpi-algorithm ring (it sums 16-bit floats itself) or --compression none")
 
 
 def chunk_bounds(numel: int, n: int) -> list[int]:
@@ -64,7 +65,8 @@ class _Bucket:
         for p in members:
             self.offsets.append(self.offsets[-1] + sizes[p])
         self.flat = torch.zeros(self.offsets[-1], dtype=dtype)
-        self.arr = self.flat.numpy()  # the same memory, for MPI
+        # the same memory, for MPI (numpy has no bfloat16: its bits travel as int16, MPI only moves them)
+        self.arr = (self.flat.view(torch.int16) if dtype == torch.bfloat16 else self.flat).numpy()
         self.cut = chunk_bounds(len(self.flat), size)
         # Reduce-scatter step t receives rank r-1's partial sum of chunk r-t-1 into a scratch of its own.
         self.scratch = [np.empty(self.chunk(rank - t - 1).nbytes, dtype=np.uint8) for t in range(size - 1)]
@@ -104,7 +106,7 @@ class MPIRingAllreduce(GradientExchange):
         self.comm = world.Dup()
         self.timeout = x.stall_timeout  # 0: wait forever (the watchdog is off too)
         self.algorithm = x.mpi_algorithm
-        self.dtype = torch.float16 if x.compression == "fp16" else torch.float32
+        self.dtype = wire_dtype(x.compression)  # the bucket's buffer: the copy in is the cast (compression.py)
         self.divisor = self.size if average else 1
         self._hooks: list[Any] = []
         self._buckets: list[_Bucket] = []
@@ -213,7 +215,7 @@ class MPIRingAllreduce(GradientExchange):
             if not bucket.recvs[t].Test():
                 return False
             c = (r - t - 1) % n
-            partial = torch.from_numpy(bucket.scratch[t].view(bucket.arr.dtype))
+            partial = torch.from_numpy(bucket.scratch[t]).view(bucket.flat.dtype)
             bucket.flat[bucket.cut[c]:bucket.cut[c + 1]].add_(partial)
             bucket.step += 1
             if t + 1 < n - 1:

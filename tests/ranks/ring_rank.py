@@ -2,7 +2,7 @@
 
 Each rank gives a toy model gradients of its own (seeded by rank and step), lets the exchange
 average them, and compares the result with the average of every rank's raw gradients (gathered
-as objects, summed in float64), for both algorithms, fp16 on the wire and two backward passes per
+as objects, summed in float64), for both algorithms, fp16 and bf16 on the wire and two backward passes per
 step; a tensor outside the loss must come back as zeros. Prints ``ring_rank ok`` when all hold.
 """
 
@@ -20,6 +20,7 @@ VARIANTS = [  # (flags, passes per step, relative tolerance)
     (["--mpi-algorithm", "iallreduce"], 1, 1e-6),
     (["--mpi-algorithm", "ring"], 2, 1e-6),
     (["--mpi-algorithm", "ring", "--compression", "fp16"], 1, 5e-3),  # float16: 11 significant bits
+    (["--mpi-algorithm", "ring", "--compression", "bf16"], 1, 4e-2),  # bfloat16: 8 significant bits
 ]
 
 
@@ -45,8 +46,8 @@ def run(flags: list[str], passes: int, tol: float) -> None:
             assert torch.equal(g, everyone[0][1][i]), f"{flags} step {step}: tensor {i} differs from rank 0's"
             err = float((g.double() - w).abs().max()) / max(float(w.abs().max()), 1e-30)
             assert err <= tol or not w.any() and not g.any(), f"{flags} step {step}: tensor {i} off by {err:.2e}"
-            if "fp16" in flags and w.numel() > 100:
-                # the control: float16 really was on the wire
+            if "--compression" in flags and w.numel() > 100:
+                # the control: 16 bits really were on the wire
                 assert not torch.equal(g, w.float()), f"{flags}: tensor {i} exact in float32"
         opt.step()
     ex.close()

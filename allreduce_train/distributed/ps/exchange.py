@@ -42,6 +42,7 @@ from ...config import Config
 from ... import watchdog
 from ...errors import ConfigError, Stalled, UserError
 from ..base import GradientExchange
+from ..compression import wire_dtype
 from .sharding import Layout, plan
 
 HEADER_BYTES = 16  # two float64. Push: (lr, server version the gradient was computed from); reply: (version, staleness)
@@ -64,10 +65,11 @@ def _import_mpi():
     return MPI
 
 
-def _message(numel: int) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
-    """One contiguous buffer for MPI: the raw bytes, the 2-float64 header, the float32 payload."""
-    raw = np.zeros(HEADER_BYTES + ELEM * numel, dtype=np.uint8)
-    return raw, raw[:HEADER_BYTES].view(np.float64), torch.from_numpy(raw[HEADER_BYTES:].view(np.float32))
+def _message(numel: int, dtype: torch.dtype = torch.float32) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
+    """One contiguous buffer for MPI: the raw bytes, the 2-float64 header, the payload (float32, or the
+    16-bit wire dtype of ``--compression``)."""
+    raw = np.zeros(HEADER_BYTES + torch.finfo(dtype).bits // 8 * numel, dtype=np.uint8)
+    return raw, raw[:HEADER_BYTES].view(np.float64), torch.from_numpy(raw[HEADER_BYTES:]).view(dtype)
 
 
 def poll(test: Callable[[], bool], timeout: float, what: str, idle: Callable[[], bool] | None = None) -> None:
@@ -127,8 +129,6 @@ def allgather_pickle(comm, MPI, obj: Any, wait: Wait, what: str) -> list[Any]:
 def check_config(cfg: Config) -> None:
     """What ``--strategy ps`` cannot do, checked before MPI starts (every rank fails alike)."""
     x = cfg.exchange
-    if x.compression != "none":
-        raise ConfigError("--compression fp16 is an allreduce option; --strategy ps sends float32 (use --compression none)")
     if x.reduce_op != "average":
         raise ConfigError("--reduce-op adasum is an allreduce option; --strategy ps averages (use --reduce-op average)")
 
@@ -143,7 +143,8 @@ class _Server:
     """
 
     def __init__(self, MPI, index: int, layout: Layout, payload: dict[str, Any], workers: list[int],
-                 sync: bool, push, pull, timeout: float, clip: float = 0.0, clip_comm=None) -> None:
+                 sync: bool, push, pull, timeout: float, clip: float = 0.0, clip_comm=None,
+                 wire: torch.dtype = torch.float32) -> None:
         self.MPI, self.push, self.pull, self.timeout = MPI, push, pull, timeout
         self.workers, self.sync = workers, sync
         # Sync clipping: the averaged gradients of a step wait here until the servers have summed
@@ -170,12 +171,14 @@ class _Server:
             gather([momentum[i].reshape(-1) if i in momentum else torch.zeros_like(f) for i, f in enumerate(flat)])
             if momentum else dict.fromkeys(self.buckets))
         self.version = dict.fromkeys(self.buckets, 0)  # updates applied to each bucket
-        self.inbox = {(b, w): _message(len(self.param[b])) for b in self.buckets for w in workers}
+        # Pushes and pulls travel in the wire dtype (16-bit with --compression); the parameters and
+        # momentum here stay float32 (master weights), and so does the checkpoint's state message.
+        self.inbox = {(b, w): _message(len(self.param[b]), wire) for b in self.buckets for w in workers}
         self.arrived: dict[int, set[int]] = {b: set() for b in self.buckets}
-        self.outbox = ({b: _message(len(self.param[b])) for b in self.buckets} if sync else
-                       {(b, w): _message(len(self.param[b])) for b in self.buckets for w in workers})
+        self.outbox = ({b: _message(len(self.param[b]), wire) for b in self.buckets} if sync else
+                       {(b, w): _message(len(self.param[b]), wire) for b in self.buckets for w in workers})
         self.out_reqs: dict[Any, list] = {}  # outbox key -> its sends in flight
-        self.state_out = _message(sum(len(p) for p in self.param.values()))
+        self.state_out = _message(2 * sum(len(p) for p in self.param.values()))  # momentum, then parameters
         self.receiving: list[tuple[Any, int, int]] = []
         self.done: set[int] = set()
         self.status = MPI.Status()
@@ -229,8 +232,9 @@ class _Server:
             if len(self.arrived[b]) < len(self.workers):
                 return
             self.arrived[b].clear()
-            # Sum in worker order, not arrival order: the result does not depend on timing.
-            total = self.inbox[(b, self.workers[0])][2]
+            # Sum in worker order, not arrival order: the result does not depend on timing. In float32:
+            # 16-bit pushes are widened here (a copy; float32 ones are summed in the first inbox).
+            total = self.inbox[(b, self.workers[0])][2].float()
             for w in self.workers[1:]:
                 total.add_(self.inbox[(b, w)][2])
             total.div_(len(self.workers))
@@ -245,7 +249,7 @@ class _Server:
             self._reply(b, b, self.workers, staleness=0)
         else:
             staleness = self.version[b] - int(head[1])  # updates this gradient did not see
-            self._sgd(b, grad.div_(len(self.workers)), lr)
+            self._sgd(b, grad.float().div_(len(self.workers)), lr)
             self._reply(b, (b, src), [src], staleness)
 
     def _clipped_step(self) -> None:
@@ -289,10 +293,11 @@ class _Server:
     def _send_state(self, dest: int) -> None:
         self._wait_sends("state")
         raw, head, data = self.state_out
-        off = 0
+        off, half = 0, len(data) // 2
         for b in self.buckets:
             n, buf = len(self.param[b]), self.momentum[b]
             data[off:off + n].copy_(buf) if buf is not None else data[off:off + n].zero_()
+            data[half + off:half + off + n].copy_(self.param[b])
             off += n
         head[0] = float(any(self.momentum[b] is not None for b in self.buckets))
         self.out_reqs["state"] = [self.pull.Isend([raw, self.MPI.BYTE], dest=dest, tag=TAG_STATE)]
@@ -340,6 +345,7 @@ class ParameterServer(GradientExchange):
         # Clipping: sync clips the averaged gradient on the servers (see _Server); async clips each
         # worker's own gradient, which needs its whole norm first, so all pushes wait for synchronize().
         self.clip = cfg.optim.grad_clip
+        self.wire = wire_dtype(x.compression)  # pushes and pulls (compression.py says where the casts go)
         self._clip_local = cfg.optim.grad_clip if x.ps_mode == "async" else 0.0
         self._window = [0, 0, 0, 0]  # since the last stats(): steps, staleness sum, count, max
 
@@ -388,7 +394,8 @@ class ParameterServer(GradientExchange):
             clip_comm = self.world.Split(0 if owns else self.MPI.UNDEFINED, self.rank)
         if self._server_index is not None:
             self._server = _Server(self.MPI, self._server_index, self.layout, payload, self.worker_ranks,
-                                   x.ps_mode == "sync", self.push, self.pull, x.stall_timeout, sync_clip, clip_comm)
+                                   x.ps_mode == "sync", self.push, self.pull, x.stall_timeout, sync_clip, clip_comm,
+                                   self.wire)
         self._started = True
 
     def serve(self) -> None:
@@ -423,11 +430,16 @@ class ParameterServer(GradientExchange):
                 p.copy_(src)
             for name, b in model.named_buffers():
                 b.copy_(payload["buffers"][name])
+            if self.wire != torch.float32:
+                # Workers compute on the parameters as a pull delivers them (rounded to 16 bits), from
+                # the first step on, fresh or resumed: a resumed run then continues bit-exactly.
+                for p in params:
+                    p.copy_(p.to(self.wire))
         self.params = params
         self._flat = [p.data.view(-1) for p in params]
         lay = self.layout
-        self._out = {key: _message(lay.segment_numel(*key)) for key in lay.segments}
-        self._in = {key: _message(lay.segment_numel(*key)) for key in lay.segments}
+        self._out = {key: _message(lay.segment_numel(*key), self.wire) for key in lay.segments}
+        self._in = {key: _message(lay.segment_numel(*key), self.wire) for key in lay.segments}
         self._version = dict.fromkeys(lay.segments, 0)
         self._step_bytes = (sum(m[0].nbytes for m in self._out.values()), sum(m[0].nbytes for m in self._in.values()))
         self._k = self.xcfg.backward_passes_per_step
@@ -458,7 +470,12 @@ class ParameterServer(GradientExchange):
             raw, head, data = self._out[(b, s)]
             head[0], head[1] = lr, self._version[(b, s)]
             views = [self._grad(p)[lo:hi] for p, lo, hi in lay.segments[(b, s)]]
-            if views[0].device.type == "cpu":
+            if self.wire != torch.float32:  # the cast to 16 bits, segment by segment into the message
+                off = 0
+                for v in views:
+                    data[off:off + len(v)].copy_(v)
+                    off += len(v)
+            elif views[0].device.type == "cpu":
                 torch.cat(views, out=data)
             else:
                 data.copy_(torch.cat(views))
@@ -505,25 +522,44 @@ class ParameterServer(GradientExchange):
 
     def fetch_momentum(self) -> dict[int, dict[str, torch.Tensor]]:
         """Every server's momentum, assembled per parameter (for a checkpoint in SGD's format)."""
+        momentum, _ = self._fetch_state()
+        return momentum
+
+    def model_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """With 16-bit pulls the workers hold rounded parameters: the checkpoint takes the servers'
+        float32 master parameters instead (they start a resumed run's servers)."""
+        sd = model.state_dict()
+        if self.wire == torch.float32 or not self._started:
+            return sd
+        _, master = self._fetch_state()
+        names = {id(p): n for n, p in model.named_parameters()}
+        for p, m in zip(self.params, master):
+            sd[names[id(p)]] = m.view_as(p).to(p.device)
+        return sd
+
+    def _fetch_state(self) -> tuple[dict[int, dict[str, torch.Tensor]], list[torch.Tensor]]:
+        """Every server's momentum (SGD's state format; {} without any) and master parameters, by parameter."""
         MPI, lay = self.MPI, self.layout
         totals = [sum(lay.segment_numel(b, s) for b in range(len(lay.buckets))) for s in range(lay.num_servers)]
-        inbox = [_message(n) for n in totals]
+        inbox = [_message(2 * n) for n in totals]
         reqs = []
         for s, dest in enumerate(self.server_ranks):
             reqs.append(self.pull.Irecv([inbox[s][0], MPI.BYTE], source=dest, tag=TAG_STATE))
             reqs.append(self.push.Isend([np.zeros(0, np.uint8), MPI.BYTE], dest=dest, tag=TAG_STATE))
         self._poll(lambda: MPI.Request.Testall(reqs), "the servers' optimizer state")  # communication
-        if not any(m[1][0] for m in inbox):
-            return {}  # no momentum (momentum 0, or no step taken yet)
         bufs = [torch.zeros_like(f) for f in self._flat]
+        master = [torch.zeros_like(f) for f in self._flat]
         for s in range(lay.num_servers):
-            data, off = inbox[s][2], 0
+            data, off, half = inbox[s][2], 0, totals[s]
             for b in range(len(lay.buckets)):
                 for p, lo, hi in lay.segments.get((b, s), ()):
                     bufs[p][lo:hi].copy_(data[off:off + hi - lo])
+                    master[p][lo:hi].copy_(data[half + off:half + off + hi - lo])
                     off += hi - lo
-        return {i: {"momentum_buffer": buf.view_as(self.params[i]).to(self.params[i].device)}
-                for i, buf in enumerate(bufs)}
+        if not any(m[1][0] for m in inbox):
+            return {}, master  # no momentum (momentum 0, or no step taken yet)
+        return ({i: {"momentum_buffer": buf.view_as(self.params[i]).to(self.params[i].device)}
+                 for i, buf in enumerate(bufs)}, master)
 
     # ------------------------------------------------------------ collectives for the trainer
     def sum_over_workers(self, values: torch.Tensor) -> torch.Tensor:
@@ -565,7 +601,7 @@ class ParameterServer(GradientExchange):
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"ps_servers": len(self.server_ranks), "ps_placement": self.xcfg.ps_placement,
                                "ps_mode": self.xcfg.ps_mode, "ps_bucket_bytes": self.xcfg.ps_bucket_bytes,
-                               "ps_split_bytes": self.xcfg.ps_split_bytes}
+                               "ps_split_bytes": self.xcfg.ps_split_bytes, "compression": self.xcfg.compression}
         if self._started:
             out["ps_buckets"] = len(self.layout.buckets)
             out["ps_server_bytes"] = [ELEM * n for n in self.layout.server_numel()]

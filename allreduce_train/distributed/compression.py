@@ -1,0 +1,50 @@
+"""16-bit on the wire: which dtype each ``--compression`` sends, and what that costs.
+
+``fp16`` and ``bf16`` halve every gradient (and, with the parameter server, every parameter)
+message: the sender rounds float32 to 16 bits, the receiver widens back. The rounding and the
+widening are the extra compute; where they happen depends on the engine (docs/concepts.md):
+
+* Horovod (fp16 only): its ``Compression.fp16`` casts each gradient before the allreduce and back
+  after it on the worker; the ring sums float16. Horovod 0.28.1's PyTorch binding has no bfloat16
+  allreduce, so ``bf16`` is refused there with one line.
+* ``--allreduce-engine mpi``: the bucket's flat buffer is 16-bit; copying the gradients in is the
+  cast, the ring adds 16-bit chunks, copying the average out widens it.
+* parameter server: the worker casts its gradients into the push message; the server widens each
+  worker's push to float32, averages and updates float32 master parameters and momentum, and casts
+  the parameters into the pull reply; the worker widens them into its model. The conversions of
+  all workers' messages land on the servers.
+
+Bytes per step are what the cost model will charge per method (:func:`bytes_per_element`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+WIRE_DTYPES = {"none": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+SIXTEEN_BIT = ("fp16", "bf16")
+
+
+def wire_dtype(compression: str) -> torch.dtype:
+    """The dtype gradients travel in under ``--compression`` (none, fp16, bf16)."""
+    return WIRE_DTYPES[compression]
+
+
+def bytes_per_element(compression: str) -> int:
+    """Bytes one gradient element takes on the wire: 4, or 2 for the 16-bit formats."""
+    return torch.finfo(wire_dtype(compression)).bits // 8
+
+
+def allreduce_bytes_per_step(numel: int, workers: int, compression: str = "none") -> float:
+    """Bytes each worker sends per step in a ring allreduce of ``numel`` gradient elements:
+    2(N-1)/N of the gradient (reduce-scatter + allgather), at the wire's element size."""
+    if workers <= 1:
+        return 0.0
+    return 2 * (workers - 1) / workers * numel * bytes_per_element(compression)
+
+
+def ps_bytes_per_step(numel: int, compression: str = "none") -> tuple[int, int]:
+    """Payload bytes one worker pushes and pulls per step with the parameter server (headers apart):
+    every gradient element out, every parameter element back, both at the wire's element size."""
+    n = numel * bytes_per_element(compression)
+    return n, n

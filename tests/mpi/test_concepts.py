@@ -1,0 +1,75 @@
+"""Real ranks under mpirun: the communication-reduction concepts (docs/concepts.md) hold only if the
+ranks really exchanged what the concept sends."""
+
+import json
+
+import pytest
+import torch
+
+from helpers import check, launch, load_params, rel_diff, run_single
+
+pytestmark = pytest.mark.mpi
+
+QUICK = ["--dataset", "synthetic", "--synthetic-samples", "2048", "--no-progress", "--log-every", "5",
+         "--warmup-steps", "0", "--no-scale-lr", "--lr", "0.05", "--steps", "20"]
+PS_FP16 = ["--strategy", "ps", "--ps-placement", "colocated", "--compression", "fp16", "--checkpoint-every", "7"]
+
+
+def run_args(tmp_path, name, *extra):
+    return ["--run-dir", str(tmp_path), "--name", name, "--dump-params", str(tmp_path / f"{name}-{{rank}}.pt"), *extra]
+
+
+@pytest.fixture(scope="module")
+def float32_params(tmp_path_factory):
+    """Where float32 training ends: one process at the double batch (equal to 2 ranks to 1e-5, tests/mpi/test_train.py)."""
+    d = tmp_path_factory.mktemp("fp32")
+    check(run_single(QUICK + run_args(d, "ref", "--batch-size", "32")))
+    return load_params(d / "ref-0.pt")
+
+
+@pytest.fixture(scope="module")
+def ps_fp16_dir(tmp_path_factory):
+    """A colocated PS job with fp16 pushes and pulls, run to the end (shared by two tests)."""
+    d = tmp_path_factory.mktemp("psfp16")
+    check(launch(2, QUICK + PS_FP16 + run_args(d, "full", "--batch-size", "16")))
+    return d
+
+
+def same_on_every_rank(d, name):
+    r0, r1 = load_params(d / f"{name}-0.pt"), load_params(d / f"{name}-1.pt")
+    for k in r0:
+        assert torch.equal(r0[k], r1[k]), f"{name}: {k} differs between ranks"
+    return r0
+
+
+@pytest.mark.parametrize("flags, tol", [
+    (["--compression", "fp16"], 1e-2),  # Horovod's Compression.fp16
+    (["--allreduce-engine", "mpi", "--compression", "bf16"], 5e-2),  # the mpi4py ring sums bfloat16
+    (None, 1e-2),  # the parameter server: fp16 pushes and pulls, float32 master parameters on the servers
+])
+def test_16_bit_on_the_wire_ends_near_float32_but_not_on_it_and_alike_on_every_rank(
+        tmp_path, float32_params, ps_fp16_dir, flags, tol):
+    if flags is None:
+        d, name = ps_fp16_dir, "full"
+    else:
+        d, name = tmp_path, "w16"
+        check(launch(2, QUICK + flags + run_args(d, name, "--batch-size", "16")))
+    got = same_on_every_rank(d, name)
+    # the rounding to 16 bits happened (a float32 exchange ends within 1e-5 of the reference) ...
+    assert rel_diff(got, float32_params) > 1e-5
+    # ... and the gradients were still averaged: each rank alone would be far off (test_train's control)
+    assert rel_diff(got, float32_params) < tol
+
+
+def test_ps_with_16_bit_pulls_resumes_exactly_from_the_servers_master_parameters(tmp_path, ps_fp16_dir):
+    args = QUICK + PS_FP16 + ["--batch-size", "16"]
+    check(launch(2, args + run_args(tmp_path, "cut", "--exit-after-steps", "9")))
+    saved = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)
+    assert saved["step"] == 9
+    # the checkpoint holds float32 master parameters, not the workers' fp16-rounded copies
+    assert any(not torch.equal(v, v.half().float()) for v in saved["model"].values())
+    check(launch(2, args + run_args(tmp_path, "cut", "--resume", "auto")))
+    full, resumed = load_params(ps_fp16_dir / "full-0.pt"), same_on_every_rank(tmp_path, "cut")
+    for k in full:
+        assert torch.equal(full[k], resumed[k]), k
+    assert json.loads((tmp_path / "cut" / "metrics.json").read_text())["steps"] == 20
