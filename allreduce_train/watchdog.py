@@ -118,6 +118,9 @@ class Watchdog:
         self.frozen_at = -1e9  # when this process was last found to have been stopped itself
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # fire() ends the process; the thread and a wait that gave up (a parameter server's deadline)
+        # may call it at the same moment, and only one of them may print the verdict
+        self._firing = threading.Lock()
 
     def address(self) -> tuple[int, list[str], int]:
         """Where this rank's board listens: called on the main rank, broadcast by the caller."""
@@ -238,6 +241,7 @@ class Watchdog:
 
         A rank that was itself frozen and has just been woken (mpirun's SIGCONT before its SIGKILL,
         or a peer's socket closing) leaves quietly: the others have named it already."""
+        self._firing.acquire()  # a second caller waits here for the first one's os._exit
         if self._was_frozen(time.monotonic()):
             record_exit(self.rank, EXIT_STALLED)
             os._exit(EXIT_STALLED)
