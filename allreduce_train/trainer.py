@@ -24,6 +24,7 @@ from . import checkpoint, preempt, watchdog
 from .config import Config, parse_slow_rank, parse_target
 from .devices import pick_device
 from .distributed.base import GradientExchange
+from .distributed.localsgd import LocalSGD
 from .errors import ConfigError, Diverged, Preempted
 from .run_logger import NullLogger
 from .stragglers import StragglerRule, window_median_ms
@@ -134,6 +135,8 @@ class Trainer:
         self.task = make_task(cfg)  # classification or language model: data, loss, evaluation
         slow = parse_slow_rank(cfg.train.debug_slow_rank) if cfg.train.debug_slow_rank else (-1, 1.0)
         self.slow_factor = slow[1] if slow[0] == exchange.rank else 1.0  # --debug-slow-rank on this rank
+        x = cfg.exchange
+        self.local_sgd = LocalSGD(x.average_every, x.average_warmup_steps, exchange) if x.average_every else None
 
     # ---------------------------------------------------------------- set-up
     def build(self) -> Setup:
@@ -185,6 +188,8 @@ class Trainer:
         a worker's loss or the averaged gradient's norm is not finite.
         """
         began = time.perf_counter()
+        if self.local_sgd:  # local SGD: does this step's gradient travel?
+            self.local_sgd.begin(step)
         optimizer.zero_grad()
         loss_sum = torch.zeros((), device=inputs.device)
         rows = len(inputs) // k
@@ -214,6 +219,8 @@ class Trainer:
             if not torch.isfinite(norm):
                 raise Diverged(step, "the gradient norm", norm.item())
         self.ex.apply(optimizer)
+        if self.local_sgd:  # local SGD: the parameters averaged at the end of a period
+            self.local_sgd.end(model, step)
         return loss_sum, wait, votes[0].item() > 0
 
     @torch.no_grad()
@@ -234,6 +241,8 @@ class Trainer:
         # communication: every worker's RNG and task state (an LSTM's hidden state), so that a resumed
         # run continues bit-exactly mid-epoch (dropout masks, the text's state)
         mine = {"rng": torch.get_rng_state(), "task": self.task.state_dict()}
+        if self.local_sgd:  # each worker's own parameters and momentum between averagings
+            mine["local_sgd"] = self.local_sgd.state_dict(model, optimizer)
         if torch.cuda.is_available():
             mine["cuda_rng"] = torch.cuda.get_rng_state()
         workers = self.ex.gather_from_workers(mine)
@@ -248,7 +257,8 @@ class Trainer:
         workers, me = self.ex.num_workers, self.ex.worker_index
         mine = torch.zeros(1 + 3 * workers, dtype=torch.float64)
         mine[0] = (loss_sum.cpu() / steps).double()
-        mine[1 + 3 * me:4 + 3 * me] = torch.tensor(meter.per_rank(steps, self.cfg.train.straggler_window))
+        mine[1 + 3 * me:4 + 3 * me] = torch.tensor(meter.per_rank(steps, self.cfg.train.straggler_window),
+                                                     dtype=torch.float64)
         # communication: one sum over workers per log interval; each worker fills only its own row
         total = self.ex.sum_over_workers(mine)
         return (total[0] / workers).item(), total[1:].view(workers, 3)
@@ -268,6 +278,8 @@ class Trainer:
             if "cuda_rng" in mine and device.type == "cuda":
                 torch.cuda.set_rng_state(mine["cuda_rng"])
             task_state = mine["task"]
+            if self.local_sgd and "local_sgd" in mine:
+                self.local_sgd.load_state_dict(mine["local_sgd"], model, optimizer)
         elif resumed:  # another worker count (an elastic restart): per-worker state does not carry over
             old, new, spe = len(resumed), ex.num_workers, s.batches.steps_per_epoch
             log.message(f"elastic: resumed with {new} workers from a checkpoint of {old}: global batch "
@@ -357,7 +369,7 @@ class Trainer:
         # each worker's own row, its median compute and wait over the run
         mine = torch.zeros(1 + 2 * workers, dtype=torch.float64)
         mine[0] = meter.cpu_seconds
-        mine[1 + 2 * ex.worker_index:3 + 2 * ex.worker_index] = torch.tensor(meter.run_medians())
+        mine[1 + 2 * ex.worker_index:3 + 2 * ex.worker_index] = torch.tensor(meter.run_medians(), dtype=torch.float64)
         total = ex.sum_over_workers(mine)
         cpu_s = total[0].item()
         per_rank = [{"rank": r, "host": h, "compute_ms": c, "wait_ms": w}

@@ -2,11 +2,15 @@
 
 import json
 import random
+import socket
 import statistics
 
 import pytest
 
+from allreduce_train.distributed.local import LocalExchange
 from allreduce_train.errors import ConfigError
+from allreduce_train.run_logger import RunLogger
+from allreduce_train.trainer import Trainer
 from allreduce_train.stragglers import Straggler, StragglerRule, scan, slow_workers, window_median_ms
 
 from helpers import parse
@@ -118,3 +122,21 @@ def test_the_others_median_from_one_sort_is_the_definitions():
             if others > 0 and mine >= 1.5 * others:
                 by_definition.append((i, others))
         assert slow_workers(figures, 1.5) == by_definition, figures
+
+
+def test_one_process_reports_its_rank_host_and_figures(tmp_path):
+    cfg = parse(["--model", "lenet5", "--dataset", "synthetic", "--synthetic-samples", "640", "--batch-size", "32",
+                 "--steps", "30", "--log-every", "5", "--straggler-window", "10", "--no-progress", "--threads", "1",
+                 "--debug-slow-rank", "0:2", "--run-dir", str(tmp_path)])
+    trainer = Trainer(cfg, LocalExchange(), str(tmp_path / "run"))
+    (tmp_path / "run").mkdir()
+    setup = trainer.build()
+    log = RunLogger(str(tmp_path / "run"), setup.total_steps, 0, tensorboard=False, progress=False)
+    result = trainer.run(setup, log)
+    log.close()
+    [me] = result["ranks"]
+    assert (me["rank"], me["host"]) == (0, socket.gethostname())
+    assert me["wait_ms"] == result["comm_wait_ms"]  # the same steps' median, gathered through the exchange
+    assert 0 < me["compute_ms"] <= result["step_ms"] * 1.01
+    # one worker has no others to be compared with, however slow it is
+    assert result["stragglers"] == [] and result["straggler_rule"] == {"factor": 1.5, "window": 10}
