@@ -132,6 +132,10 @@ class ExchangeConfig:
     compression: str = _f("none", "16-bit on the wire: gradients (allreduce; bf16 not with Horovod), and with ps "
                                   "also the pulled parameters (docs/concepts.md)", ("none", "fp16", "bf16"))
     backward_passes_per_step: int = _f(1, "local gradient accumulation steps per exchange (allreduce)")
+    average_every: int = _f(0, "local SGD (allreduce): workers step on their own gradients and every H-th step "
+                               "averages gradients and then parameters; 1 = synchronous SGD through that path, "
+                               "0 = off (docs/concepts.md)")
+    average_warmup_steps: int = _f(0, "local SGD: the first W steps are synchronous (post-local SGD)")
     reduce_op: str = _f("average", "allreduce reduction", ("average", "adasum"))
     horovod_backend: str = _f("mpi", "allreduce: Horovod's controller and CPU collectives; gloo (one host only under "
                                      "mpirun) waits in blocking sockets, which helps on an oversubscribed host "
@@ -156,6 +160,15 @@ class ExchangeConfig:
         _check(self.ps_bucket_bytes >= 4, "ps_bucket_bytes", "must be >= 4 (one float32)", self.ps_bucket_bytes)
         _check(self.ps_split_bytes >= 4, "ps_split_bytes", "must be >= 4 (one float32)", self.ps_split_bytes)
         _check(self.stall_timeout >= 0, "stall_timeout", "must be >= 0 (0 = off)", self.stall_timeout)
+        _check(self.average_every >= 0, "average_every", "must be >= 0 (0 = off)", self.average_every)
+        _check(self.average_warmup_steps >= 0, "average_warmup_steps", "must be >= 0", self.average_warmup_steps)
+        if self.average_every and self.strategy == "ps":
+            raise ConfigError("--average-every is local SGD over an allreduce (workers average parameters with each "
+                              "other); --strategy ps keeps one copy on the servers: use --strategy allreduce")
+        if self.average_every and self.reduce_op != "average":
+            raise ConfigError("--average-every with --reduce-op adasum: local SGD averages; use --reduce-op average")
+        if self.average_warmup_steps and not self.average_every:
+            raise ConfigError("--average-warmup-steps without --average-every: set --average-every H (local SGD)")
 
 
 @dataclass
@@ -174,8 +187,8 @@ class TrainConfig:
     target: str = _f("", "stop once an evaluation reaches this, e.g. eval/accuracy>=0.89 or eval/perplexity<=150; "
                          "metrics.json records the steps and seconds to it (time to accuracy)")
     straggler_factor: float = _f(1.5, "name a rank (once, with its host) whose median compute time per step over "
-                                      "--straggler-window steps is at least this many times the other ranks' median; "
-                                      "0 = off (docs/faults.md)")
+                                      "--straggler-window steps is at least this many times the other ranks' median, "
+                                      "and still is a window later; 0 = off (docs/faults.md)")
     straggler_window: int = _f(50, "steps that --straggler-factor's medians cover (checked at every --log-every)")
     debug_slow_rank: str = _f("", "for tests: R:FACTOR makes global rank R's forward and backward FACTOR times as "
                                   "long (a sleep before the exchange), a straggler on purpose")
