@@ -15,7 +15,7 @@
 # --dry-run (make gpu-check DRY=1): on this CPU machine with the project's .venv: checks the carried
 # sdist and that every patch applies, prints the build it would run, then runs the same table on
 # the CPU (Horovod's CPU operations, DDP over gloo) with a few steps, one busy batch and the
-# two-rank jobs for LeNet-5. --build-only: steps 1-3 for real (the NCCL build) without a GPU
+# two-rank jobs for LeNet-5. --build-only: steps 1-3 for real (both builds) without a GPU
 # (PYTHON=.venv-gpu/bin/python here), to check the build itself; on a lent GPU, a first call with
 # --build-only and a second without keeps each under a device call's time limit. Results also go to $OUT when
 # set (a device machine's output folder), else .gpucheck/. docs/gpu.md.
@@ -130,18 +130,16 @@ if [ $dry = 1 ]; then
     export PYTHONPATH="$root${deps}${PYTHONPATH:+:$PYTHONPATH}"  # the CPU .venv's own Horovod
 else
     log "Horovod built and installed in $((SECONDS - tb)) s"
-    if [ $build_only = 0 ]; then
-        # The two-rank run shares the one GPU, which NCCL refuses, and a Horovod with NCCL operations
-        # sends every CUDA tensor to NCCL: a second build without GPU operations, whose CUDA tensors
-        # go through the host to Gloo (gpucheck.py's docstring).
-        tb=$SECONDS
-        gloo_site=$root/.gpucheck/site-gloo
-        log "step 2/4 (b): Horovod $HOROVOD_VERSION without GPU operations (Gloo, no MPI) for the two-rank run"
-        (unset HOROVOD_GPU_OPERATIONS
-         export HOROVOD_WITHOUT_MPI=1 HOROVOD_TARGET=$gloo_site ALLREDUCE_TRAIN_CACHE=$root/.gpucheck/cache MAKEFLAGS="-j$(nproc)"
-         PY="$PY" tools/build_horovod.sh)
-        log "Horovod without GPU operations built and installed in $((SECONDS - tb)) s"
-    fi
+    # The two-rank run shares the one GPU, which NCCL refuses, and a Horovod with NCCL operations
+    # sends every CUDA tensor to NCCL: a second build without GPU operations, whose CUDA tensors
+    # go through the host to Gloo (gpucheck.py's docstring).
+    tb=$SECONDS
+    gloo_site=$root/.gpucheck/site-gloo
+    log "step 2/4 (b): Horovod $HOROVOD_VERSION without GPU operations (Gloo, no MPI) for the two-rank run"
+    (unset HOROVOD_GPU_OPERATIONS
+     export HOROVOD_WITHOUT_MPI=1 HOROVOD_TARGET=$gloo_site ALLREDUCE_TRAIN_CACHE=$root/.gpucheck/cache MAKEFLAGS="-j$(nproc)"
+     PY="$PY" tools/build_horovod.sh)
+    log "Horovod without GPU operations built and installed in $((SECONDS - tb)) s"
     export PYTHONPATH="$site:$root${deps}${PYTHONPATH:+:$PYTHONPATH}"
 fi
 
