@@ -53,6 +53,11 @@ class GradientExchange(ABC):
     def synchronize(self) -> None:
         """Block until this step's gradients are exchanged (averaged over workers) and in ``.grad``."""
 
+    def set_exchanging(self, on: bool) -> None:
+        """Local SGD (:mod:`.localsgd`): whether this step's gradients travel; off, :meth:`synchronize`
+        leaves each worker its own gradient. Called before the step's backward."""
+        raise NotImplementedError(f"{self.name} has no local SGD")
+
     @abstractmethod
     def apply(self, optimizer: torch.optim.Optimizer) -> None:
         """Apply the exchanged gradients (after :meth:`synchronize` and any clipping)."""

@@ -213,6 +213,8 @@ class HorovodAllreduce(GradientExchange):
         self.rank, self.size = hvd.rank(), hvd.size()
         self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
         self._optimizer = None
+        self._local_params: list[torch.Tensor] | None = None  # local SGD: the gradients synchronize() averages
+        self._exchanging = True
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -220,6 +222,7 @@ class HorovodAllreduce(GradientExchange):
             "compression": self.cfg.compression,
             "backward_passes_per_step": self.cfg.backward_passes_per_step,
             "reduce_op": self.cfg.reduce_op,
+            "average_every": self.cfg.average_every,
             "horovod_controller": "mpi" if self.hvd.mpi_enabled() else "gloo",
             "horovod_cycle_time_ms": _cycle_ms(os.environ),
             "horovod_fusion_threshold": os.environ.get("HOROVOD_FUSION_THRESHOLD", "default"),
@@ -235,6 +238,16 @@ class HorovodAllreduce(GradientExchange):
         hvd = self.hvd
         compression = hvd.Compression.fp16 if self.cfg.compression == "fp16" else hvd.Compression.none
         op = hvd.Adasum if self.cfg.reduce_op == "adasum" else hvd.Average
+        if self.cfg.average_every:
+            # Local SGD: no DistributedOptimizer, whose backward hooks would send every step's
+            # gradients; synchronize() averages a synchronous step's in one grouped allreduce.
+            # communication: rank 0's optimizer state (resumed runs only, as below), then its parameters
+            if hvd.broadcast_object(bool(optimizer.state_dict()["state"]), root_rank=0, name="has_optimizer_state"):
+                hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+            self._local_params = [p for p in model.parameters() if p.requires_grad]
+            self._compression = compression
+            return optimizer
         # communication: wraps step() so gradients are allreduced from backward hooks.
         wrapped = hvd.DistributedOptimizer(
             optimizer,
@@ -262,7 +275,14 @@ class HorovodAllreduce(GradientExchange):
         self._optimizer = wrapped
         return wrapped
 
+    def set_exchanging(self, on: bool) -> None:
+        self._exchanging = on
+
     def synchronize(self) -> None:
+        if self._local_params is not None:
+            if self._exchanging:
+                self._average_local_grads()
+            return
         if self._optimizer is None:  # one worker: nothing to exchange
             return
         # Horovod's own wait spins on sched_yield; on a host without a spare core the spinning thread
@@ -278,6 +298,18 @@ class HorovodAllreduce(GradientExchange):
                     while not self.hvd.poll(handle):
                         time.sleep(POLL_S)
         self._optimizer.synchronize()  # communication: wait for the in-flight allreduces
+
+    def _average_local_grads(self) -> None:
+        """A local-SGD synchronous step: every gradient averaged, as the DistributedOptimizer would."""
+        params = self._local_params
+        for p in params:
+            if p.grad is None:  # outside this step's loss: zeros, as Horovod sends for it
+                p.grad = torch.zeros_like(p)
+        wire = [self._compression.compress(p.grad) for p in params]
+        # communication: the step's gradients, one grouped (fused) allreduce
+        handle = self.hvd.grouped_allreduce_async([t for t, _ in wire], op=self.hvd.Average, name="local_sgd.grads")
+        for p, out, (_, ctx) in zip(params, self._wait(handle), wire):
+            p.grad.copy_(self._compression.decompress(out, ctx))
 
     def apply(self, optimizer) -> None:
         if self._optimizer is None:

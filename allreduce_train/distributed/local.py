@@ -26,6 +26,9 @@ class LocalExchange(GradientExchange):
     def synchronize(self) -> None:
         pass
 
+    def set_exchanging(self, on: bool) -> None:
+        pass  # one worker: its own gradient is the average either way
+
     def apply(self, optimizer: torch.optim.Optimizer) -> None:
         optimizer.step()
 

@@ -110,6 +110,7 @@ class MPIRingAllreduce(GradientExchange):
         self.divisor = self.size if average else 1
         self._hooks: list[Any] = []
         self._buckets: list[_Bucket] = []
+        self._exchanging = True  # local SGD turns it off for its local steps
         self._closed = False
 
     # ------------------------------------------------------------ set-up
@@ -117,7 +118,7 @@ class MPIRingAllreduce(GradientExchange):
         out: dict[str, Any] = {"allreduce_engine": "mpi", "mpi_algorithm": self.algorithm,
                                "mpi_bucket_bytes": self.cfg.mpi_bucket_bytes, "compression": self.cfg.compression,
                                "backward_passes_per_step": self.cfg.backward_passes_per_step,
-                               "reduce_op": self.cfg.reduce_op}
+                               "reduce_op": self.cfg.reduce_op, "average_every": self.cfg.average_every}
         if self._buckets:
             out["mpi_buckets"] = len(self._buckets)
         return out
@@ -161,7 +162,12 @@ class MPIRingAllreduce(GradientExchange):
         for b in self._buckets:
             b.step = -1
 
+    def set_exchanging(self, on: bool) -> None:
+        self._exchanging = on
+
     def _grad_ready(self, b: int) -> None:
+        if not self._exchanging:
+            return  # a local step (local SGD): nothing leaves
         self._missing[b] -= 1
         while self._next < len(self._buckets) and self._missing[self._next] <= 0:
             self._start(self._buckets[self._next])
@@ -252,6 +258,9 @@ class MPIRingAllreduce(GradientExchange):
 
     def synchronize(self) -> None:
         if not self._buckets:  # one worker: nothing to exchange
+            return
+        if not self._exchanging:  # a local step: each worker keeps its own gradient
+            self._reset_step()
             return
         # A bucket whose gradients were not all produced (a parameter outside this step's loss)
         # starts now, with zeros for what is missing.

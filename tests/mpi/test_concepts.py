@@ -73,3 +73,48 @@ def test_ps_with_16_bit_pulls_resumes_exactly_from_the_servers_master_parameters
     for k in full:
         assert torch.equal(full[k], resumed[k]), k
     assert json.loads((tmp_path / "cut" / "metrics.json").read_text())["steps"] == 20
+
+
+@pytest.fixture(scope="module")
+def sync_dir(tmp_path_factory):
+    """Synchronous SGD through Horovod's DistributedOptimizer, the ordinary path."""
+    d = tmp_path_factory.mktemp("sync")
+    check(launch(2, QUICK + run_args(d, "sync", "--batch-size", "16")))
+    return d
+
+
+@pytest.fixture(scope="module")
+def local4_dir(tmp_path_factory):
+    """Local SGD with H=4 on the mpi4py ring, run to the end (20 steps: the last one averages)."""
+    d = tmp_path_factory.mktemp("local4")
+    check(launch(2, QUICK + LOCAL4 + run_args(d, "full", "--batch-size", "16")))
+    return d
+
+
+LOCAL4 = ["--allreduce-engine", "mpi", "--average-every", "4", "--checkpoint-every", "7"]
+
+
+def test_local_sgd_with_h_1_is_synchronous_sgd_bit_for_bit(tmp_path, sync_dir):
+    """Through local SGD's path (Horovod without its DistributedOptimizer: one grouped allreduce of a
+    synchronous step's gradients, after backward) the run ends on the ordinary path's parameters."""
+    check(launch(2, QUICK + run_args(tmp_path, "h1", "--batch-size", "16", "--average-every", "1")))
+    got, want = same_on_every_rank(tmp_path, "h1"), load_params(sync_dir / "sync-0.pt")
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
+
+
+def test_local_sgd_with_h_4_averages_parameters_but_is_not_synchronous_sgd(local4_dir, sync_dir):
+    got = same_on_every_rank(local4_dir, "full")  # identical only because the last step averaged them
+    assert rel_diff(got, load_params(sync_dir / "sync-0.pt")) > 1e-4  # the local steps left their mark
+
+
+def test_local_sgd_resumes_exactly_mid_period_with_every_workers_own_state(tmp_path, local4_dir):
+    args = QUICK + LOCAL4 + ["--batch-size", "16"]
+    check(launch(2, args + run_args(tmp_path, "cut", "--exit-after-steps", "9")))  # 9 = one step into a period
+    saved = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)
+    own = [w["local_sgd"]["params"] for w in saved["workers"]]
+    assert any(not torch.equal(a, b) for a, b in zip(*own)), "mid-period the workers' parameters differ"
+    check(launch(2, args + run_args(tmp_path, "cut", "--resume", "auto")))
+    full, resumed = load_params(local4_dir / "full-0.pt"), same_on_every_rank(tmp_path, "cut")
+    for k in full:
+        assert torch.equal(full[k], resumed[k]), k

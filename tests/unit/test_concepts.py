@@ -5,9 +5,13 @@ import torch
 
 from allreduce_train.distributed import compression
 from allreduce_train.distributed.horovod import HorovodAllreduce
+from allreduce_train.distributed.local import LocalExchange
+from allreduce_train.distributed.localsgd import LocalSGD, bytes_per_step
 from allreduce_train.distributed.ps.exchange import HEADER_BYTES, _message
 from allreduce_train.distributed.ring import check_config as ring_check
 from allreduce_train.errors import ConfigError
+from allreduce_train.run_logger import RunLogger
+from allreduce_train.trainer import Trainer
 
 from helpers import parse
 
@@ -42,3 +46,63 @@ def test_bf16_with_horovod_is_refused_naming_the_flag_and_the_way_out():
 def test_16_bit_with_mpis_own_allreduce_is_refused(wire):
     with pytest.raises(ConfigError, match=f"--compression {wire} with --mpi-algorithm iallreduce"):
         ring_check(parse(["--allreduce-engine", "mpi", "--compression", wire, "--mpi-algorithm", "iallreduce"]))
+
+
+def test_local_sgd_synchronises_the_warm_up_and_each_periods_last_step():
+    schedule = LocalSGD(4, 3, LocalExchange())
+    assert [s for s in range(1, 16) if schedule.synchronous(s)] == [1, 2, 3, 7, 11, 15]
+    assert all(LocalSGD(1, 0, LocalExchange()).synchronous(s) for s in range(1, 9))
+
+
+def test_local_sgd_sends_a_period_s_gradients_and_parameters_once():
+    ring = compression.allreduce_bytes_per_step(1000, 4)
+    assert bytes_per_step(1000, 4, 1) == ring  # synchronous SGD: the gradients only
+    assert bytes_per_step(1000, 4, 8) == 2 * ring / 8
+    assert bytes_per_step(1000, 1, 8) == 0
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--strategy", "ps", "--average-every", "4"], "--average-every"),
+    (["--average-every", "4", "--reduce-op", "adasum"], "--reduce-op"),
+    (["--average-warmup-steps", "10"], "--average-every H"),
+    (["--average-every", "-1"], "--average-every"),
+])
+def test_local_sgd_combinations_that_cannot_work_are_named(argv, needle):
+    with pytest.raises(ConfigError, match=needle):
+        parse(argv)
+
+
+class RecordingExchange(LocalExchange):
+    """The single-process exchange, noting what local SGD asks of it."""
+
+    def __init__(self):
+        self.exchanging, self.sums = [], []
+
+    def set_exchanging(self, on):
+        self.exchanging.append(on)
+
+    def sum_over_workers(self, values):
+        self.sums.append(values.numel())
+        return values
+
+
+def test_the_loop_exchanges_on_the_warm_up_and_period_ends_and_averages_every_parameter_there(tmp_path):
+    def train(extra, ex):
+        cfg = parse(["--dataset", "synthetic", "--synthetic-samples", "640", "--batch-size", "32", "--steps", "12",
+                     "--log-every", "12", "--eval-every", "12", "--no-progress", "--threads", "1",
+                     "--run-dir", str(tmp_path), *extra])
+        trainer = Trainer(cfg, ex, str(tmp_path / "run"))
+        (tmp_path / "run").mkdir(exist_ok=True)
+        setup = trainer.build()
+        trainer.run(setup, RunLogger(str(tmp_path / "run"), 12, 0, tensorboard=False, progress=False))
+        return setup.model
+
+    ex = RecordingExchange()
+    local = train(["--average-every", "4", "--average-warmup-steps", "2"], ex)
+    assert [s for s, on in enumerate(ex.exchanging, 1) if on] == [1, 2, 6, 10]
+    numel = sum(p.numel() for p in local.parameters())
+    assert ex.sums.count(numel) == 2  # the parameters, at the ends of the two periods after the warm-up
+    # one worker: its own gradient is the average, so local SGD is plain SGD
+    plain = train([], RecordingExchange())
+    for (name, p), q in zip(local.state_dict().items(), plain.state_dict().values()):
+        assert torch.equal(p, q), name

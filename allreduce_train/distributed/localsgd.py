@@ -1,0 +1,75 @@
+"""Local SGD (``--average-every H``): exchange less often.
+
+Steps come in periods of H. The first H-1 steps of a period are local: each worker steps on its
+own gradient and nothing crosses the network but the step's two-number vote (stop requested,
+loss finite). The H-th step is synchronous: the gradients are averaged by the engine, as in
+synchronous SGD, and after the update the parameters are averaged over the workers (one sum of
+every parameter), which ends the drift of the local steps. Momentum buffers stay each worker's
+own, as in torch's post-local SGD (``PeriodicModelAverager``). With H = 1 every step is synchronous
+and the parameters are identical after every update, so their average is skipped: the run is
+synchronous SGD through this path, bit for bit (tests/mpi/test_concepts.py checks it against the
+engine's ordinary path). ``--average-warmup-steps W`` makes the first W steps synchronous
+(post-local SGD, Lin et al. 2020); the periods count from there.
+
+Between averagings the workers hold different parameters and momentum, so a checkpoint keeps every
+worker's own (:meth:`LocalSGD.state_dict`); where a period stands follows from the step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .base import GradientExchange
+
+
+def bytes_per_step(numel: int, workers: int, every: int, elem: int = 4) -> float:
+    """Bytes each worker sends per step, averaged over a period (the cost model's figure): one ring
+    allreduce of the gradients and one of the parameters per H steps (the vote's 16 bytes apart);
+    H = 1 sends the gradients only."""
+    if workers <= 1:
+        return 0.0
+    ring = 2 * (workers - 1) / workers * numel * elem
+    return (ring if every == 1 else 2 * ring) / every
+
+
+class LocalSGD:
+    """The trainer's side of ``--average-every``: which steps exchange, and the parameter average."""
+
+    def __init__(self, every: int, warmup: int, exchange: GradientExchange) -> None:
+        self.every, self.warmup, self.ex = every, warmup, exchange
+
+    def synchronous(self, step: int) -> bool:
+        """Whether step ``step`` (1-based) averages the gradients: warm-up steps and each period's last."""
+        return step <= self.warmup or (step - self.warmup) % self.every == 0
+
+    def begin(self, step: int) -> None:
+        """Before step ``step``'s backward: tell the engine whether its gradients travel."""
+        self.ex.set_exchanging(self.synchronous(step))
+
+    @torch.no_grad()
+    def end(self, model: torch.nn.Module, step: int) -> None:
+        """After step ``step``'s update: at the end of a period past the warm-up, average the parameters."""
+        if self.every == 1 or step <= self.warmup or not self.synchronous(step):
+            return
+        params = [p for p in model.parameters()]
+        flat = torch.cat([p.detach().reshape(-1).cpu() for p in params])
+        # communication: every parameter, summed over the workers (identical on every worker after)
+        total = self.ex.sum_over_workers(flat).div_(self.ex.num_workers)
+        off = 0
+        for p in params:
+            p.copy_(total[off:off + p.numel()].view_as(p))
+            off += p.numel()
+
+    def state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """This worker's own parameters and optimizer state (momentum), for the checkpoint."""
+        return {"params": [p.detach().cpu().clone() for p in model.parameters()],
+                "optimizer": optimizer.state_dict()}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Resume this worker where it stood (after the exchange's prepare() gave it rank 0's)."""
+        for p, saved in zip(model.parameters(), state["params"]):
+            p.copy_(saved)
+        optimizer.load_state_dict(state["optimizer"])
