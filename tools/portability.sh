@@ -9,6 +9,8 @@
 #   make install LAB=0, make train, make test-fast. Its pip, apt and Horovod wheel caches persist.
 # cmake4: on this machine, with `cmake` 4.x from PyPI first on PATH and a Horovod wheel cache of its
 #   own: the same three targets.
+# PORTABILITY_TRAIN_ARGS (default --epochs 1) and PORTABILITY_TEST_ARGS go to make train's and
+# make test-fast's ARGS.
 # Needs root (chroot, mounts) and the network (Debian mirror, PyPI). Each row ends with one line
 # "portability: ROW ok|FAILED ..." and the seconds each target took. Not part of make test.
 set -euo pipefail
@@ -17,6 +19,7 @@ repo=$PWD
 
 cache=${ALLREDUCE_TRAIN_CACHE:-$HOME/.cache/allreduce_train}/portability
 train_args=${PORTABILITY_TRAIN_ARGS:---epochs 1}
+test_args=${PORTABILITY_TEST_ARGS:-}  # pytest's, for make test-fast ARGS=
 rows=("$@")
 [ ${#rows[@]} -gt 0 ] || rows=(debian13 cmake4)
 for row in "${rows[@]}"; do
@@ -82,7 +85,7 @@ step make install LAB=0
 echo "portability-torch: $(.venv/bin/python -c "import torch; print(torch.__version__, \"cuda\", torch.version.cuda)")," \
      "venv $(du -sm .venv | cut -f1) MB"
 step make train ARGS="$1"
-step make test-fast
+step make test-fast ARGS="$2"
 '
 
 debian13() {
@@ -119,8 +122,8 @@ debian13() {
         mount --bind "$cache/debian13-apt-archives" "$root/var/cache/apt/archives"
         # A new user: no pip configuration of this machine, nothing of its environment.
         chroot "$root" env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-            LANG=C.UTF-8 TERM=dumb bash -c "cd /root/allreduce_train && bash -c \"\$1\" - \"\$2\"" - "$3" "$4"
-    ' - "$root" "$cache" "$targets_script" "$train_args"
+            LANG=C.UTF-8 TERM=dumb bash -c "cd /root/allreduce_train && bash -c \"\$1\" - \"\$2\" \"\$3\"" - "$3" "$4" "$5"
+    ' - "$root" "$cache" "$targets_script" "$train_args" "$test_args"
 }
 
 cmake4() {
@@ -135,7 +138,7 @@ cmake4() {
     remove_tree "$work"
     clean_copy "$work"
     (cd "$work" && PATH="$tools/bin:$PATH" ALLREDUCE_TRAIN_CACHE="$cache/cmake4-cache" \
-        bash -c "$targets_script" - "$train_args")
+        bash -c "$targets_script" - "$train_args" "$test_args")
 }
 
 for r in "${rows[@]}"; do
