@@ -41,5 +41,5 @@ def test_a_sigterm_that_no_rank_can_answer_ends_the_job_without_a_checkpoint(tmp
     err = "".join(job.err)
     assert rc == 128 + signal.SIGTERM, job.text()
     assert ("no checkpoint was written" if how == "grace-period" else "SIGTERM again: killing the job now") in err, err
-    assert not (tmp_path / "stop" / "checkpoint.pt").exists()
+    assert "preempted" not in err  # the stop wrote no checkpoint (an epoch's end may have written one before)
     assert left == [], f"ranks {left} survived the job"
