@@ -58,6 +58,7 @@ def test_local_sgd_sends_a_period_s_gradients_and_parameters_once():
     ring = compression.allreduce_bytes_per_step(1000, 4)
     assert bytes_per_step(1000, 4, 1) == ring  # synchronous SGD: the gradients only
     assert bytes_per_step(1000, 4, 8) == 2 * ring / 8
+    assert bytes_per_step(1000, 4, 8, grad_elem=2) == 1.5 * ring / 8  # fp16 gradients, float32 parameters
     assert bytes_per_step(1000, 1, 8) == 0
 
 
