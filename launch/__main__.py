@@ -10,4 +10,8 @@ if sys.argv[1:2] == ["slurm"]:  # python -m launch slurm ...: write/submit a Slu
     from .slurm import main as slurm_main
 
     raise SystemExit(slurm_main(sys.argv[2:]))
+if sys.argv[1:2] == ["run"]:  # python -m launch run -- MPIRUN LINE: the launcher's bound around a ready-made line
+    from .run import main as run_main
+
+    raise SystemExit(run_main(sys.argv[2:]))
 raise SystemExit(main())

@@ -175,8 +175,11 @@ def parse_toleration(text: str) -> dict:
 
 def launcher_env(spec: K8sSpec) -> dict[str, str]:
     """The launcher container's environment: what mpirun forwards to the ranks is chosen from it."""
-    # HWLOC_COMPONENTS: see launch.mpirun.no_gl_probe; set here so the pod never probes X displays
-    return {"HWLOC_COMPONENTS": "-gl", **spec.env}
+    # HWLOC_COMPONENTS: see launch.mpirun.no_gl_probe; set here so the pod never probes X displays.
+    # ALLREDUCE_TRAIN_GRACE_PERIOD: deploy/launcher-entrypoint.sh's bound (launch/run.py) ends mpirun
+    # before the pod's own grace period does, so the job's exit code is the one the restart rules read.
+    return {"HWLOC_COMPONENTS": "-gl", "ALLREDUCE_TRAIN_GRACE_PERIOD": str(max(1, spec.grace_seconds - 10)),
+            **spec.env}
 
 
 def rank_args(spec: K8sSpec) -> list[str]:

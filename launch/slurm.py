@@ -136,6 +136,9 @@ def job_command(job: SlurmJob, environ: dict[str, str], is_root: bool) -> tuple[
         quoted = [w if w == NTASKS else shlex.quote(w) for w in words]
         first_x = quoted.index("-x") if "-x" in quoted else len(quoted)
         groups = [quoted[:first_x], quoted[first_x:]]
+    # launch run: the launcher's bound (launch/run.py): a stop that no rank answers, or a failed rank
+    # here while mpirun waits for a node it cannot reach, ends the step within its grace period
+    groups.insert(0, [shlex.quote(w) for w in (job.python, "-m", "launch", "run", "--")])
     # --expect-hosts: every rank refuses to train if the ranks did not land on the allocation's nodes
     groups.append([*map(shlex.quote, program), '"${resume[@]}"', *name, "--expect-hosts", str(job.nodes)])
     if job.trainer_args:

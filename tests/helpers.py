@@ -88,9 +88,10 @@ class Job:
     """A launcher run in the background whose output lines are collected as they come."""
 
     def __init__(self, np: int, args: list[str], tag: str, oversubscribe: bool = False,
-                 launcher: list[str] = ()) -> None:
-        cmd = [sys.executable, "-m", "launch", "-np", str(np), *(["--oversubscribe"] if oversubscribe else []),
-               *launcher, "--", *args]
+                 launcher: list[str] = (), command: list[str] | None = None) -> None:
+        """``command``: run this instead of ``python -m launch -np NP [launcher] -- ARGS``."""
+        cmd = command or [sys.executable, "-m", "launch", "-np", str(np),
+                          *(["--oversubscribe"] if oversubscribe else []), *launcher, "--", *args]
         self.tag = tag
         env = {**os.environ, "OMP_NUM_THREADS": "1", "FAULT_TEST_TAG": tag}
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

@@ -502,6 +502,30 @@ def test_launcher_entrypoint_turns_sigterm_into_sigusr1_and_passes_the_exit_code
             proc.wait()
 
 
+DEAF_RANK = """
+import signal, sys, time
+signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # a rank that cannot answer the stop (frozen, cut off)
+open(sys.argv[1] + ".ready", "w").close()
+time.sleep(600)
+"""
+
+
+def test_launcher_entrypoint_ends_a_job_that_cannot_answer_the_stop_within_its_grace_period(tmp_path):
+    mark = tmp_path / "rank"
+    proc = subprocess.Popen([str(ROOT / "deploy" / "launcher-entrypoint.sh"), sys.executable, "-c", DEAF_RANK,
+                             str(mark)], env={**os.environ, "ALLREDUCE_TRAIN_GRACE_PERIOD": "2"},
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(Path(f"{mark}.ready"))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM  # killed after 2 s, before the pod's SIGKILL
+        assert "no checkpoint was written" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 # A stand-in for sshd: starts one "rank" (a process whose command line holds -m allreduce_train, as
 # orted's children do) and waits, as sshd -D would, until it is told to stop.
 FAKE_SSHD = """

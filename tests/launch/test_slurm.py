@@ -56,7 +56,10 @@ def test_the_job_step_is_the_launchers_mpirun_line_reading_the_allocation():
     job = slurm.SlurmJob(nodes=2, mca=[("btl_tcp_if_include", "eth0")], trainer_args=["--lr", "0.1"])
     env = {"PATH": "/bin", "HOROVOD_FUSION_THRESHOLD": "1", "HWLOC_COMPONENTS": "-gl"}
     text = slurm.render_script(job, environ=env, is_root=True)
-    step = text[text.index("\nmpirun ") + 1:text.index(" &\n")].replace(" \\\n    ", " ")
+    # the step runs inside the launcher's bound (launch/run.py), as python -m launch runs its own
+    bounded = f"\n{job.python} -m launch run -- \\\n    mpirun "
+    assert bounded in text, text
+    step = text[text.index(bounded) + len(bounded) - len("mpirun "):text.index(" &\n")].replace(" \\\n    ", " ")
     local = build_command(LaunchSpec(np=2, mca=[("btl_tcp_if_include", "eth0")], python=job.python,
                                      allreduce_rules=str(RING_RULES)), environ=env, is_root=True)
     local[local.index("-np") + 1] = "$SLURM_NTASKS"  # the allocation's task count, not a number
@@ -75,7 +78,7 @@ def test_srun_mode_sets_open_mpi_parameters_in_the_environment():
             "export OMPI_MCA_btl_tcp_if_include=10.0.0.0/8") in text
     auto = slurm.render_script(dataclasses.replace(job, mpi_allreduce="auto"), environ={"PATH": "/bin"}, is_root=True)
     assert "coll_tuned" not in auto
-    assert "\nsrun --mpi=pmix" in text and "\nmpirun" not in text and "--export" not in text
+    assert "-m launch run -- \\\n    srun --mpi=pmix" in text and "mpirun -np" not in text and "mpirun --allow" not in text and "--export" not in text
     assert subprocess.run(["bash", "-n"], input=text, capture_output=True, text=True, timeout=30).returncode == 0
 
 
