@@ -129,8 +129,10 @@ class ExchangeConfig:
     mpi_algorithm: str = _f("ring", "allreduce-engine mpi: ring = reduce-scatter + allgather of Isend/Irecv; "
                                     "iallreduce = MPI_Iallreduce per bucket (Open MPI's algorithm)",
                             ("ring", "iallreduce"))
-    compression: str = _f("none", "16-bit on the wire: gradients (allreduce; bf16 not with Horovod), and with ps "
-                                  "also the pulled parameters (docs/concepts.md)", ("none", "fp16", "bf16"))
+    compression: str = _f("none", "fp16/bf16: 16 bits on the wire for gradients (allreduce; bf16 not with Horovod) "
+                                  "and with ps also the pulled parameters; powersgd: rank-r factors with error "
+                                  "feedback (allreduce) (docs/concepts.md)", ("none", "fp16", "bf16", "powersgd"))
+    powersgd_rank: int = _f(1, "--compression powersgd: the rank r of each gradient matrix's approximation")
     backward_passes_per_step: int = _f(1, "local gradient accumulation steps per exchange (allreduce)")
     average_every: int = _f(0, "local SGD (allreduce): workers step on their own gradients and every H-th step "
                                "averages gradients and then parameters; 1 = synchronous SGD through that path, "
@@ -167,6 +169,11 @@ class ExchangeConfig:
                               "other); --strategy ps keeps one copy on the servers: use --strategy allreduce")
         if self.average_every and self.reduce_op != "average":
             raise ConfigError("--average-every with --reduce-op adasum: local SGD averages; use --reduce-op average")
+        _check(self.powersgd_rank >= 1, "powersgd_rank", "must be >= 1", self.powersgd_rank)
+        if self.compression == "powersgd" and (self.strategy == "ps" or self.average_every
+                                               or self.reduce_op != "average"):
+            raise ConfigError("--compression powersgd runs over an allreduce of gradients every step: not with "
+                              "--strategy ps, --average-every or --reduce-op adasum; use --compression fp16 or none")
         if self.average_warmup_steps and not self.average_every:
             raise ConfigError("--average-warmup-steps without --average-every: set --average-every H (local SGD)")
 

@@ -243,6 +243,7 @@ class Trainer:
         mine = {"rng": torch.get_rng_state(), "task": self.task.state_dict()}
         if self.local_sgd:  # each worker's own parameters and momentum between averagings
             mine["local_sgd"] = self.local_sgd.state_dict(model, optimizer)
+        mine["exchange"] = self.ex.worker_state()  # e.g. PowerSGD's error feedback and Qs
         if torch.cuda.is_available():
             mine["cuda_rng"] = torch.cuda.get_rng_state()
         workers = self.ex.gather_from_workers(mine)
@@ -280,6 +281,7 @@ class Trainer:
             task_state = mine["task"]
             if self.local_sgd and "local_sgd" in mine:
                 self.local_sgd.load_state_dict(mine["local_sgd"], model, optimizer)
+            self.ex.load_worker_state(mine.get("exchange"))
         elif resumed:  # another worker count (an elastic restart): per-worker state does not carry over
             old, new, spe = len(resumed), ex.num_workers, s.batches.steps_per_epoch
             log.message(f"elastic: resumed with {new} workers from a checkpoint of {old}: global batch "

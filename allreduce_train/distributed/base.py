@@ -88,6 +88,13 @@ class GradientExchange(ABC):
         every worker's RNG and task state)."""
         return self.allgather_object(obj)
 
+    def worker_state(self) -> Any:
+        """This worker's exchange state for the checkpoint (PowerSGD's error feedback and Qs), or None."""
+        return None
+
+    def load_worker_state(self, state: Any) -> None:
+        """Resume from :meth:`worker_state` (after :meth:`prepare`)."""
+
     def model_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The model's state for a checkpoint, on the main rank (the parameter server's float32 master
         parameters where workers hold 16-bit-rounded ones)."""

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import torch
 
-WIRE_DTYPES = {"none": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# powersgd sends float32 factors (powersgd.py)
+WIRE_DTYPES = {"none": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "powersgd": torch.float32}
 SIXTEEN_BIT = ("fp16", "bf16")
 
 

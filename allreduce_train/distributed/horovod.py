@@ -14,6 +14,7 @@ from .. import watchdog
 from ..config import ExchangeConfig
 from ..errors import ConfigError, UserError
 from .base import GradientExchange
+from .powersgd import PowerSGD
 
 
 POLL_S = 1e-4  # sleep between polls of an in-flight allreduce: ~1 % of a LeNet-5 step
@@ -214,6 +215,7 @@ class HorovodAllreduce(GradientExchange):
         self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
         self._optimizer = None
         self._local_params: list[torch.Tensor] | None = None  # local SGD: the gradients synchronize() averages
+        self._powersgd: PowerSGD | None = None
         self._exchanging = True
 
     def describe(self) -> dict[str, Any]:
@@ -238,15 +240,18 @@ class HorovodAllreduce(GradientExchange):
         hvd = self.hvd
         compression = hvd.Compression.fp16 if self.cfg.compression == "fp16" else hvd.Compression.none
         op = hvd.Adasum if self.cfg.reduce_op == "adasum" else hvd.Average
-        if self.cfg.average_every:
-            # Local SGD: no DistributedOptimizer, whose backward hooks would send every step's
-            # gradients; synchronize() averages a synchronous step's in one grouped allreduce.
+        if self.cfg.average_every or self.cfg.compression == "powersgd":
+            # Local SGD and PowerSGD: no DistributedOptimizer, whose backward hooks would send every
+            # step's gradients; synchronize() averages a synchronous step's in one grouped allreduce,
+            # or PowerSGD's factors in two.
             # communication: rank 0's optimizer state (resumed runs only, as below), then its parameters
             if hvd.broadcast_object(bool(optimizer.state_dict()["state"]), root_rank=0, name="has_optimizer_state"):
                 hvd.broadcast_optimizer_state(optimizer, root_rank=0)
             hvd.broadcast_parameters(model.state_dict(), root_rank=0)
             self._local_params = [p for p in model.parameters() if p.requires_grad]
             self._compression = compression
+            if self.cfg.compression == "powersgd":
+                self._powersgd = PowerSGD(self._local_params, self.cfg.powersgd_rank)
             return optimizer
         # communication: wraps step() so gradients are allreduced from backward hooks.
         wrapped = hvd.DistributedOptimizer(
@@ -279,6 +284,9 @@ class HorovodAllreduce(GradientExchange):
         self._exchanging = on
 
     def synchronize(self) -> None:
+        if self._powersgd is not None:
+            self._powersgd.average(self._sum_tensors, self.size)
+            return
         if self._local_params is not None:
             if self._exchanging:
                 self._average_local_grads()
@@ -310,6 +318,17 @@ class HorovodAllreduce(GradientExchange):
         handle = self.hvd.grouped_allreduce_async([t for t, _ in wire], op=self.hvd.Average, name="local_sgd.grads")
         for p, out, (_, ctx) in zip(params, self._wait(handle), wire):
             p.grad.copy_(self._compression.decompress(out, ctx))
+
+    def _sum_tensors(self, tensors: list[torch.Tensor], name: str) -> list[torch.Tensor]:
+        # communication: PowerSGD's factors (or uncompressed tensors), one grouped allreduce
+        return self._wait(self.hvd.grouped_allreduce_async(tensors, op=self.hvd.Sum, name=name))
+
+    def worker_state(self) -> Any:
+        return self._powersgd.state_dict() if self._powersgd is not None else None
+
+    def load_worker_state(self, state: Any) -> None:
+        if self._powersgd is not None and state is not None:
+            self._powersgd.load_state_dict(state)
 
     def apply(self, optimizer) -> None:
         if self._optimizer is None:

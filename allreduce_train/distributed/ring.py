@@ -35,6 +35,7 @@ from ..config import Config
 from ..errors import ConfigError, UserError
 from .base import GradientExchange
 from .compression import SIXTEEN_BIT, wire_dtype
+from .powersgd import PowerSGD
 from .ps.exchange import MAX_BUCKETS, _import_mpi, allgather_pickle, bcast_pickle, poll
 from .ps.sharding import plan
 
@@ -111,6 +112,7 @@ class MPIRingAllreduce(GradientExchange):
         self._hooks: list[Any] = []
         self._buckets: list[_Bucket] = []
         self._exchanging = True  # local SGD turns it off for its local steps
+        self._powersgd: PowerSGD | None = None
         self._closed = False
 
     # ------------------------------------------------------------ set-up
@@ -132,7 +134,11 @@ class MPIRingAllreduce(GradientExchange):
         if not self.is_main:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
-        self.attach([p for p in model.parameters() if p.requires_grad])
+        params = [p for p in model.parameters() if p.requires_grad]
+        if self.cfg.compression == "powersgd":  # no hooks: synchronize() sends the factors after backward
+            self._powersgd = PowerSGD(params, self.cfg.powersgd_rank)
+        else:
+            self.attach(params)
         return optimizer
 
     def attach(self, params: list[torch.Tensor]) -> None:
@@ -257,6 +263,9 @@ class MPIRingAllreduce(GradientExchange):
         return self._ring_done(bucket) and self.MPI.Request.Testall(bucket.sends)
 
     def synchronize(self) -> None:
+        if self._powersgd is not None:
+            self._powersgd.average(self._sum_tensors, self.size)
+            return
         if not self._buckets:  # one worker: nothing to exchange
             return
         if not self._exchanging:  # a local step: each worker keeps its own gradient
@@ -281,6 +290,22 @@ class MPIRingAllreduce(GradientExchange):
                         param.grad = torch.zeros_like(param)
                     param.grad.view(-1).copy_(avg[lo:hi])
         self._reset_step()
+
+    def _sum_tensors(self, tensors: list[torch.Tensor], name: str) -> list[torch.Tensor]:
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        total = self.sum_over_workers(flat)  # communication: PowerSGD's factors, one MPI_Iallreduce
+        out, off = [], 0
+        for t in tensors:
+            out.append(total[off:off + t.numel()].view_as(t))
+            off += t.numel()
+        return out
+
+    def worker_state(self) -> Any:
+        return self._powersgd.state_dict() if self._powersgd is not None else None
+
+    def load_worker_state(self, state: Any) -> None:
+        if self._powersgd is not None and state is not None:
+            self._powersgd.load_state_dict(state)
 
     def apply(self, optimizer) -> None:
         optimizer.step()

@@ -21,7 +21,8 @@ def run_args(tmp_path, name, *extra):
 
 @pytest.fixture(scope="module")
 def float32_params(tmp_path_factory):
-    """Where float32 training ends: one process at the double batch (equal to 2 ranks to 1e-5, tests/mpi/test_train.py)."""
+    """Where float32 training ends: one process at the double batch (2 ranks end within 1e-5 of it,
+    tests/mpi/test_train.py)."""
     d = tmp_path_factory.mktemp("fp32")
     check(run_single(QUICK + run_args(d, "ref", "--batch-size", "32")))
     return load_params(d / "ref-0.pt")
@@ -116,5 +117,39 @@ def test_local_sgd_resumes_exactly_mid_period_with_every_workers_own_state(tmp_p
     assert any(not torch.equal(a, b) for a, b in zip(*own)), "mid-period the workers' parameters differ"
     check(launch(2, args + run_args(tmp_path, "cut", "--resume", "auto")))
     full, resumed = load_params(local4_dir / "full-0.pt"), same_on_every_rank(tmp_path, "cut")
+    for k in full:
+        assert torch.equal(full[k], resumed[k]), k
+
+
+PSGD = ["--compression", "powersgd", "--powersgd-rank", "2", "--checkpoint-every", "7"]
+
+
+@pytest.fixture(scope="module")
+def powersgd_mpi_dir(tmp_path_factory):
+    """PowerSGD over the mpi engine, run to the end (shared by two tests)."""
+    d = tmp_path_factory.mktemp("psgd")
+    check(launch(2, QUICK + PSGD + run_args(d, "full", "--batch-size", "16", "--allreduce-engine", "mpi")))
+    return d
+
+
+@pytest.mark.parametrize("engine", ["horovod", "mpi"])
+def test_powersgd_ends_alike_on_every_rank_and_away_from_exact_averaging(tmp_path, sync_dir, powersgd_mpi_dir, engine):
+    if engine == "mpi":
+        d = powersgd_mpi_dir
+    else:
+        d = tmp_path
+        check(launch(2, QUICK + PSGD + run_args(d, "full", "--batch-size", "16")))
+    got = same_on_every_rank(d, "full")  # identical: every rank applied the same low-rank average
+    assert rel_diff(got, load_params(sync_dir / "sync-0.pt")) > 1e-4  # rank-2 factors, not the gradients
+
+
+def test_powersgd_resumes_exactly_with_every_workers_error_feedback_and_qs(tmp_path, powersgd_mpi_dir):
+    args = QUICK + PSGD + ["--batch-size", "16", "--allreduce-engine", "mpi"]
+    check(launch(2, args + run_args(tmp_path, "cut", "--exit-after-steps", "9")))
+    saved = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)
+    errors = [w["exchange"]["error"] for w in saved["workers"]]
+    assert any(not torch.equal(a, b) for a, b in zip(*errors)), "each worker keeps its own error"
+    check(launch(2, args + run_args(tmp_path, "cut", "--resume", "auto")))
+    full, resumed = load_params(powersgd_mpi_dir / "full-0.pt"), same_on_every_rank(tmp_path, "cut")
     for k in full:
         assert torch.equal(full[k], resumed[k]), k
