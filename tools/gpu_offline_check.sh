@@ -59,9 +59,11 @@ mount --bind "$wheels" "$root/wheels"
 mount -o remount,bind,ro "$root/wheels"
 mount -t proc proc "$root/proc"
 mount --bind /dev "$root/dev"
-offline() {  # offline EXTRA_PATH SCRIPT: no network, a clean environment, inside the root
+offline() {  # offline EXTRA_PATH SCRIPT: no network but loopback (as on a node without one), a clean
+    # environment, inside the root
     local path=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-    unshare -n env -i PATH="${1:+$1:}$path" HOME=/root LANG=C.UTF-8 chroot "$root" bash -c "$2"
+    unshare -n sh -c 'ip link set lo up && exec "$@"' sh \
+        env -i PATH="${1:+$1:}$path" HOME=/root LANG=C.UTF-8 chroot "$root" bash -c "$2"
 }
 
 log "step 3/4: the venv from the wheels only, no network"
