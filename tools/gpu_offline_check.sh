@@ -32,6 +32,9 @@ if [ ! -x "$root/usr/bin/python3" ]; then
     mmdebstrap --variant=apt --include=python3,python3-venv,python3-dev,g++,cmake,make,git,patch \
         trixie "$root" "$mirror"
 fi
+# The root's /etc/hosts does not name this machine; a real node resolves its own name (Gloo does,
+# for a world of one).
+grep -qw "$(hostname)" "$root/etc/hosts" || echo "127.0.1.1 $(hostname)" >> "$root/etc/hosts"
 log "root: Debian $(cat "$root/etc/debian_version"), $(chroot "$root" g++ --version | head -1)," \
     "$(chroot "$root" cmake --version | head -1), $(chroot "$root" python3 --version)"
 
