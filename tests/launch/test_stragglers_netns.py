@@ -19,7 +19,7 @@ from helpers import Job
 pytestmark = pytest.mark.mpi
 
 QUICK = ["--dataset", "synthetic", "--synthetic-samples", "2048", "--no-progress", "--batch-size", "32",
-         "--eval-every", "1000"]
+         "--eval-every", "1000", "--threads", "1"]
 SLOW_LINK = "1mbit"  # LeNet-5's gradients take ~2 s each way: longer than a step's computation, even on a busy host
 
 
