@@ -227,8 +227,10 @@ class MPIRingAllreduce(GradientExchange):
             if not bucket.recvs[t].Test():
                 return False
             c = (r - t - 1) % n
-            partial = torch.from_numpy(bucket.scratch[t]).view(bucket.flat.dtype)
-            bucket.flat[bucket.cut[c]:bucket.cut[c + 1]].add_(partial)
+            lo, hi = bucket.cut[c], bucket.cut[c + 1]
+            if hi > lo:  # an empty chunk (fewer elements than ranks) has nothing to add, and torch cannot view it
+                # numpy has no bfloat16: the scratch's bytes become the bucket's dtype in torch
+                bucket.flat[lo:hi].add_(torch.from_numpy(bucket.scratch[t]).view(bucket.flat.dtype))
             bucket.step += 1
             if t + 1 < n - 1:
                 self._send(bucket, c)
