@@ -8,7 +8,7 @@ NP      ?= 2
 ARGS    ?=
 INSTALL_INPUTS := pyproject.toml tools/install.sh tools/torch_pip.py tools/build_horovod.sh $(wildcard tools/patches/*.patch)
 
-.PHONY: portability install install-gpu check-gpu-build gpu-check train train-ptb test test-long test-fast tensorboard tb-check clean help scaling commbench scaling-netns train-ps train-ps-colocated bench bench-tuning slurm-train time-to-accuracy commbench-netns
+.PHONY: portability install install-gpu check-gpu-build gpu-check train train-ptb test test-fast tensorboard tb-check clean help scaling commbench scaling-netns train-ps train-ps-colocated bench bench-tuning slurm-train time-to-accuracy commbench-netns
 
 help:
 	@echo "make install      Debian packages, .venv, torch (CPU; TORCH_VARIANT=cuda), patched Horovod (cached wheel); LAB=0: no Chromium/Slurm"
@@ -24,7 +24,6 @@ help:
 	@echo "make bench-tuning the trainer's defaults vs one change each (cycle time, waits, allocator, gloo, fp16, ...), 2 ranks (~12 min)"
 	@echo "make slurm-train  submit make train's job to Slurm, $(NODES) nodes x 1 rank, and follow it (SLURM_ARGS=\"--time 1:00:00 ...\")"
 	@echo "make test         the test suite (unit + real ranks under mpirun)"
-	@echo "make test-long    the tests over a minute each (elastic shrink, a link that comes back; ~3 min)"
 	@echo "make test-fast    the tests that need no mpirun (seconds)"
 	@echo "make tensorboard  serve the latest comparison (scaling, bench) or RUN=<logdir> on http://127.0.0.1:$(PORT)"
 	@echo "make tb-check     open a comparison (RUN=<grid dir>, else a small grid it runs) in headless Chromium and check it"
@@ -116,11 +115,7 @@ commbench: install
 	$(PY) -m allreduce_train.experiments commbench --np $(NP) --models lenet5,ptb-lstm-small,resnet18 $(ARGS)
 
 test: install
-	$(PY) -m pytest -q -m "not long" tests $(ARGS)
-
-# The long ones (over a minute each on emulated hosts) keep make test near 25 min on 2 cores.
-test-long: install
-	$(PY) -m pytest -q -m long tests $(ARGS)
+	$(PY) -m pytest -q tests $(ARGS)
 
 test-fast: install
 	$(PY) -m pytest -q -m "not mpi and not slurm" tests $(ARGS)

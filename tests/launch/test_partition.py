@@ -96,7 +96,6 @@ def test_a_cut_link_ends_the_job_within_the_stall_timeout_and_grace_period_namin
     assert_nothing_left(job, prefix, inodes)
 
 
-@pytest.mark.long  # over a minute: make test-long
 @pytest.mark.timeout(600)
 def test_with_min_np_a_cut_host_is_left_out_and_the_job_ends_bit_identical_to_a_run_started_there(
         tmp_path, namespaces_permitted):
@@ -135,7 +134,6 @@ def test_with_min_np_a_cut_host_is_left_out_and_the_job_ends_bit_identical_to_a_
         assert torch.equal(got[k], want[k]), f"{k} differs from the 1-rank run started from the same checkpoint"
 
 
-@pytest.mark.long  # over a minute: make test-long
 @pytest.mark.timeout(600)
 def test_a_link_that_comes_back_within_the_stall_timeout_loses_nothing(tmp_path, namespaces_permitted):
     """A cable pulled for 3 s: TCP retransmits, the job carries on and ends as the same job whose link stays up
