@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     if shutil.which(cmd[0]) is None:
-        print(f"launch run: error: {cmd[0]} not found on PATH", file=sys.stderr)
+        print(f"launch run: error: {cmd[0]} not found on PATH; give its full path, or install it (mpirun: "
+              "apt-get install openmpi-bin, or make install)", file=sys.stderr)
         return 2
     env = dict(os.environ)
     env[EXIT_DIR_ENV] = tempfile.mkdtemp(prefix="launch-exits-")
