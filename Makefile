@@ -75,7 +75,7 @@ train-ps-colocated: install
 	$(PY) -m launch -np 2 -- --model lenet5 --dataset fashion-mnist --epochs 2 \
 		--strategy ps --ps-placement colocated $(ARGS)
 
-# On a Slurm login node, or on this machine after `python -m launch.slurm_cluster up` (docs/clusters.md).
+# On a Slurm login node, or on this machine after `python -m lab.emulation.slurm_cluster up` (docs/clusters.md).
 NODES ?= 2
 SLURM_ARGS ?=
 slurm-train: install
@@ -84,12 +84,12 @@ slurm-train: install
 # Alternating jobs, medians of 4 rounds; ARGS="--models lenet5,resnet18 --repeats 6" for more.
 BENCH_MODELS ?= lenet5,ptb-lstm-small,resnet18
 bench: install
-	$(PY) -m allreduce_train.experiments bench --models $(BENCH_MODELS) --repeats 3 $(ARGS)
+	$(PY) -m lab bench --models $(BENCH_MODELS) --repeats 3 $(ARGS)
 
 # The tuning table of docs/performance.md: the trainer's defaults against one change each, 2 ranks.
 TUNING_MODELS ?= lenet5,ptb-lstm-small
 bench-tuning: install
-	$(PY) -m allreduce_train.experiments bench --models $(TUNING_MODELS) --np 2 --repeats 3 \
+	$(PY) -m lab bench --models $(TUNING_MODELS) --np 2 --repeats 3 \
 	    --variant "cycle1=trainer HOROVOD_CYCLE_TIME=1" --variant "cycle3=trainer HOROVOD_CYCLE_TIME=3" \
 	    --variant "yield0=trainer OMPI_MCA_mpi_yield_when_idle=0" --variant "hvdwait=trainer ALLREDUCE_TRAIN_WAIT=horovod" \
 	    --variant "glibc=trainer ALLREDUCE_TRAIN_MALLOC=glibc" --variant "fusion128mb=trainer HOROVOD_FUSION_THRESHOLD=134217728" \
@@ -98,21 +98,21 @@ bench-tuning: install
 	    --impls trainer,cycle1,cycle3,yield0,hvdwait,glibc,fusion128mb,gloo,fp16,k2,horovod,ddp,ddp+malloc $(ARGS)
 
 scaling: install
-	$(PY) -m allreduce_train.experiments scaling $(ARGS)
+	$(PY) -m lab scaling $(ARGS)
 
 scaling-netns: install
-	$(PY) -m allreduce_train.experiments scaling-netns $(ARGS)
+	$(PY) -m lab scaling-netns $(ARGS)
 
 commbench-netns: install
-	$(PY) -m allreduce_train.experiments commbench-netns $(ARGS)
+	$(PY) -m lab commbench-netns $(ARGS)
 
 # Ring vs PS sync/async to a quality target; 4 workers on emulated hosts (root). TTA_MODELS=lenet5 for one model.
 TTA_MODELS ?= lenet5,ptb-lstm-small
 time-to-accuracy: install
-	$(PY) -m allreduce_train.experiments time-to-accuracy --models $(TTA_MODELS) $(ARGS)
+	$(PY) -m lab time-to-accuracy --models $(TTA_MODELS) $(ARGS)
 
 commbench: install
-	$(PY) -m allreduce_train.experiments commbench --np $(NP) --models lenet5,ptb-lstm-small,resnet18 $(ARGS)
+	$(PY) -m lab commbench --np $(NP) --models lenet5,ptb-lstm-small,resnet18 $(ARGS)
 
 test: install
 	$(PY) -m pytest -q tests $(ARGS)
@@ -124,12 +124,12 @@ test-fast: install
 RUN  ?=
 PORT ?= 6007
 tensorboard: install
-	$(PY) -m allreduce_train.experiments.tbview $(RUN) --port $(PORT)
+	$(PY) -m lab.common.tbview $(RUN) --port $(PORT)
 
 # IMAGES=docs/img also writes the README's two figures.
 IMAGES ?=
 tb-check: install
-	$(PY) -m allreduce_train.experiments.tbcheck $(RUN) $(if $(IMAGES),--images $(IMAGES)) $(ARGS)
+	$(PY) -m lab.tbcheck $(RUN) $(if $(IMAGES),--images $(IMAGES)) $(ARGS)
 
 clean:
 	rm -rf runs .pytest_cache

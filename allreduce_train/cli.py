@@ -201,7 +201,7 @@ def make_parser() -> "_Parser":
         prog="allreduce_train",
         description="Data-parallel PyTorch training: ring allreduce (Horovod) or a parameter server behind "
                     "one trainer. Launch with `python -m launch -np N -- ARGS` or mpirun. Experiments (bench, "
-                    "scaling, commbench): `python -m allreduce_train.experiments --help`.",
+                    "scaling, commbench): `python -m lab --help`.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)

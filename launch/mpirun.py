@@ -3,7 +3,6 @@
     python -m launch -np 2 -- --model lenet5 --epochs 2
     python -m launch -np 8 -H node1:4,node2:4 -- --model lenet5
     python -m launch -np 16 --hostfile hosts.txt -- --config run.toml
-    python -m launch -np 4 --emulate-hosts 4 --link-rate 100mbit -- --model lenet5
 
 The exact command is printed before it runs. Arguments after ``--`` go to
 ``python -m allreduce_train train`` untouched; the command is an argument list, never a shell
@@ -12,9 +11,10 @@ rank's threads use its share of the cores), ``-x`` to forward the environment Ho
 read, and ``-mca pml ob1 -mca btl ^openib`` so that multi-host jobs use plain TCP instead of
 probing for InfiniBand verbs.
 
-``--emulate-hosts N`` runs the same multi-host path on one machine: N network namespaces joined by
-rate-limited links stand in for the hosts, and Open MPI reaches them through an agent that
-replaces ssh (see launch/netns.py). Only the transport to the hosts changes.
+The lab's emulated hosts (``python -m lab.emulation -np 4 --emulate-hosts 4 ...``: network
+namespaces on one machine, lab/emulation/) run through this same code: :func:`main` takes them as a
+plug-in (``emulation``), and a :class:`LaunchSpec`'s ``cluster`` is any object with the four methods
+``build_command`` calls. The launcher never imports the lab.
 """
 
 from __future__ import annotations
@@ -33,10 +33,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # launch.netns is imported only when a cluster is emulated
-    from .netns import ClusterSpec
+from typing import Any
 
 # Forwarded to every rank when set here (plus every HOROVOD_* and NCCL_* variable).
 FORWARD_VARS = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "HWLOC_COMPONENTS",
@@ -101,9 +98,6 @@ def allreduce_mca(rules: str, user_mca: list[tuple[str, str]]) -> list[tuple[str
     return [("coll_tuned_use_dynamic_rules", "1"), ("coll_tuned_dynamic_rules_filename", rules)]
 
 
-EMULATED_TIMEOUT = 3600.0  # seconds; an emulated cluster is never left running unattended
-
-
 @dataclass
 class LaunchSpec:
     """One job: how many ranks, where, and what each rank runs."""
@@ -118,7 +112,9 @@ class LaunchSpec:
     trainer_args: list[str] = field(default_factory=list)
     python: str = sys.executable
     mpirun: str = "mpirun"
-    cluster: ClusterSpec | None = None  # emulated hosts (network namespaces) instead of -H/--hostfile
+    # Hosts that are not real (the lab's emulated cluster) instead of -H/--hostfile: an object with
+    # exec_prefix() (where mpirun runs), host_list(np), mca() and env() (what every rank gets).
+    cluster: Any = None
     allreduce_rules: str = ""  # an Open MPI coll/tuned rules file for every rank (RING_RULES); empty: Open MPI's
 
 
@@ -189,22 +185,15 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--oversubscribe", action="store_true", help="allow more ranks than cores/slots")
     p.add_argument("--mca", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
                    help="extra Open MPI parameter, e.g. --mca btl_tcp_if_include eth0 (repeatable)")
-    add_mpi_allreduce_arg(p, None, "ring with -H/--hostfile/--emulate-hosts, auto on one host")
-    p.add_argument("--emulate-hosts", type=int, default=0, metavar="N",
-                   help="run on N emulated hosts (network namespaces on this machine, needs root) instead of -H")
-    p.add_argument("--link-rate", default="1gbit",
-                   help="with --emulate-hosts: each host's link rate per direction, e.g. 1gbit, 100mbit, none")
+    add_mpi_allreduce_arg(p, None, "ring with -H/--hostfile (or emulated hosts), auto on one host")
     p.add_argument("--timeout", type=float, default=0, metavar="SECONDS",
-                   help=f"stop the job after this long (default: none; {EMULATED_TIMEOUT:g} with --emulate-hosts)")
+                   help="stop the job after this long (default: none)")
     p.add_argument("--command", default="train", help="allreduce_train subcommand to run on every rank (default: train)")
     p.add_argument("--module", default=TRAINER,
                    help="run `python -m MODULE ARGS` on every rank instead of the trainer (experiments' rank programs)")
     p.add_argument("--max-restarts", type=int, default=0, metavar="N",
                    help="relaunch a failed job (a rank killed, a stall, a rank preempted) up to N times with "
                         "--resume auto (default: 0); pin the run with the trainer's --name")
-    p.add_argument("--min-np", type=int, default=0, metavar="N",
-                   help="with --emulate-hosts and --max-restarts: when hosts are lost, restart on the remaining "
-                        "ones as long as at least N ranks fit (elastic shrink; default: never shrink)")
     p.add_argument("--grace-period", type=float, default=GRACE_PERIOD, metavar="SECONDS",
                    help="once a rank has failed or a stop was asked for (SIGTERM, Ctrl-C), the time mpirun has to "
                         "end the job before the launcher kills it, e.g. when it waits for a host it cannot "
@@ -214,26 +203,38 @@ def make_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
+# Flags that moved to the lab with the emulated hosts: one line says where (``python -m lab.emulation``).
+MOVED_TO_LAB = ("--emulate-hosts", "--link-rate", "--min-np")
+
+
+def main(argv: list[str] | None = None, emulation: Any = None) -> int:
+    """``python -m launch``. ``emulation``: the lab's emulated hosts plug in here (lab/emulation/__main__.py):
+    an object with ``add_arguments(parser)``, ``cluster(args)`` (the cluster, or None; ValueError for a bad
+    flag), ``unavailable_reason()``, and ``run(spec, cmd, env, args)`` (the exit code)."""
+    parser = make_parser()
+    if emulation:
+        emulation.add_arguments(parser)
+    else:
+        for name in MOVED_TO_LAB:
+            parser.add_argument(name, dest="moved_" + name[2:].replace("-", "_"), default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    moved = [n for n in MOVED_TO_LAB if getattr(args, "moved_" + n[2:].replace("-", "_"), None) is not None]
+    if moved:
+        print(f"launch: error: {moved[0]} moved to the lab with the emulated hosts: run `python -m lab.emulation` "
+              "with the same flags (docs/emulated_cluster.md)", file=sys.stderr)
+        return 2
     trainer_args = args.trainer_args[1:] if args.trainer_args[:1] == ["--"] else args.trainer_args
     try:
-        cluster = None
-        if args.emulate_hosts:
-            from .netns import ClusterSpec
-
-            cluster = ClusterSpec(hosts=args.emulate_hosts, link_rate=args.link_rate)
+        cluster = emulation.cluster(args) if emulation else None
         if args.timeout < 0:
             raise ValueError(f"--timeout must be >= 0 (got {args.timeout:g})")
-        if args.max_restarts < 0 or args.min_np < 0:
-            raise ValueError("--max-restarts and --min-np must be >= 0")
+        if args.max_restarts < 0:
+            raise ValueError("--max-restarts must be >= 0")
         if args.grace_period <= 0:
             raise ValueError(f"--grace-period must be > 0 (got {args.grace_period:g})")
-        if args.min_np and not (args.emulate_hosts and args.max_restarts):
-            raise ValueError("--min-np shrinks an emulated cluster on restart: give --emulate-hosts and --max-restarts")
         if args.max_restarts and args.module == TRAINER:
             trainer_args = pinned_name(trainer_args)
-        multi_host = bool(args.hosts or args.hostfile or args.emulate_hosts)
+        multi_host = bool(args.hosts or args.hostfile or cluster)
         mpi_allreduce = args.mpi_allreduce or ("ring" if multi_host else "auto")
         spec = LaunchSpec(np=args.np, hosts=args.hosts, hostfile=args.hostfile, oversubscribe=args.oversubscribe,
                           mca=[tuple(kv) for kv in args.mca], module=args.module,
@@ -260,9 +261,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     if spec.cluster and not args.dry_run:
-        from .netns import unavailable_reason
-
-        reason = unavailable_reason()
+        reason = emulation.unavailable_reason()
         if reason:
             print(f"launch: error: --emulate-hosts: {reason}", file=sys.stderr)
             return 2
@@ -281,8 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd = build_command(spec, environ=env)
         print("+ " + shlex.join(cmd), flush=True)
         if spec.cluster:
-            return run_emulated(spec.cluster, cmd, env, args.timeout or EMULATED_TIMEOUT, spec=spec,
-                                max_restarts=args.max_restarts, min_np=args.min_np, grace=args.grace_period)
+            return emulation.run(spec, cmd, env, args)
         try:
             return supervise(spec, cmd, env, args.timeout, args.max_restarts, grace=args.grace_period)
         except KeyboardInterrupt:
@@ -410,7 +408,7 @@ def kill_job(proc: subprocess.Popen, patience: float = KILL_PATIENCE) -> None:
     "end the job", and ``patience`` s for it. Then SIGKILL to mpirun and its descendants (the ranks it
     forked here; the ssh or namespace agents, which Open MPI puts in process groups of their own):
     a remote daemon ends when its agent's connection does; the emulated hosts' processes are ended
-    by launch.netns."""
+    by lab.emulation.netns."""
     if patience:
         proc.terminate()
         try:
@@ -527,47 +525,3 @@ def run_bounded(cmd: list[str], env: dict[str, str], timeout: float = 0, stops: 
             signal.signal(sig, handler)
         if proc.poll() is None:  # an exception (SIGHUP in an emulated cluster) cut the wait short
             kill_job(proc, patience=1.0)
-
-
-def run_emulated(cluster: ClusterSpec, cmd: list[str], env: dict[str, str], timeout: float,
-                 spec: LaunchSpec | None = None, max_restarts: int = 0, min_np: int = 0,
-                 grace: float = GRACE_PERIOD) -> int:
-    """Build the emulated cluster, run the job in it, and remove the cluster however the job ended.
-
-    With ``max_restarts``, a failed job is relaunched; hosts that cannot be reached (namespace gone,
-    link down) get no ranks, and with ``min_np`` the job shrinks onto the remaining hosts (elastic,
-    Horovod-style, through a restart from the checkpoint instead of Gloo's rendezvous).
-    """
-    from .netns import ClusterError, EmulatedCluster, stop_inside, unreachable
-
-    def shrink(job: LaunchSpec, rc: int) -> LaunchSpec | None:
-        em = job.cluster
-        # what mpirun could not end (a daemon and its rank on a cut-off host) goes before the next attempt
-        stop_inside(em.namespaces)
-        gone = unreachable(em) & set(em.live_hosts)
-        if not gone:
-            return job
-        names = ", ".join(em.hostname(i) for i in sorted(gone))
-        live = len(em.live_hosts) - len(gone)
-        np = job.np * live // len(em.live_hosts)  # the same ranks per host as before
-        if not min_np or live == 0 or np < min_np:
-            print(f"launch: host(s) {names} lost; {np} ranks would remain, " +
-                  (f"fewer than --min-np {min_np}" if min_np else "and without --min-np the job does not shrink") +
-                  "; not restarting", file=sys.stderr, flush=True)
-            return None
-        print(f"launch: elastic: host(s) {names} lost; continuing on {live} host(s): world size {job.np} -> {np} "
-              "(the global batch is workers x --batch-size, and with --scale-lr the LR follows the workers: "
-              "the trainer prints both)", file=sys.stderr, flush=True)
-        return dataclasses.replace(job, np=np, cluster=dataclasses.replace(em, lost=em.lost | gone))
-
-    try:
-        with EmulatedCluster(cluster, log=lambda msg: print(msg, flush=True)):
-            if spec is None:
-                return run_bounded(cmd, env, timeout, grace=grace)
-            return supervise(spec, cmd, env, timeout, max_restarts, shrink, grace)
-    except ClusterError as e:
-        print(f"launch: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("launch: interrupted; emulated hosts removed", file=sys.stderr)
-        return 130

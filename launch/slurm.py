@@ -16,7 +16,7 @@ same run directory, ``runs/slurm-<job id>/``. Job output goes to ``runs/slurm-<j
 With ``--submit`` the launcher checks the request against ``sinfo`` first (partition, node count,
 CPUs, GPUs), then follows the job by polling ``squeue`` (``sbatch --wait`` polls only every 10 s),
 prints the job's output as it grows, and exits with the job's exit code. Without ``SLURM_CONF`` and
-``/etc/slurm/slurm.conf`` it uses the emulated cluster of ``python -m launch.slurm_cluster up``.
+``/etc/slurm/slurm.conf`` it uses the emulated cluster of ``python -m lab.emulation.slurm_cluster up``.
 """
 
 from __future__ import annotations
@@ -34,6 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .mpirun import TRAINER, LaunchSpec, add_mpi_allreduce_arg, allreduce_mca, build_command, no_gl_probe, ring_rules
+
+# The lab's emulated Slurm cluster (lab/emulation/slurm_cluster.py) keeps its state, slurm.conf included, here;
+# without SLURM_CONF or /etc/slurm/slurm.conf the clients use it (slurm_env).
+EMULATED_STATE_DIR = Path("/tmp/allreduce-train-slurm")
 
 EXIT_PREEMPTED = 75  # the trainer's exit code after a checkpoint on SIGUSR1/SIGTERM (EX_TEMPFAIL)
 NTASKS = "$SLURM_NTASKS"  # expanded by the batch shell: every task of the allocation is a rank
@@ -204,9 +208,7 @@ def slurm_env(environ: dict[str, str]) -> tuple[dict[str, str], str]:
     """The environment for Slurm's clients, and a note when it points at the emulated cluster."""
     if "SLURM_CONF" in environ or os.path.exists("/etc/slurm/slurm.conf"):
         return environ, ""
-    from .slurm_cluster import STATE_DIR
-
-    conf = STATE_DIR / "slurm.conf"
+    conf = EMULATED_STATE_DIR / "slurm.conf"
     if conf.exists():
         return {**environ, "SLURM_CONF": str(conf)}, f"using the emulated cluster (SLURM_CONF={conf})"
     return environ, ""
@@ -223,12 +225,12 @@ def check_request(job: SlurmJob, env: dict[str, str]) -> None:
     """Compare the request with what ``sinfo`` reports, so that an impossible job fails here, in one line."""
     if shutil.which("sinfo") is None or shutil.which("sbatch") is None:
         raise SlurmError("sbatch/sinfo not found: run on a Slurm login node, or install slurm-client "
-                         "and start the emulated cluster (python -m launch.slurm_cluster up)")
+                         "and start the emulated cluster (python -m lab.emulation.slurm_cluster up)")
     proc = _client(["sinfo", "-h", "-N", "-o", "%N|%P|%c|%G"], env)
     if proc.returncode != 0:
         err = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
         raise SlurmError(f"no Slurm controller answers ({err}); start the emulated cluster with "
-                         "`python -m launch.slurm_cluster up` or set SLURM_CONF")
+                         "`python -m lab.emulation.slurm_cluster up` or set SLURM_CONF")
     parts: dict[str, dict[str, tuple[int, str]]] = {}
     default = ""
     for line in proc.stdout.splitlines():

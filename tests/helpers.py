@@ -25,12 +25,17 @@ ROOT = Path(__file__).resolve().parent.parent
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 
 
+def launcher_module(launcher) -> str:
+    """``python -m launch``, or the lab's front end of it when the job runs on emulated hosts."""
+    return "lab.emulation" if "--emulate-hosts" in launcher else "launch"
+
+
 def launch(np: int, args: list[str], timeout: float = 240, command: str = "train", module: str = "",
            oversubscribe: bool = False, env: dict[str, str] | None = None,
            launcher: list[str] = ()) -> subprocess.CompletedProcess:
     """``python -m launch -np N [LAUNCHER...] -- ARGS`` with a hard timeout: a hanging rank fails the test.
     ``module``: run that rank program (``python -m MODULE ARGS``) instead of the trainer."""
-    cmd = [sys.executable, "-m", "launch", "-np", str(np), "--command", command, *launcher]
+    cmd = [sys.executable, "-m", launcher_module(launcher), "-np", str(np), "--command", command, *launcher]
     if module:
         cmd += ["--module", module]
     if oversubscribe:
@@ -90,7 +95,7 @@ class Job:
     def __init__(self, np: int, args: list[str], tag: str, oversubscribe: bool = False,
                  launcher: list[str] = (), command: list[str] | None = None) -> None:
         """``command``: run this instead of ``python -m launch -np NP [launcher] -- ARGS``."""
-        cmd = command or [sys.executable, "-m", "launch", "-np", str(np),
+        cmd = command or [sys.executable, "-m", launcher_module(launcher), "-np", str(np),
                           *(["--oversubscribe"] if oversubscribe else []), *launcher, "--", *args]
         self.tag = tag
         env = {**os.environ, "OMP_NUM_THREADS": "1", "FAULT_TEST_TAG": tag}

@@ -167,7 +167,7 @@ if [ $dry = 1 ]; then
            --two-rank-models lenet5 --two-rank-steps 4)
 fi
 set +e
-"$PY" -m allreduce_train.experiments gpucheck --device $device "${extra[@]}" --out "$out/gpucheck.json" "$@" \
+"$PY" -m lab gpucheck --device $device "${extra[@]}" --out "$out/gpucheck.json" "$@" \
     | tee "$out/gpucheck.txt"
 rc=${PIPESTATUS[0]}
 set -e

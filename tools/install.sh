@@ -23,7 +23,7 @@ if [ "$LAB" = 1 ]; then
     # libx11-6: Xlib, so that tests/launch/test_hwloc.py can show that mpirun no longer hangs on hwloc's
     # X probe next to TensorBoard (any desktop has it; HWLOC_COMPONENTS=-gl is what keeps mpirun safe).
     apt_pkgs+=(chromium libx11-6)
-    # The emulated Slurm cluster (launch/slurm_cluster.py), without recommends (a mail server, ...).
+    # The emulated Slurm cluster (lab/emulation/slurm_cluster.py), without recommends (a mail server, ...).
     slurm_pkgs=(slurmctld slurmd slurm-client munge)
 fi
 missing=()

@@ -101,10 +101,18 @@ def test_a_ranks_exit_record_reaches_the_launcher(tmp_path, monkeypatch):
     assert not (tmp_path / "absent").exists()
 
 
-def test_min_np_needs_an_emulated_cluster_and_restarts():
-    bad = subprocess.run([sys.executable, "-m", "launch", "-np", "2", "--min-np", "1", "--dry-run", "--"],
-                         cwd=ROOT, capture_output=True, text=True)
-    assert bad.returncode == 2 and "--min-np" in bad.stderr
+def test_the_emulation_flags_that_moved_to_the_lab_say_where_in_one_line():
+    for flag in ("--emulate-hosts", "--link-rate", "--min-np"):
+        bad = subprocess.run([sys.executable, "-m", "launch", "-np", "2", flag, "1", "--dry-run", "--"],
+                             cwd=ROOT, capture_output=True, text=True)
+        assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+        assert flag in bad.stderr and "python -m lab.emulation" in bad.stderr
+
+
+def test_min_np_needs_restarts():
+    bad = subprocess.run([sys.executable, "-m", "lab.emulation", "-np", "2", "--emulate-hosts", "2", "--min-np", "1",
+                          "--dry-run", "--"], cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 2 and "--min-np" in bad.stderr and "--max-restarts" in bad.stderr
 
 
 def test_multi_host_jobs_load_the_ring_rules_unless_the_user_chose_open_mpis_algorithm(tmp_path):

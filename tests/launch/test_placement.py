@@ -1,6 +1,6 @@
 """--expect-hosts: rank 0 names every rank's host, and a job whose ranks landed on fewer hosts than
 the launcher asked for stops at start with one line (the Open MPI 5 trap under Kubeflow: every rank
-on the launcher pod, job Complete). Checked on emulated hosts (launch/netns.py): each namespace has
+on the launcher pod, job Complete). Checked on emulated hosts (lab/emulation/netns.py): each namespace has
 its own hostname, as a pod does.
 """
 
@@ -41,7 +41,7 @@ def namespaces_permitted():
 
 
 def launch_emulated(tmp_path, expect: int) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "launch", "-np", "2", "--emulate-hosts", "2", "--",
+    cmd = [sys.executable, "-m", "lab.emulation", "-np", "2", "--emulate-hosts", "2", "--",
            *QUICK, "--steps", "2", "--run-dir", str(tmp_path), "--name", f"expect{expect}", "--expect-hosts", str(expect)]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})

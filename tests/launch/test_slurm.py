@@ -1,4 +1,4 @@
-"""Slurm: the batch script of ``python -m launch slurm`` and jobs on the emulated cluster (launch/slurm_cluster.py).
+"""Slurm: the batch script of ``python -m launch slurm`` and jobs on the emulated cluster (lab/emulation/slurm_cluster.py).
 
 The cluster tests start real daemons (munged, slurmctld, one slurmd per network namespace), submit
 real jobs with sbatch and skip, with the reason, where Slurm is not installed or namespaces are not
@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from launch import slurm, slurm_cluster
+from lab.emulation import slurm_cluster
+from launch import slurm
 from launch.mpirun import RING_RULES, LaunchSpec, build_command
 
 from helpers import ROOT, check, load_params
@@ -139,7 +140,7 @@ def test_failed_start_removes_everything(tmp_path):
     fake.mkdir()
     (fake / "slurmd").write_text("#!/bin/sh\necho 'slurmd: fatal: this node is broken' >&2\nexit 1\n")
     (fake / "slurmd").chmod(0o755)
-    proc = subprocess.run([sys.executable, "-m", "launch.slurm_cluster", "up", "--nodes", "2"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "lab.emulation.slurm_cluster", "up", "--nodes", "2"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"})
     assert proc.returncode == 2 and "this node is broken" in proc.stderr, proc.stderr
@@ -197,7 +198,7 @@ def cluster():
         pytest.skip(reason)
     if slurm_cluster.leftovers():
         pytest.skip(f"an emulated Slurm cluster is already up or left over ({', '.join(slurm_cluster.leftovers())}); "
-                    "stop it with: python -m launch.slurm_cluster down")
+                    "stop it with: python -m lab.emulation.slurm_cluster down")
     try:
         slurm_cluster.up(slurm_cluster.SlurmClusterSpec(nodes=2, link_rate="100mbit"), log=lambda _m: None)
         yield slurm_cluster.SlurmClusterSpec(**slurm_cluster.read_state()["spec"])
@@ -336,4 +337,4 @@ def test_launcher_without_a_controller_says_how_to_start_one(tmp_path):
     proc = run_launcher(["--submit", "--output", str(tmp_path / "o"), "--script", str(tmp_path / "s"), "--",
                          "--steps", "1"], timeout=120, env={"SLURM_CONF": str(conf)})
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert "python -m launch.slurm_cluster up" in proc.stderr
+    assert "python -m lab.emulation.slurm_cluster up" in proc.stderr

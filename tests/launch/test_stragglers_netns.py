@@ -1,4 +1,4 @@
-"""Stragglers on the emulated cluster (launch/netns.py): a rank slowed in its computation is named with
+"""Stragglers on the emulated cluster (lab/emulation/netns.py): a rank slowed in its computation is named with
 its host; a rank slowed by its host's link is not -- that shows as every rank's wait, not as compute.
 
 Each test skips, with the reason, where namespaces cannot be built, and checks that nothing it

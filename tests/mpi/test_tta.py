@@ -12,7 +12,7 @@ from helpers import ROOT, check, needs_fashion_mnist
 
 
 def tta(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "allreduce_train.experiments", "time-to-accuracy", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "lab", "time-to-accuracy", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 

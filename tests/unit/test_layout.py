@@ -1,14 +1,22 @@
-"""The one-way rule: the core never imports an experiment; launch/ and models/ stay independent."""
+"""The layout's rules, read from the source: the product never imports the lab; the lab's experiments
+never import each other (what two share lives in lab/common or lab/emulation); no import cycle anywhere;
+launch/ imports only the standard library; models/ stay free of the distributed machinery."""
 
 import ast
+import sys
+from pathlib import Path
 
 import pytest
 
 from helpers import ROOT
 
+PRODUCT = ("allreduce_train", "models", "launch")
+SHARED = ("common", "emulation")  # the lab's shared layers; every other entry of lab/ is one experiment
 
-def imports(path):
-    """Absolute module names imported by ``path`` (relative imports resolved against its package)."""
+
+def imports(path: Path) -> list[str]:
+    """Absolute module names imported by ``path`` (relative imports resolved against its package),
+    wherever in the file the import is (a function's deferred import counts as much as a top-level one)."""
     package = list(path.relative_to(ROOT).parent.parts)  # a module's package; an __init__'s own
     out = []
     for node in ast.walk(ast.parse(path.read_text())):
@@ -21,29 +29,128 @@ def imports(path):
     return out
 
 
-def files(folder):
-    return sorted((ROOT / folder).rglob("*.py"))
+def files(*folders: str) -> list[Path]:
+    return sorted(p for folder in folders for p in (ROOT / folder).rglob("*.py"))
 
 
-def test_the_core_never_imports_an_experiment():
-    core = [p for p in files("allreduce_train") if "experiments" not in p.relative_to(ROOT).parts]
-    assert len(core) > 10
-    bad = [(str(p.relative_to(ROOT)), m) for p in core for m in imports(p)
-           if m.startswith("allreduce_train.experiments")]
+def module_of(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def experiment(module: str) -> str | None:
+    """``lab.scaling.grid`` -> ``scaling``; None for the lab's shared layers and its entry points."""
+    parts = module.split(".")
+    if parts[0] != "lab" or len(parts) < 2 or parts[1] in SHARED or parts[1] in ("__main__",):
+        return None
+    return parts[1]
+
+
+def test_the_product_never_imports_the_lab():
+    product = files(*PRODUCT)
+    assert len(product) > 20
+    bad = [(str(p.relative_to(ROOT)), m) for p in product for m in imports(p) if m == "lab" or m.startswith("lab.")]
+    assert not bad, bad
+
+
+def test_experiments_never_import_each_other_and_the_shared_layers_import_no_experiment():
+    lab = files("lab")
+    names = {experiment(module_of(p)) for p in lab} - {None}
+    assert {"bench", "commbench", "scaling", "tta"} <= names
+    bad = []
+    for p in lab:
+        mine = experiment(module_of(p))
+        if module_of(p) == "lab.__main__":
+            continue  # the front end that lists every experiment's subcommand
+        for m in imports(p):
+            theirs = experiment(m)
+            if theirs and theirs != mine:
+                bad.append((str(p.relative_to(ROOT)), m))
+    assert not bad, bad
+
+
+def test_launch_imports_only_the_standard_library_and_itself():
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    bad = [(str(p.relative_to(ROOT)), m) for p in files("launch") for m in imports(p)
+           if m.split(".")[0] not in stdlib | {"launch"}]
+    assert not bad, bad
+
+
+def test_the_trainer_takes_from_launch_only_the_exit_code_table():
+    bad = [(str(p.relative_to(ROOT)), m) for p in files("allreduce_train") for m in imports(p)
+           if (m == "launch" or m.startswith("launch.")) and not m.startswith("launch.exitcodes")]
     assert not bad, bad
 
 
 @pytest.mark.parametrize("folder, forbidden", [
-    ("models", ("horovod", "mpi4py", "torch.distributed", "allreduce_train", "launch")),
-    ("launch", ("allreduce_train", "models", "torch", "horovod")),
+    ("models", ("horovod", "mpi4py", "torch.distributed", "allreduce_train", "launch", "lab")),
 ])
-def test_models_and_launch_import_only_what_their_docstring_allows(folder, forbidden):
+def test_models_import_only_what_their_docstring_allows(folder, forbidden):
     bad = [(str(p.relative_to(ROOT)), m) for p in files(folder) for m in imports(p)
            if any(m == f or m.startswith(f + ".") for f in forbidden)]
     assert not bad, bad
 
 
-def test_the_import_reader_sees_relative_imports():
-    # guards the guard: a relative import of an experiment from the core would be caught
-    src = ROOT / "allreduce_train" / "experiments" / "scaling" / "grid.py"
-    assert "allreduce_train.experiments.costmodel" in imports(src)
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the modules of this tree it imports (a name imported from a module maps to the module)."""
+    paths = files(*PRODUCT, "lab")
+    known = {module_of(p) for p in paths}
+    graph: dict[str, set[str]] = {}
+    for p in paths:
+        me = module_of(p)
+        deps = set()
+        for m in imports(p):
+            parts = m.split(".")
+            while parts and ".".join(parts) not in known:
+                parts.pop()
+            target = ".".join(parts)
+            # a package's __init__ is not a dependency of its own submodules' imports of siblings
+            if target and target != me and not me.startswith(target + "."):
+                deps.add(target)
+        graph[me] = deps
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(10000)
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle_anywhere():
+    graph = import_graph()
+    assert len(graph) > 60 and "lab.scaling.grid" in graph
+    assert not cycles(graph), cycles(graph)
+
+
+def test_the_guards_see_what_they_guard():
+    # a relative import is resolved; a sibling import and a cycle would be caught
+    assert "lab.common.costmodel" in imports(ROOT / "lab" / "scaling" / "grid.py")
+    assert experiment("lab.tta.report") == "tta" and experiment("lab.common.jobs") is None
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

@@ -1,0 +1,47 @@
+"""``python -m lab bench|commbench|commbench-netns|gpucheck|scaling|scaling-netns|time-to-accuracy ...``"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def make_parser() -> argparse.ArgumentParser:
+    from .bench import main as bench
+    from . import gpucheck
+    from .commbench import main as commbench
+    from .commbench import netns as commbench_netns
+    from .scaling import grid, netns
+    from .tta import main as tta
+
+    parser = argparse.ArgumentParser(prog="python -m lab",
+                                     description="Experiments that launch training or exchange jobs and report on them.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, module, run, help_ in (
+        ("bench", bench, bench.cmd_bench, "throughput of the trainer vs a bare Horovod loop and torch DDP, side by side"),
+        ("commbench", commbench, commbench.main, "time the gradient exchange alone: Horovod, raw MPI, the PS patterns"),
+        ("commbench-netns", commbench_netns, commbench_netns.main,
+         "the network model checked alone: commbench on emulated hosts at given link rates vs the alpha-beta model "
+         "(root)"),
+        ("scaling", grid, grid.main, "scaling grid: strategies x models x worker counts -> report, plots, TensorBoard, "
+                                     "cost model"),
+        ("gpucheck", gpucheck, gpucheck.main, "one GPU, one rank: trainer vs bare Horovod (NCCL) vs DDP (NCCL), "
+                                              "LeNet-5/ResNet-18/LSTM -> one table (tools/gpu_check.sh)"),
+        ("scaling-netns", netns, netns.main, "the scaling grid on emulated hosts (network namespaces, root) at given "
+                                             "link rates, beside the cost model"),
+        ("time-to-accuracy", tta, tta.main, "wall time, steps and epochs to a quality target (test accuracy, "
+                                            "perplexity) per exchange method and worker count"),
+    ):
+        cmd = sub.add_parser(name, help=help_, description=help_)
+        module.add_arguments(cmd)
+        cmd.set_defaults(func=run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

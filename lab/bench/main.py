@@ -1,0 +1,412 @@
+"""``bench``: the trainer against a bare Horovod loop and torch DDP, side by side.
+
+    python -m lab bench           # LeNet-5 at 1 and 2 ranks (make bench)
+    python -m lab bench --models lenet5,resnet18 --np 1,2 --repeats 6
+
+Each measurement is its own ``mpirun`` job built by the project's launcher, so every
+implementation starts the same way. The jobs alternate (trainer, horovod, ddp, trainer, ...) so
+that a change in machine load hits all of them alike, and ratios are taken between the jobs of
+the same round before their median is reported. Every job excludes its warm-up steps and times
+wall clock over the rest, so the trainer's own overhead (data, logging, metrics) counts against
+it. The machine's load average is recorded next to every figure. Results: a table on stdout, and
+in the output directory ``bench.json``, ``tensorboard/`` (one run per implementation, step = ranks,
+a Custom Scalars chart per figure), ``hparams/`` (one session per job) and ``jobs/`` (the trainer
+jobs' own runs, the bare loops' results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import socket
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..common import engines, tblog
+from ..common.jobs import TRAINER, local_launcher, loadavg, read_json, run
+
+RANK_MODULE = "lab.bench.rank"  # the bare loops, on every rank
+# Timed steps per model when --steps is not given: a few seconds per job on one core.
+DEFAULT_STEPS = {"lenet5": 400, "resnet18": 12, "ptb-lstm-small": 60, "ptb-lstm-medium": 12}
+DEFAULT_WARMUP = {"lenet5": 30, "resnet18": 3, "ptb-lstm-small": 5, "ptb-lstm-medium": 2}
+BASELINES = ("horovod", "ddp")
+# Implementations of the trainer besides "trainer" (ring allreduce, Horovod): their trainer flags.
+TRAINER_IMPLS = {
+    "trainer-mpi": ["--strategy", "allreduce", "--allreduce-engine", "mpi"],  # the ring on mpi4py messages
+    # every rank trains, as with allreduce: the same number of workers computing
+    "trainer-ps": ["--strategy", "ps", "--ps-placement", "colocated"],
+}
+# The optimizer every implementation runs, so that the update costs the same everywhere (the
+# trainer would otherwise take a model's recipe, e.g. the LSTM's clipping and no momentum).
+SAME_OPTIMIZER = ["--momentum", "0.9", "--weight-decay", "0", "--grad-clip", "0"]
+
+
+@dataclass
+class Override:
+    """An implementation timed with other settings, as its own column: ``--variant "NAME=BASE [KEY=VALUE ...] [--flag ...]"``."""
+
+    name: str
+    base: str  # trainer, horovod, ddp or trainer-<strategy>
+    env: dict[str, str] = field(default_factory=dict)
+    args: list[str] = field(default_factory=list)  # extra `train` flags (trainer bases only)
+
+
+@dataclass
+class BenchSpec:
+    models: list[str] = field(default_factory=lambda: ["lenet5"])
+    nps: list[int] = field(default_factory=lambda: [1, 2])
+    impls: list[str] = field(default_factory=list)  # default: every strategy of the trainer + the baselines
+    repeats: int = 4
+    steps: int = 0  # 0: DEFAULT_STEPS of the model
+    warmup: int = -1  # -1: DEFAULT_WARMUP of the model
+    batch_size: int = 0  # 0: the model's own batch (ModelSpec.defaults), else 64
+    threads: int = 1
+    synthetic_samples: int = 6400
+    out: str = ""
+    timeout: float = 600.0
+    oversubscribe: bool = False
+    variants: list[Override] = field(default_factory=list)
+
+    def steps_for(self, model: str) -> int:
+        return self.steps or DEFAULT_STEPS.get(model, 50)
+
+    def warmup_for(self, model: str) -> int:
+        return self.warmup if self.warmup >= 0 else DEFAULT_WARMUP.get(model, 5)
+
+    def batch_for(self, model: str) -> int:
+        from models import MODELS
+
+        return self.batch_size or int(MODELS[model].defaults.get("batch_size", 64))
+
+    def variant(self, impl: str) -> Override:
+        """The settings an implementation runs with (a plain one: none)."""
+        return next((v for v in self.variants if v.name == impl), Override(impl, impl))
+
+
+def parse_variant(text: str, known: list[str]) -> Override:
+    """``NAME=BASE [KEY=VALUE ...] [--flag value ...]`` -> a Override; ValueError says what is wrong."""
+    import re
+    import shlex
+
+    name, eq, rest = text.partition("=")
+    name = name.strip()
+    if not eq or not re.fullmatch(r"[A-Za-z0-9_.+-]+", name):
+        raise ValueError(f"expected NAME=BASE [KEY=VALUE ...] [--flag ...], e.g. "
+                         f"\"cycle1=trainer HOROVOD_CYCLE_TIME=1\" (got {text!r})")
+    if name in known:
+        raise ValueError(f"name {name!r} is taken by an implementation; pick another")
+    words = shlex.split(rest)
+    if not words or words[0] not in known:
+        raise ValueError(f"{name}: the first word must be the implementation to vary, one of: {', '.join(known)}")
+    v = Override(name, words[0])
+    flags_from = next((i for i, w in enumerate(words[1:], 1) if w.startswith("-")), len(words))
+    for w in words[1:flags_from]:
+        key, eq, value = w.partition("=")
+        if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise ValueError(f"{name}: {w!r} is not an environment setting KEY=VALUE (flags come after them)")
+        v.env[key] = value
+    v.args = words[flags_from:]
+    if v.args and not v.base.startswith("trainer"):
+        raise ValueError(f"{name}: flags ({' '.join(v.args)}) only apply to the trainer; {v.base} takes "
+                         "environment settings only")
+    return v
+
+
+def default_impls() -> list[str]:
+    # "trainer" is the allreduce strategy on Horovod; the other engine and strategies by their name
+    return ["trainer", *BASELINES, *TRAINER_IMPLS]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def job_args(impl: str, model: str, spec: BenchSpec, result: str, run_dir: str, name: str) -> tuple[str, list[str]]:
+    """(module every rank runs, its arguments) for one measurement: the trainer, or the bare loops."""
+    steps, warmup = spec.steps_for(model), spec.warmup_for(model)
+    common = ["--model", model, "--batch-size", str(spec.batch_for(model)), "--threads", str(spec.threads),
+              "--synthetic-samples", str(spec.synthetic_samples)]
+    variant = spec.variant(impl)
+    impl = variant.base
+    if impl.startswith("trainer"):
+        exchange = TRAINER_IMPLS.get(impl, ["--strategy", "allreduce"])
+        never = str(warmup + steps + 1)  # evaluation and checkpoints only after the last timed step
+        return TRAINER, [*common, "--dataset", "synthetic", *exchange,
+                         "--steps", str(warmup + steps), "--perf-warmup-steps", str(warmup),
+                         "--eval-every", never, "--checkpoint-every", never,
+                         *SAME_OPTIMIZER, "--run-dir", run_dir, "--name", name, "--no-progress", *variant.args]
+    return RANK_MODULE, [*common, "--impl", impl, "--steps", str(steps), "--warmup-steps", str(warmup),
+                          "--port", str(free_port()), "--result", result]
+
+
+def run_job(impl: str, model: str, np: int, spec: BenchSpec, out: str, tag: str) -> dict[str, Any]:
+    run_dir = os.path.join(out, tblog.JOBS_DIR)  # beside the bare loops' result files
+    name = f"{model}-{impl}-np{np}-{tag}"
+    result = os.path.join(out, "jobs", name + ".json")
+    module, args = job_args(impl, model, spec, result, run_dir, name)
+    threads = str(spec.threads)
+    # Same thread settings for every implementation: torch intra-op, OpenMP and MKL pools.
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, **spec.variant(impl).env}
+    cmd = local_launcher(np, args, module, oversubscribe=spec.oversubscribe)
+    record: dict[str, Any] = {"impl": impl, "model": model, "np": np, "tag": tag, "command": cmd,
+                              "loadavg_before": loadavg()}
+    job = run(cmd, env=env, timeout=spec.timeout, tail_chars=2000)
+    record.update(wall_s=round(job.seconds, 2), loadavg_after=loadavg(), returncode=job.returncode)
+    m = read_json(os.path.join(run_dir, name, "metrics.json") if module == TRAINER else result) if job.ok else None
+    if m is not None:
+        # The trainer's wall-clock figure includes its logging and data between steps.
+        record["samples_per_sec"] = m.get("wall_samples_per_sec", m["samples_per_sec"])
+        record["workers"] = m.get("workers", np)
+        record["cpu_ms_per_step"] = m.get("cpu_ms_per_step")
+    else:
+        record["error"] = job.error_line()
+        record["output_tail"] = job.output  # what the job printed last, to see why
+    return record
+
+
+def summarise(jobs: list[dict[str, Any]], spec: BenchSpec, impls: list[str]) -> list[dict[str, Any]]:
+    """One row per (model, ranks): medians and spread per implementation, paired ratios, efficiency."""
+    rows = []
+    for model in spec.models:
+        for np in spec.nps:
+            mine = [j for j in jobs if j["model"] == model and j["np"] == np]
+            row: dict[str, Any] = {"model": model, "np": np, "impls": {}, "ratios": {}, "efficiency": {},
+                                   "rounds": len({j["tag"] for j in mine})}
+            loads = [j["loadavg_before"][0] for j in mine if j["loadavg_before"]]
+            row["loadavg_1min"] = [min(loads), max(loads)] if loads else []
+            for impl in impls:
+                v = [j["samples_per_sec"] for j in mine if j["impl"] == impl and "samples_per_sec" in j]
+                if v:
+                    med = statistics.median(v)
+                    cpu = [j["cpu_ms_per_step"] for j in mine if j["impl"] == impl and j.get("cpu_ms_per_step")]
+                    row["impls"][impl] = {"median": med, "min": min(v), "max": max(v),
+                                          "spread": (max(v) - min(v)) / med, "n": len(v),
+                                          "cpu_ms_per_step": statistics.median(cpu) if cpu else None}
+            by_tag = {}
+            for j in mine:
+                by_tag.setdefault(j["tag"], {})[j["impl"]] = j.get("samples_per_sec")
+            for base in (b for b in impls if b != "trainer"):
+                pairs = [r["trainer"] / r[base] for r in by_tag.values() if r.get("trainer") and r.get(base)]
+                if pairs:
+                    row["ratios"][f"trainer/{base}"] = {"median": statistics.median(pairs),
+                                                        "min": min(pairs), "max": max(pairs)}
+            rows.append(row)
+    for row in rows:  # scaling efficiency: throughput at N ranks / (N x throughput at 1 rank)
+        one = next((r for r in rows if r["model"] == row["model"] and r["np"] == 1), None)
+        for impl, s in row["impls"].items():
+            if one and impl in one["impls"]:
+                row["efficiency"][impl] = s["median"] / (row["np"] * one["impls"][impl]["median"])
+    return rows
+
+
+WIDE_MAX = 5  # more implementations than this: one line per implementation instead of one per row
+
+
+def long_table(rows: list[dict[str, Any]], impls: list[str]) -> str:
+    """The same figures, one line per (model, ranks, implementation): readable with many variants."""
+    lines = ["| model | ranks | implementation | samples/s | trainer/it | efficiency | CPU ms/step |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        for i in impls:
+            s = r["impls"].get(i)
+            q = r["ratios"].get(f"trainer/{i}")
+            e = r["efficiency"].get(i)
+            cells = [r["model"], str(r["np"]), i,
+                     f"{s['median']:.0f} ({s['min']:.0f}-{s['max']:.0f})" + ("" if s["n"] == r["rounds"] else
+                                                                             f" [{s['n']} of {r['rounds']}]")
+                     if s else "failed",
+                     "1" if i == "trainer" else f"{q['median']:.2f} ({q['min']:.2f}-{q['max']:.2f})" if q else "-",
+                     f"{e:.2f}" if e is not None and r["np"] > 1 else "-",
+                     f"{s['cpu_ms_per_step']:.1f}" if s and s.get("cpu_ms_per_step") else "-"]
+            lines.append("| " + " | ".join(cells) + " |")
+    loads = [v for r in rows for v in r["loadavg_1min"]]
+    if loads:
+        lines += ["", f"1-minute load when the jobs started: {min(loads):.1f}-{max(loads):.1f}"]
+    return "\n".join(lines)
+
+
+def table(rows: list[dict[str, Any]], impls: list[str]) -> str:
+    """A Markdown table: samples/s as median (min-max), ratios as median of same-round pairs."""
+    if len(impls) > WIDE_MAX:
+        return long_table(rows, impls)
+    ratio_keys = [f"trainer/{b}" for b in impls if b != "trainer"]
+    head = ["model", "ranks", *(f"{i} samples/s" for i in impls), *ratio_keys,
+            *(f"eff. {i}" for i in impls), "load 1 min"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["model"], str(r["np"])]
+        for i in impls:
+            s = r["impls"].get(i)
+            cells.append(f"{s['median']:.0f} ({s['min']:.0f}-{s['max']:.0f})" if s else "failed")
+        for k in ratio_keys:
+            q = r["ratios"].get(k)
+            cells.append(f"{q['median']:.2f} ({q['min']:.2f}-{q['max']:.2f})" if q else "-")
+        for i in impls:
+            e = r["efficiency"].get(i)
+            cells.append(f"{e:.2f}" if e is not None else "-")
+        lo_hi = r["loadavg_1min"]
+        cells.append(f"{lo_hi[0]:.1f}-{lo_hi[1]:.1f}" if lo_hi else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    # CPU time hardly depends on what else the machine runs, so it shows busy-polling even under load
+    lines += ["", "CPU ms per step, all ranks together (median):", "",
+              "| model | ranks | " + " | ".join(impls) + " |", "|" + "---|" * (len(impls) + 2)]
+    for r in rows:
+        cpu = [r["impls"].get(i, {}).get("cpu_ms_per_step") for i in impls]
+        lines.append(f"| {r['model']} | {r['np']} | " + " | ".join(f"{c:.1f}" if c else "-" for c in cpu) + " |")
+    return "\n".join(lines)
+
+
+def concept_engine(rows: list[dict[str, Any]]) -> str:
+    """Below the table: per model and rank count > 1, the concept x engine split (:mod:`..engines`)."""
+    lines: list[str] = []
+    for r in rows:
+        if r["np"] > 1:
+            lines += engines.markdown(f"{r['model']}, {r['np']} ranks, concept x engine",
+                                      {i: s["median"] for i, s in r["impls"].items()}, engines.BENCH)
+    return "\n\n" + "\n".join(lines).rstrip() if lines else ""
+
+
+BENCH_FIGURES = ("perf/samples_per_sec", "scaling/speedup", "scaling/efficiency", "perf/trainer_over")
+
+
+def write_tensorboard(out: str, rows: list[dict[str, Any]], jobs: list[dict[str, Any]], spec: BenchSpec,
+                      text: str) -> None:
+    """``out/tensorboard``: one run per implementation, step = ranks, the same tags per model and a
+    Custom Scalars chart per tag; ``out/hparams``: one HParams session per job."""
+    series: tblog.Series = {}
+    one = {(r["model"], i): s["median"] for r in rows if r["np"] == 1 for i, s in r["impls"].items()}
+    for r in rows:
+        m, n = r["model"], r["np"]
+        for impl, s in r["impls"].items():
+            tblog.add_point(series, impl, f"perf/samples_per_sec/{m}", n, s["median"])
+            if (m, impl) in one:
+                tblog.add_point(series, impl, f"scaling/speedup/{m}", n, s["median"] / one[(m, impl)])
+        for impl, e in r["efficiency"].items():
+            tblog.add_point(series, impl, f"scaling/efficiency/{m}", n, e)
+        for k, q in r["ratios"].items():
+            tblog.add_point(series, k.partition("/")[2], f"perf/trainer_over/{m}", n, q["median"])
+    tblog.write_comparison(os.path.join(out, tblog.COMPARISON_DIR), series,
+                           tblog.model_categories(spec.models, BENCH_FIGURES), text)
+    sessions = []
+    for j in jobs:
+        v = spec.variant(j["impl"])
+        # the baselines (a bare Horovod loop, DDP) are ring allreduce too
+        concept, engine = engines.BENCH.get(v.base, (engines.RING, {"ddp": "torch DDP"}.get(v.base, engines.HOROVOD)))
+        if "--allreduce-engine" in v.args:  # a variant that switches the engine
+            engine = engines.MPI4PY if tblog.flag_value(v.args, "--allreduce-engine", "") == "mpi" else engines.HOROVOD
+        hp = {"impl": j["impl"], "base": v.base, "model": j["model"], "workers": j["np"], "concept": concept,
+              "engine": engine, "settings": " ".join([*(f"{k}={x}" for k, x in v.env.items()), *v.args]) or "-"}
+        ms = {}
+        if "samples_per_sec" in j:
+            base = one.get((j["model"], j["impl"]))
+            ms = {"samples_per_sec": j["samples_per_sec"],
+                  "efficiency": j["samples_per_sec"] / (j["np"] * base) if base else math.nan}
+            if j.get("cpu_ms_per_step"):
+                ms["cpu_ms_per_step"] = j["cpu_ms_per_step"]
+        sessions.append((f"{j['model']}-{j['impl']}-np{j['np']}-{j['tag']}", hp, ms))
+    tblog.write_hparams(os.path.join(out, tblog.HPARAMS_DIR), sessions)
+
+
+def run_bench(spec: BenchSpec) -> int:
+    impls = spec.impls or default_impls()
+    out = spec.out or os.path.join("runs", time.strftime("bench-%Y%m%d-%H%M%S"))
+    os.makedirs(os.path.join(out, "jobs"), exist_ok=True)
+    jobs: list[dict[str, Any]] = []
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    for model in spec.models:
+        for np in spec.nps:
+            for rep in range(spec.repeats):
+                # rotate the order every round, so no implementation always runs right after another
+                order = impls[rep % len(impls):] + impls[:rep % len(impls)]
+                for impl in order:
+                    j = run_job(impl, model, np, spec, out, f"r{rep}")
+                    jobs.append(j)
+                    fig = f"{j['samples_per_sec']:.0f} samples/s" if "samples_per_sec" in j else f"FAILED: {j['error']}"
+                    print(f"{model} np{np} round {rep + 1}/{spec.repeats} {impl:>10}: {fig} "
+                          f"(load {j['loadavg_before'][:1]})", file=sys.stderr, flush=True)
+    rows = summarise(jobs, spec, impls)
+    text = table(rows, impls) + concept_engine(rows)
+    report = {"spec": asdict(spec), "impls": impls, "started": started, "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+              "command": [os.path.basename(sys.executable), "-m", "lab", *sys.argv[1:]],
+              "cores": os.cpu_count(), "rows": rows, "jobs": jobs, "table": text}
+    with open(os.path.join(out, "bench.json"), "w") as fh:
+        json.dump(report, fh, indent=2)
+        fh.write("\n")
+    write_tensorboard(out, rows, jobs, spec, text)
+    print(text)
+    print(f"-> {os.path.join(out, 'bench.json')}; make tensorboard RUN={os.path.join(out, tblog.COMPARISON_DIR)}")
+    failed = [j for j in jobs if "error" in j]
+    return 1 if failed else 0
+
+
+def _int_list(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v]
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from models import MODELS
+
+    from allreduce_train.cli import fail
+
+    models = [m for m in args.models.split(",") if m]
+    unknown = [m for m in models if m not in MODELS]
+    if unknown:
+        return fail(f"--models: unknown model {unknown[0]!r}; choose from: {', '.join(sorted(MODELS))}")
+    try:
+        nps = _int_list(args.np)
+    except ValueError:
+        return fail(f"--np {args.np!r}: expected a comma-separated list of rank counts, e.g. 1,2")
+    if not nps or min(nps) < 1:
+        return fail(f"--np {args.np!r}: rank counts must be >= 1")
+    variants = []
+    for text in args.variant:
+        try:
+            variants.append(parse_variant(text, default_impls() + [v.name for v in variants]))
+        except ValueError as e:
+            return fail(f"--variant: {e}")
+    known = default_impls() + [v.name for v in variants]
+    impls = [i for i in args.impls.split(",") if i] if args.impls else known
+    bad = [i for i in impls if i not in known]
+    if bad:
+        return fail(f"--impls: unknown implementation {bad[0]!r}; choose from: {', '.join(known)}")
+    for flag, v in (("--repeats", args.repeats), ("--threads", args.threads)):
+        if v < 1:
+            return fail(f"{flag} must be >= 1 (got {v})")
+    if args.batch_size < 0:
+        return fail(f"--batch-size must be >= 1, or 0 for each model's own (got {args.batch_size})")
+    if args.steps < 0 or args.warmup < -1:
+        return fail("--steps must be >= 0 and --warmup >= 0 (or -1 for the model's default)")
+    spec = BenchSpec(models=models, nps=nps, impls=impls, repeats=args.repeats, steps=args.steps, warmup=args.warmup,
+                     batch_size=args.batch_size, threads=args.threads, synthetic_samples=args.synthetic_samples,
+                     out=args.out, timeout=args.timeout, oversubscribe=args.oversubscribe, variants=variants)
+    return run_bench(spec)
+
+
+def add_arguments(b: argparse.ArgumentParser) -> None:
+    b.add_argument("--models", default="lenet5", help="comma-separated models (default: lenet5)")
+    b.add_argument("--np", default="1,2", help="comma-separated rank counts (default: 1,2)")
+    b.add_argument("--impls", default="", help=f"comma-separated subset of: {', '.join(default_impls())} "
+                                              "(default: all)")
+    b.add_argument("--repeats", type=int, default=4, help="rounds of alternating jobs (default: 4)")
+    b.add_argument("--steps", type=int, default=0,
+                   help=f"timed steps per job (default per model: {DEFAULT_STEPS}, else 50)")
+    b.add_argument("--warmup", type=int, default=-1,
+                   help=f"untimed steps at the start of every job (default per model: {DEFAULT_WARMUP}, else 5)")
+    b.add_argument("--batch-size", type=int, default=0,
+                   help="per rank (default 0: the model's own, e.g. 64 for lenet5, 20 for ptb-lstm-small)")
+    b.add_argument("--threads", type=int, default=1, help="torch/OpenMP/MKL threads per rank (default: 1)")
+    b.add_argument("--synthetic-samples", type=int, default=6400, help="synthetic dataset size (default: 6400)")
+    b.add_argument("--out", default="", help="output directory (default: runs/bench-<time>)")
+    b.add_argument("--timeout", type=float, default=600.0, help="seconds before a job counts as hung (default: 600)")
+    b.add_argument("--oversubscribe", action="store_true", help="allow more ranks than cores")
+    b.add_argument("--variant", action="append", default=[], metavar='"NAME=BASE [KEY=VALUE ...] [--flag ...]"',
+                   help="also time implementation BASE with these environment settings and (trainer only) flags, "
+                        "as column NAME; repeatable. E.g. --variant \"cycle1=trainer HOROVOD_CYCLE_TIME=1\" "
+                        "--variant \"fp16=trainer --compression fp16\"")

@@ -1,0 +1,126 @@
+"""The scaling grid's cost model: calibrated by a short commbench, it predicts every measured point
+and the scaling to 1024 workers (:mod:`lab.common.costmodel`)."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict
+from typing import Any
+
+from ..common import costmodel
+from ..commbench import main as commbench
+from ..common.jobs import Launcher
+from .spec import REPORT_WORKERS, GridConfig, Plan, Variant
+
+CYCLE_CANDIDATES = "0.2,5"  # besides Horovod's default of 1 ms
+
+
+def choose_cycle(commbench_report: dict[str, Any]) -> tuple[float | None, str]:
+    """The HOROVOD_CYCLE_TIME whose allreduce sweep was fastest (geometric mean over the sizes
+    every configuration measured): (ms or None for Horovod's default, the commbench job label)."""
+    times: dict[str, dict[int, float]] = {}
+    for r in commbench_report["results"]:
+        job = r.get("job", "default")
+        if r["impl"] == "horovod" and r["workload_kind"] == "size" and (job == "default" or job.startswith("cycle=")):
+            times.setdefault(job, {})[r["bytes"]] = r["time_s"]
+    if not times:
+        return None, "default"
+    common = set.intersection(*(set(t) for t in times.values()))
+    if not common:
+        return None, "default"
+    best = min(times, key=lambda j: sum(math.log(times[j][b]) for b in common))
+    return (None if best == "default" else float(best[len("cycle="):-len("ms")])), best
+
+
+def calibrate(commbench_report: dict[str, Any], vs: list[Variant], horovod_job: str = "default") -> dict[str, dict[str, Any]]:
+    """alpha and B per strategy, fitted to its commbench size sweep (Horovod: the knobs the grid used)."""
+    out = {}
+    for v in vs:
+        want = horovod_job if v.commbench_impl == "horovod" else ("default", f"K={v.servers}")
+        pts = [r for r in commbench_report["results"]
+               if r["impl"] == v.commbench_impl and r["workload_kind"] == "size"
+               and r.get("job", "default") in want]
+        if not pts or pts[0]["workers"] < 2:
+            continue
+        n, k = pts[0]["workers"], max(1, pts[0]["servers"])
+        net = costmodel.fit_alpha_beta(v.kind, n, [(r["bytes"], r["time_s"]) for r in pts], servers=k)
+        out[v.name] = {"impl": v.commbench_impl, "workers": n, "alpha_s": net.alpha,
+                       "bandwidth_Bps": net.bandwidth, "points": len(pts)}
+    return out
+
+
+COMPUTE_SOURCES = {
+    "one-worker": "the one-worker allreduce step (any strategy's when allreduce has none) minus its exchange wait",
+    "fewest-workers": "the grid has no one-worker run: the median step of the fewest workers measured minus their "
+                      "exchange wait, which on shared cores includes the other ranks' competition for them",
+}
+
+
+def compute_times(rows: list[dict[str, Any]], plans: dict[str, Plan]) -> tuple[dict[str, float], dict[str, str]]:
+    """Seconds of compute per step and model, and where each came from (a key of COMPUTE_SOURCES):
+    the one-worker allreduce step (from its throughput, so that the prediction at N=1 reproduces
+    it) minus its exchange wait; any strategy's one-worker run when allreduce has none; without any
+    one-worker run (the emulated grid runs N hosts only) the fewest workers' median step minus wait."""
+    out: dict[str, float] = {}
+    source: dict[str, str] = {}
+    for any_strategy in (False, True):
+        for r in rows:
+            if r["workers"] == 1 and r["repeats"] and (any_strategy or r["strategy"] == "allreduce"):
+                step_s = plans[r["model"]].batch_size / r["samples_per_sec_mean"]
+                out.setdefault(r["model"], max(0.0, step_s - r["comm_wait_ms_mean"] / 1e3))
+                source.setdefault(r["model"], "one-worker")
+    for r in sorted((r for r in rows if r["repeats"]), key=lambda r: (r["workers"], r["strategy"] != "allreduce")):
+        if r["model"] not in out:
+            out[r["model"]] = max(0.0, (r["step_ms_mean"] - r["comm_wait_ms_mean"]) / 1e3)
+            source[r["model"]] = "fewest-workers"
+    return out, source
+
+
+def known_network(vs: list[Variant], net: costmodel.Network, label: str) -> dict[str, dict[str, Any]]:
+    """The calibration table when the network is known, not fitted (emulated links of a set rate)."""
+    return {v.name: {"impl": label, "workers": 0, "alpha_s": net.alpha, "bandwidth_Bps": net.bandwidth, "points": 0}
+            for v in vs}
+
+
+def predictions(rows, vs: list[Variant], models: list[str], plans: dict[str, Plan], calib, given: costmodel.Network,
+                sizes: dict[str, int]) -> tuple[dict, dict]:
+    """(per model: compute seconds per step and where they came from; beside each measured row:
+    the calibrated prediction; per model and strategy: the curve to 1024 workers on the given network)."""
+    compute, source = compute_times(rows, plans)
+    table = {v.name: v for v in vs}
+    for r in rows:
+        v, c = table.get(r["strategy"]), compute.get(r["model"])
+        cal = calib.get(r["strategy"])
+        if v is None or c is None or cal is None:
+            r.update(predicted_samples_per_sec=math.nan, predicted_efficiency=math.nan, prediction_error_pct=math.nan)
+            continue
+        net = costmodel.Network(cal["alpha_s"], cal["bandwidth_Bps"])
+        p = costmodel.predict(v.kind, r["workers"], sizes[r["model"]], c, plans[r["model"]].batch_size, net,
+                              servers=max(1, v.servers))
+        err = 100 * (p.samples_per_sec - r["samples_per_sec_mean"]) / r["samples_per_sec_mean"]
+        r.update(predicted_samples_per_sec=p.samples_per_sec, predicted_efficiency=p.efficiency,
+                 prediction_error_pct=err)
+    curves: dict[str, dict[str, list[dict]]] = {}
+    for m in models:
+        if m not in compute:
+            continue
+        for v in vs:
+            curves.setdefault(m, {})[v.name] = [
+                asdict(costmodel.predict(v.kind, n, sizes[m], compute[m], plans[m].batch_size, given,
+                                         servers=max(1, v.servers)))
+                for n in REPORT_WORKERS]
+    return compute, source, curves
+
+
+
+def run_commbench(cfg: GridConfig, vs: list[Variant], out: str, launcher: Launcher) -> str:
+    """A short commbench at 2 workers for calibration; returns the path of its commbench.json."""
+    cycles = {"auto": CYCLE_CANDIDATES, "default": ""}.get(cfg.horovod_cycle_ms, cfg.horovod_cycle_ms)
+    args = commbench.front_args([
+        "--np", "2", "--impls", ",".join(sorted({v.commbench_impl for v in vs})), "--sizes", cfg.commbench_sizes,
+        "--models", "", "--budget", "0.25", "--ps-servers-list", str(cfg.ps_servers), "--horovod-cycle-ms", cycles,
+        "--horovod-fusion-mb", "", "--timeline-size", "", "--out-dir", os.path.join(out, "commbench"),
+        "--job-timeout", str(cfg.job_timeout)])
+    commbench.run_front(args, launcher=launcher)
+    return os.path.join(out, "commbench", "commbench.json")

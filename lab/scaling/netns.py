@@ -1,0 +1,249 @@
+"""The scaling grid on an emulated cluster: measured step times beside the cost model's predictions.
+
+    python -m lab scaling-netns                # what `make scaling-netns` runs
+    python -m lab scaling-netns --rates 100mbit --models lenet5 --strategies allreduce
+
+For every link rate, the ``scaling`` grid (same jobs, same per-model plans) runs with its launcher
+hook swapped for the emulated cluster's (lab/emulation/netns.py): one rank per host, so every rank has a
+link of its own -- W workers for allreduce and the colocated PS, W workers + K servers for the
+dedicated PS, the servers on hosts of their own as in the cost model. Each job's metrics.json
+gives the median step time and the median time a worker waited on the exchange; the kernel's link
+counters (printed by the launcher) give the bytes on the busiest link. The cost model
+(allreduce_train/costmodel.py) predicts the exchange for the configured bandwidth with alpha = 0
+(the emulation adds no latency), and the step as the job's own compute (step - wait) plus that
+exchange.
+
+Output: runs/scaling-netns/<time>/report.md (this comparison), results.json, tensorboard/ (every
+rate's comparison in one logdir: a run per strategy, the rate in the tag, step = N) and hparams/ (every job); <rate>/
+holds the scaling grid's own outputs for that rate (its report, plots, logs, TensorBoard runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import statistics
+import sys
+import time
+from typing import Any
+
+from ..common import costmodel, engines, tblog
+from . import grid as scaling
+from . import report as grid_report
+
+TRAFFIC_RE = re.compile(r"(h\d+) (\d+)/(\d+)")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from launch.mpirun import add_mpi_allreduce_arg
+
+    p.add_argument("--hosts", default="1,2,4",
+                   help="comma-separated worker counts, one emulated host per worker; 1 is the speedup baseline "
+                        "(default: 1,2,4)")
+    p.add_argument("--rates", default="1gbit,100mbit", help="link rates per direction (default: 1gbit,100mbit)")
+    p.add_argument("--strategies", default=",".join(scaling.variants()),
+                   help=f"comma-separated subset of {', '.join(scaling.variants())} (default: all)")
+    p.add_argument("--ps-servers", type=int, default=1, help="K for ps-dedicated, each on its own host (default: 1)")
+    p.add_argument("--models", default="lenet5,ptb-lstm-small", help="(default: lenet5,ptb-lstm-small)")
+    p.add_argument("--repeats", type=int, default=1, help="jobs per grid point (default: 1)")
+    p.add_argument("--steps", type=int, default=0, help="measured steps per job (default: the scaling grid's plan)")
+    p.add_argument("--job-timeout", type=float, default=1200, help="seconds per job before it is stopped")
+    add_mpi_allreduce_arg(p, "ring", "ring, as `python -m launch --emulate-hosts`")
+    p.add_argument("--out-dir", default="", help="default: runs/scaling-netns/<time>")
+
+
+def grid_config(args: argparse.Namespace) -> scaling.GridConfig:
+    """The scaling grid for one rate: the given workers only, no calibration run (the network is
+    known: the configured rate), validated by the grid's own rules."""
+    hosts = scaling._list(args.hosts, "--hosts", int)
+    if min(hosts) < 1:
+        raise scaling.GridError(f"--hosts: counts must be >= 1 (got {args.hosts!r})")
+    if args.job_timeout < 120:
+        raise scaling.GridError(f"--job-timeout must be >= 120 s (got {args.job_timeout:g})")
+    p = argparse.ArgumentParser(add_help=False)
+    scaling.add_arguments(p)
+    grid = p.parse_args([])
+    grid.__dict__.update(strategies=args.strategies, models=args.models, workers=",".join(map(str, hosts)),
+                         repeats=args.repeats, steps=args.steps, ps_servers=args.ps_servers, commbench=False,
+                         job_timeout=args.job_timeout)
+    return scaling.config_from_args(grid)
+
+
+def parse_rates(text: str) -> list[str]:
+    from lab.emulation.netns import parse_rate
+
+    rates = [r.strip() for r in text.split(",") if r.strip()]
+    if not rates:
+        raise scaling.GridError("--rates: give at least one rate, e.g. 1gbit,100mbit")
+    for r in rates:
+        try:
+            parse_rate(r)
+        except ValueError as e:
+            raise scaling.GridError(str(e).replace("--link-rate", "--rates")) from None
+    return rates
+
+
+def traffic(log_path: str) -> dict[str, list[int]]:
+    """{host: [sent, received]} from the launcher's line about the links, or {}."""
+    with open(log_path) as fh:
+        line = next((ln for ln in fh if ln.startswith("link traffic")), "")
+    return {h: [int(tx), int(rx)] for h, tx, rx in TRAFFIC_RE.findall(line)}
+
+
+def link_network(rate: str) -> costmodel.Network:
+    """The cost model's network for emulated links of ``rate``: no latency is added, B = rate / 8."""
+    from lab.emulation.netns import parse_rate
+
+    bits = parse_rate(rate)
+    return costmodel.Network(alpha=0.0, bandwidth=bits / 8 if bits else float("inf"))
+
+
+def compare(rate: str, res: dict[str, Any], cfg: scaling.GridConfig) -> list[dict[str, Any]]:
+    """One row per job of the grid: what was measured and what the cost model says for ``rate``."""
+    net = link_network(rate)
+    kinds = {v.name: v.kind for v in scaling.variants(cfg.ps_servers).values()}
+    rows = []
+    for job in res["jobs"]:
+        row = {"rate": rate, **{k: job[k] for k in ("model", "strategy", "workers", "servers", "repeat", "ok")},
+               "log": os.path.join(rate, job["log"])}
+        if not job["ok"]:
+            rows.append({**row, "error": job["error"]})
+            continue
+        plan, nbytes = cfg.plan(job["model"]), res["gradient_bytes"][job["model"]]
+        n, k, kind = job["workers"], max(1, job["servers"]), kinds[job["strategy"]]
+        compute_s = max(0.0, (job["step_ms"] - job["comm_wait_ms"]) / 1e3)
+        p = costmodel.predict(kind, n, nbytes, compute_s, plan.batch_size, net, servers=k)
+        # bytes each way through the busiest link per step: the ring (and a colocated PS) move
+        # 2(N-1)/N x S through every link; a dedicated server's link carries N x S/K, a worker's S
+        busiest = max(nbytes, n * nbytes / k) if kind == costmodel.PS_DEDICATED else 2 * (n - 1) / n * nbytes
+        row.update(step_ms=job["step_ms"], wait_ms=job["comm_wait_ms"], compute_ms=1e3 * compute_s,
+                   pred_exchange_ms=1e3 * p.exchange_s, pred_step_ms=1e3 * p.step_s,
+                   model_bytes_per_step=busiest, traffic=traffic(os.path.join(cfg.out_dir, job["log"])))
+        if row["traffic"]:
+            steps = plan.warmup + plan.steps
+            row["link_bytes_per_step"] = max(max(tx, rx) for tx, rx in row["traffic"].values()) / steps
+        rows.append(row)
+    return rows
+
+
+def write_tensorboard(out_dir: str, grids: list[dict[str, Any]]) -> None:
+    """``out_dir/tensorboard``: every rate's comparison in one logdir -- one run per strategy (one
+    colour per concept), the rate in the tag (``scaling/speedup/<model>/<rate>``), a chart per
+    figure, model and rate; each rate's grid also has its own in ``<rate>/tensorboard``.
+    ``out_dir/hparams``: every job, with its link rate."""
+    series: tblog.Series = {}
+    sessions, charts = [], {}
+    figures = ("scaling/speedup", "scaling/efficiency", "perf/samples_per_sec", "perf/step_ms")
+    for res in grids:
+        rate = res["config"]["link_rate"]
+        for run, tags in grid_report.comparison_series(res["rows"], {}).items():
+            for tag, pts in tags.items():
+                series.setdefault(run, {})[f"{tag}/{rate}"] = pts
+        for r in res["rows"]:
+            if r["repeats"]:
+                tblog.add_point(series, r["strategy"], f"perf/step_ms/{r['model']}/{rate}", r["workers"],
+                                r["step_ms_mean"])
+        sessions += [(f"{rate}/{name}", hp, ms) for name, hp, ms in grid_report.hparams_sessions(res)]
+        for m in res["models"]:
+            charts.setdefault(m, []).extend(
+                (f"{m} at {rate}: {tblog.FIGURES[f]}", f"{f}/{m}/{rate}") for f in figures)
+    tblog.write_comparison(os.path.join(out_dir, tblog.COMPARISON_DIR), series, list(charts.items()),
+                           "Step = number of workers N (one emulated host each); one run per strategy, "
+                           "the link rate in the tag.")
+    tblog.write_hparams(os.path.join(out_dir, tblog.HPARAMS_DIR), sessions)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    out = ["## Emulated cluster: measured vs cost model", "",
+           f"`{report['command']}` on {report['cpus']} CPU cores, started {report['started']}, "
+           f"{report['minutes']:.0f} min. {report['hosts']} workers, every rank on an emulated host of its own "
+           "(a network namespace with one full-duplex link of the given rate to a switch; "
+           "docs/emulated_cluster.md); the jobs are the `scaling` grid's (synthetic data, one thread per rank). "
+           f"Open MPI's MPI_Allreduce (Horovod's on CPU): {report.get('mpi_allreduce', 'not recorded')}.", "",
+           "- step, wait: medians over the measured steps (metrics.json `step_ms`, `comm_wait_ms`); "
+           "compute = step - wait;",
+           "- predicted exchange: costmodel.py for the configured link rate, alpha = 0 (no latency is emulated); "
+           "predicted step = compute + predicted exchange;",
+           "- link MB/step: the busiest host's bytes in its busier direction (kernel counters over the whole job, "
+           "start-up and evaluation included, divided by its steps); model MB/step: the bytes the cost model "
+           "puts through the busiest link in one step.", "",
+           "All hosts share this machine's cores, so compute grows with the number of hosts and the kernel's "
+           "TCP/bridge/tbf work takes CPU from the ranks: compare exchange times and link bytes more than "
+           "absolute step times.", ""]
+    for rate in report["rates"]:
+        out += [f"### {rate} per link", "",
+                "| model | strategy | ranks | step ms | wait ms | compute ms | predicted exchange ms | "
+                "predicted step ms | measured / predicted step | link MB/step | model MB/step |",
+                "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in (r for r in report["rows"] if r["rate"] == rate):
+            ranks = f"{r['workers']}" + (f" + {r['servers']} server" if r["servers"] else "")
+            name = f"{r['model']} | {r['strategy']}" + (f" (r{r['repeat']})" if report["repeats"] > 1 else "")
+            if not r["ok"]:
+                out.append(f"| {name} | {ranks} | failed: {r['error']} (see {r['log']}) | | | | | | | |")
+                continue
+            link = f"{r['link_bytes_per_step'] / 1e6:.2f}" if "link_bytes_per_step" in r else "-"
+            out.append(f"| {name} | {ranks} | {r['step_ms']:.1f} | {r['wait_ms']:.1f} | {r['compute_ms']:.1f} | "
+                       f"{r['pred_exchange_ms']:.1f} | {r['pred_step_ms']:.1f} | "
+                       f"{r['step_ms'] / r['pred_step_ms']:.2f} | {link} | {r['model_bytes_per_step'] / 1e6:.2f} |")
+        out.append("")
+        for m, n in dict.fromkeys((r["model"], r["workers"]) for r in report["rows"]
+                                  if r["rate"] == rate and r["workers"] > 1):
+            # 1 / step time: the same workers and batch in these jobs, so its ratios are throughput's
+            steps: dict[str, list[float]] = {}
+            for r in report["rows"]:
+                if (r["rate"], r["model"], r["workers"]) == (rate, m, n) and r["ok"]:
+                    steps.setdefault(r["strategy"], []).append(r["step_ms"])
+            speed = {s: 1e3 / statistics.median(v) for s, v in steps.items()}
+            out += engines.markdown(f"{m}, {n} hosts at {rate}, concept x engine", speed, engines.SCALING,
+                                    "steps/s", ".2f")
+        out += [f"The grid's own report for this rate: [{rate}/report.md]({rate}/report.md).", ""]
+    return "\n".join(out)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        rates = parse_rates(args.rates)
+        cfg = grid_config(args)
+    except scaling.GridError as e:
+        print(f"scaling-netns: error: {e}", file=sys.stderr)
+        return 2
+    from launch.mpirun import describe_mpi_allreduce
+    from lab.common.jobs import emulated_launcher
+    from lab.emulation.netns import unavailable_reason
+
+    reason = unavailable_reason()
+    if reason:
+        print(f"scaling-netns: error: {reason}", file=sys.stderr)
+        return 2
+    out_dir = args.out_dir or os.path.join("runs", "scaling-netns", time.strftime("%Y%m%d-%H%M%S"))
+    started, t0 = time.strftime("%Y-%m-%d %H:%M"), time.monotonic()
+    rows, grids, all_ok = [], [], True
+    for rate in rates:
+        cfg.out_dir, cfg.link_rate = os.path.join(out_dir, rate), rate
+        print(f"== {rate} per link: {args.hosts} emulated workers", flush=True)
+        # The launcher stops an overdue job itself (and removes its cluster) a minute before the
+        # grid would kill the launcher, which would leave the namespaces behind.
+        res = scaling.run(cfg, launcher=emulated_launcher(rate, timeout=cfg.job_timeout - 60,
+                                                          mpi_allreduce=args.mpi_allreduce),
+                          network=(link_network(rate), f"the emulated links, {rate} per direction, no added latency"))
+        all_ok &= all(j["ok"] for j in res["jobs"])
+        rows += compare(rate, res, cfg)
+        grids.append(res)
+    report = {"command": shlex.join(["python", "-m", "lab", *sys.argv[1:]]),
+              "started": started, "minutes": (time.monotonic() - t0) / 60, "cpus": os.cpu_count(),
+              "hosts": args.hosts, "repeats": args.repeats, "rates": rates,
+              "mpi_allreduce": describe_mpi_allreduce(args.mpi_allreduce), "rows": rows}
+    with open(os.path.join(out_dir, "results.json"), "w") as fh:
+        json.dump(report, fh, indent=1)
+        fh.write("\n")
+    write_tensorboard(out_dir, grids)
+    text = markdown(report)
+    with open(os.path.join(out_dir, "report.md"), "w") as fh:
+        fh.write(text + "\n")
+    print(text, flush=True)
+    print(f"-> {out_dir}/report.md; make tensorboard RUN={out_dir}/{tblog.COMPARISON_DIR}", flush=True)
+    return 0 if all_ok else 1
+

@@ -1,0 +1,89 @@
+"""What the scaling grid runs: the exchange variants, each model's step plan, the grid's settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..common import costmodel
+
+DEFAULT_MODELS = ("lenet5", "ptb-lstm-small", "resnet18")
+DEFAULT_WORKERS = (1, 2)
+REPORT_WORKERS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way to exchange gradients, as trainer flags, with the processes it adds beside workers."""
+
+    name: str
+    strategy: str  # the trainer's --strategy
+    flags: tuple[str, ...]
+    servers: int  # processes that only serve
+    kind: str  # the cost model's exchange
+    commbench_impl: str  # the commbench row that calibrates it
+    description: str
+
+
+def variants(ps_servers: int = 1) -> dict[str, Variant]:
+    k = str(ps_servers)
+    return {v.name: v for v in (
+        Variant("allreduce", "allreduce", (), 0, costmodel.ALLREDUCE, "horovod", "Horovod ring allreduce"),
+        # the same concept on the PS's machinery: separates the concept from the implementation
+        Variant("allreduce-mpi", "allreduce", ("--allreduce-engine", "mpi"), 0, costmodel.ALLREDUCE, "mpi-ring",
+                "ring allreduce on mpi4py messages from gradient hooks (--allreduce-engine mpi)"),
+        Variant("ps-dedicated", "ps", ("--ps-placement", "dedicated", "--ps-servers", k), ps_servers,
+                costmodel.PS_DEDICATED, "ps-dedicated", f"parameter server, {k} dedicated server process(es)"),
+        Variant("ps-colocated", "ps", ("--ps-placement", "colocated"), 0, costmodel.PS_COLOCATED,
+                "ps-colocated", "parameter server colocated with the workers (each serves 1/N)"),
+    )}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Per-model job settings that keep one job at a few seconds on one core."""
+
+    batch_size: int
+    warmup: int
+    steps: int  # measured steps, after the warm-up
+    samples: int  # synthetic samples (a tenth is the evaluation set scored at the end of the job)
+
+
+PLANS = {
+    "lenet5": Plan(batch_size=64, warmup=10, steps=40, samples=6400),
+    "ptb-lstm-small": Plan(batch_size=20, warmup=3, steps=12, samples=400),
+    "resnet18": Plan(batch_size=8, warmup=2, steps=8, samples=320),
+}
+FALLBACK_PLAN = Plan(batch_size=16, warmup=3, steps=10, samples=512)
+
+
+@dataclass
+class GridConfig:
+    strategies: list[str] = field(default_factory=lambda: list(variants()))
+    models: list[str] = field(default_factory=lambda: list(DEFAULT_MODELS))
+    workers: list[int] = field(default_factory=lambda: list(DEFAULT_WORKERS))
+    repeats: int = 3
+    data: str = "synthetic"  # or "real": each model's own dataset
+    steps: int = 0  # 0: the model's plan
+    warmup_steps: int = -1  # -1: the model's plan
+    batch_size: int = 0  # 0: the model's plan
+    ps_servers: int = 1
+    out_dir: str = ""
+    commbench: bool = True
+    commbench_sizes: str = "4K,64K,1M,4M,16M"
+    calibration: str = ""  # an existing commbench.json instead of running one
+    net_gbps: float = 10.0
+    net_latency_us: float = 50.0
+    horovod_cycle_ms: str = "auto"  # "auto": the fastest in the calibration commbench; "default": Horovod's
+    horovod_fusion_mb: float = -1.0
+    extra: list[str] = field(default_factory=list)
+    job_timeout: float = 900.0
+    link_rate: str = ""  # the emulated cluster's link rate (scaling-netns), "" on this host
+
+    def plan(self, model: str) -> Plan:
+        p = PLANS.get(model, FALLBACK_PLAN)
+        return Plan(self.batch_size or p.batch_size, p.warmup if self.warmup_steps < 0 else self.warmup_steps,
+                    self.steps or p.steps, p.samples)
+
+
+class GridError(Exception):
+    """Bad grid input; the message names the flag."""
