@@ -35,8 +35,8 @@ from ..config import Config
 from ..errors import ConfigError, UserError
 from .base import GradientExchange
 from .compression import SIXTEEN_BIT, wire_dtype
+from .mpi import MAX_BUCKETS, allgather_pickle, bcast_pickle, import_mpi, node_rank, poll
 from .powersgd import PowerSGD
-from .ps.exchange import MAX_BUCKETS, _import_mpi, allgather_pickle, bcast_pickle, poll
 from .ps.sharding import plan
 
 
@@ -95,13 +95,11 @@ class MPIRingAllreduce(GradientExchange):
         self.cfg = x = cfg.exchange
         # As with Horovod: a rank waiting inside MPI yields its core (docs/performance.md).
         os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
-        self.MPI = MPI = _import_mpi()
+        self.MPI = MPI = import_mpi()
         world = self.world = MPI.COMM_WORLD
         self.rank, self.size = world.Get_rank(), world.Get_size()
         # communication: collectives over every rank, in the same order everywhere
-        node = world.Split_type(MPI.COMM_TYPE_SHARED)
-        self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
-        node.Free()
+        self.local_rank, self.local_size = node_rank(world, MPI)
         # Gradients on their own communicator: bucket indices are its tags, and nothing else
         # (metrics, set-up objects) can match a gradient's receive.
         self.comm = world.Dup()

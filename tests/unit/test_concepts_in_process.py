@@ -7,7 +7,7 @@ from allreduce_train.distributed import compression
 from allreduce_train.distributed.horovod import HorovodAllreduce
 from allreduce_train.distributed.local import LocalExchange
 from allreduce_train.distributed.localsgd import LocalSGD, bytes_per_step
-from allreduce_train.distributed.ps.exchange import HEADER_BYTES, _message
+from allreduce_train.distributed.ps.server import HEADER_BYTES, message
 from allreduce_train.distributed.ring import check_config as ring_check
 from allreduce_train.errors import ConfigError
 from allreduce_train.run_logger import RunLogger
@@ -28,7 +28,7 @@ def test_16_bit_halves_the_bytes_of_both_exchanges():
 
 @pytest.mark.parametrize("name, dtype", [("none", torch.float32), ("fp16", torch.float16), ("bf16", torch.bfloat16)])
 def test_a_ps_message_carries_its_payload_in_the_wire_dtype_in_the_raw_bytes_mpi_sends(name, dtype):
-    raw, head, data = _message(5, compression.wire_dtype(name))
+    raw, head, data = message(5, compression.wire_dtype(name))
     assert data.dtype == dtype and raw.nbytes == HEADER_BYTES + 5 * compression.bytes_per_element(name)
     data.copy_(torch.tensor([0.1, 1.0, 2.0, 3.0, -1e-3]))  # a cast: 0.1 is not exact in 16 bits
     head[0] = 7

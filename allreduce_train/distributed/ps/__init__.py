@@ -1,5 +1,5 @@
-"""The parameter-server exchange: :mod:`.exchange` (workers and servers), :mod:`.sharding` (which
-server owns which bytes)."""
+"""The parameter-server exchange: :mod:`.exchange` (the workers' side and the roles), :mod:`.server`
+(the servers' side and the wire format), :mod:`.sharding` (which server owns which bytes)."""
 
 from .exchange import ParameterServer
 

@@ -18,7 +18,7 @@ Engineering that a fair comparison needs (BytePS, OSDI'20, traced the slowness o
 servers of that era to its absence): gradients are fused into one message per (bucket, server)
 instead of one per tensor; a bucket is pushed from a gradient hook as soon as backward has
 produced it, so the transfer overlaps the rest of backward; big tensors are split across servers
-so no server is a hot spot (see :mod:`.ps_sharding`); all transfers are non-blocking and receive
+so no server is a hot spot (see :mod:`.sharding`); all transfers are non-blocking and receive
 buffers are posted before the message that they answer is sent.
 
 Failure is bounded: every wait polls with a deadline (``--stall-timeout`` seconds without progress)
@@ -30,100 +30,18 @@ the same way); a rank that dies makes mpirun end the job by itself.
 from __future__ import annotations
 
 import os
-import pickle
-import sys
-import time
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
 from ...config import Config
-from ... import watchdog
-from ...errors import ConfigError, Stalled, UserError
+from ...errors import ConfigError, UserError
 from ..base import GradientExchange
 from ..compression import wire_dtype
-from .sharding import Layout, plan
-
-HEADER_BYTES = 16  # two float64. Push: (lr, server version the gradient was computed from); reply: (version, staleness)
-TAG_DONE = 32766  # worker -> server: this worker has finished
-TAG_STATE = 32765  # worker -> server: send me your optimizer state (checkpoint); the reply uses the same tag
-MAX_BUCKETS = 32000  # bucket indices are the message tags; MPI guarantees tags up to 32767
-ELEM = 4  # bytes per float32 element
-
-
-def _import_mpi():
-    if "mpi4py.MPI" not in sys.modules:
-        import mpi4py
-
-        # Only the main thread calls MPI; MPI_THREAD_MULTIPLE would add locking to every call.
-        mpi4py.rc.thread_level = "funneled"
-    try:
-        from mpi4py import MPI
-    except ImportError as e:
-        raise UserError(f"mpi4py cannot be imported ({e}); run `make install`") from None
-    return MPI
-
-
-def _message(numel: int, dtype: torch.dtype = torch.float32) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
-    """One contiguous buffer for MPI: the raw bytes, the 2-float64 header, the payload (float32, or the
-    16-bit wire dtype of ``--compression``)."""
-    raw = np.zeros(HEADER_BYTES + torch.finfo(dtype).bits // 8 * numel, dtype=np.uint8)
-    return raw, raw[:HEADER_BYTES].view(np.float64), torch.from_numpy(raw[HEADER_BYTES:]).view(dtype)
-
-
-def poll(test: Callable[[], bool], timeout: float, what: str, idle: Callable[[], bool] | None = None) -> None:
-    """Call ``test`` until it returns True, running ``idle`` (a colocated server's work) between.
-
-    Raises :class:`Stalled` after ``timeout`` seconds (0 = never) in which neither completed anything. The
-    pause between tests grows from nothing to 0.5 ms while nothing happens: a spinning rank would
-    take the core from the very process it waits for when ranks outnumber cores.
-    """
-    with watchdog.waiting():  # blocked on peers: never named as behind by the stall watchdog
-        last = prev = time.monotonic()
-        pause = 0.0
-        while not test():
-            if idle is not None and idle():
-                last, pause = time.monotonic(), 0.0
-                watchdog.beat()
-                continue
-            now = time.monotonic()
-            if now - prev > 1.0:  # this process was stopped (SIGSTOP): its peers are not to blame
-                last = now
-            prev = now
-            if timeout and now - last > timeout:
-                raise Stalled(f"waiting for {what}")
-            if pause:
-                time.sleep(pause)
-            pause = min(2 * pause or 1e-5, 5e-4)
-
-
-Wait = Callable[[Callable[[], bool], str], None]  # (test, what): poll with the caller's timeout and idle work
-
-
-def bcast_pickle(comm, MPI, obj: Any, root: int, wait: Wait, what: str) -> Any:
-    """``comm.bcast`` of a picklable object, non-blocking underneath, so that it times out like every
-    other wait (and a colocated rank keeps serving while it waits)."""
-    mine = comm.Get_rank() == root
-    data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy() if mine else None
-    size = np.array([data.size if mine else 0], dtype=np.int64)
-    wait(comm.Ibcast(size, root=root).Test, what)  # communication
-    buf = data if mine else np.empty(int(size[0]), dtype=np.uint8)
-    wait(comm.Ibcast([buf, MPI.BYTE], root=root).Test, what)  # communication
-    return obj if mine else pickle.loads(buf.tobytes())
-
-
-def allgather_pickle(comm, MPI, obj: Any, wait: Wait, what: str) -> list[Any]:
-    """``comm.allgather`` of a picklable object, non-blocking underneath like :func:`bcast_pickle`."""
-    data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy()
-    sizes = np.zeros(comm.Get_size(), dtype=np.int64)
-    # communication: the sizes, then the pickles
-    wait(comm.Iallgather(np.array([data.size], dtype=np.int64), sizes).Test, what)
-    counts = [int(n) for n in sizes]
-    displs = [sum(counts[:i]) for i in range(len(counts))]
-    out = np.empty(sum(counts), dtype=np.uint8)
-    wait(comm.Iallgatherv([data, MPI.BYTE], [out, (counts, displs), MPI.BYTE]).Test, what)
-    return [pickle.loads(out[d:d + n].tobytes()) for d, n in zip(displs, counts)]
+from ..mpi import MAX_BUCKETS, allgather_pickle, bcast_pickle, import_mpi, node_rank, poll
+from .server import ELEM, TAG_DONE, TAG_STATE, Server, ServerSideSGD, message
+from .sharding import plan
 
 
 def check_config(cfg: Config) -> None:
@@ -131,180 +49,6 @@ def check_config(cfg: Config) -> None:
     x = cfg.exchange
     if x.reduce_op != "average":
         raise ConfigError("--reduce-op adasum is an allreduce option; --strategy ps averages (use --reduce-op average)")
-
-
-class _Server:
-    """One server's shard: its parameter elements and momentum per bucket, and the message handling.
-
-    Dedicated server ranks run :meth:`progress` in a loop; colocated ranks run it whenever their
-    worker part waits. ``workers`` are global ranks; messages arrive on ``push`` and replies leave
-    on ``pull`` (separate communicators, so a server can probe for any message on ``push`` without
-    taking a reply meant for the worker part of the same rank).
-    """
-
-    def __init__(self, MPI, index: int, layout: Layout, payload: dict[str, Any], workers: list[int],
-                 sync: bool, push, pull, timeout: float, clip: float = 0.0, clip_comm=None,
-                 wire: torch.dtype = torch.float32) -> None:
-        self.MPI, self.push, self.pull, self.timeout = MPI, push, pull, timeout
-        self.workers, self.sync = workers, sync
-        # Sync clipping: the averaged gradients of a step wait here until the servers have summed
-        # their squared norms (clip_comm: the servers that own something).
-        self.clip, self.clip_comm = clip, clip_comm
-        self.averaged: dict[int, tuple[torch.Tensor, float]] = {}
-        self.norm = np.zeros(1)
-        self.norm_req = None
-        self.hyper = payload["hyper"]
-        self.buckets = [b for b in range(len(layout.buckets)) if (b, index) in layout.segments]
-        self.segments = {b: layout.segments[(b, index)] for b in self.buckets}
-        flat = [p.reshape(-1) for p in payload["params"]]
-        momentum = payload["momentum"]
-
-        def gather(tensors):
-            return {b: torch.cat([tensors[p][lo:hi] for p, lo, hi in segs]).float().clone()
-                    for b, segs in self.segments.items()}
-
-        self.param = gather(flat)
-        # A resumed run brings momentum buffers; SGD's first step otherwise creates them. A missing
-        # buffer next to present ones (never the case with the trainer) is zero, which with
-        # dampening 0 gives the same update as SGD creating it.
-        self.momentum: dict[int, torch.Tensor | None] = (
-            gather([momentum[i].reshape(-1) if i in momentum else torch.zeros_like(f) for i, f in enumerate(flat)])
-            if momentum else dict.fromkeys(self.buckets))
-        self.version = dict.fromkeys(self.buckets, 0)  # updates applied to each bucket
-        # Pushes and pulls travel in the wire dtype (16-bit with --compression); the parameters and
-        # momentum here stay float32 (master weights), and so does the checkpoint's state message.
-        self.inbox = {(b, w): _message(len(self.param[b]), wire) for b in self.buckets for w in workers}
-        self.arrived: dict[int, set[int]] = {b: set() for b in self.buckets}
-        self.outbox = ({b: _message(len(self.param[b]), wire) for b in self.buckets} if sync else
-                       {(b, w): _message(len(self.param[b]), wire) for b in self.buckets for w in workers})
-        self.out_reqs: dict[Any, list] = {}  # outbox key -> its sends in flight
-        self.state_out = _message(2 * sum(len(p) for p in self.param.values()))  # momentum, then parameters
-        self.receiving: list[tuple[Any, int, int]] = []
-        self.done: set[int] = set()
-        self.status = MPI.Status()
-        self.empty = np.zeros(0, dtype=np.uint8)
-
-    @property
-    def finished(self) -> bool:
-        return len(self.done) == len(self.workers)
-
-    def progress(self) -> bool:
-        """Take what has arrived, handle complete messages; True if anything happened."""
-        MPI, did = self.MPI, False
-        while True:
-            msg = self.push.improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, self.status)
-            if msg is None:
-                break
-            did = True
-            src, tag = self.status.Get_source(), self.status.Get_tag()
-            if tag == TAG_DONE:
-                msg.Recv([self.empty, MPI.BYTE])
-                self.done.add(src)
-            elif tag == TAG_STATE:
-                msg.Recv([self.empty, MPI.BYTE])
-                self._send_state(src)
-            else:
-                raw = self.inbox[(tag, src)][0]
-                if self.status.Get_count(MPI.BYTE) != raw.nbytes:
-                    raise RuntimeError(f"rank {src} pushed {self.status.Get_count(MPI.BYTE)} bytes for bucket "
-                                       f"{tag}, expected {raw.nbytes}: the ranks disagree about the model")
-                self.receiving.append((msg.Irecv([raw, MPI.BYTE]), tag, src))
-        if self.norm_req is not None and self.norm_req.Test():
-            self.norm_req = None
-            self._clipped_step()
-            did = True
-        if self.receiving:
-            waiting = []
-            for req, b, src in self.receiving:
-                if req.Test():
-                    self._on_push(b, src)
-                    did = True
-                else:
-                    waiting.append((req, b, src))
-            self.receiving = waiting
-        return did
-
-    def _on_push(self, b: int, src: int) -> None:
-        _, head, grad = self.inbox[(b, src)]
-        lr = float(head[0])
-        if self.sync:
-            self.arrived[b].add(src)
-            if len(self.arrived[b]) < len(self.workers):
-                return
-            self.arrived[b].clear()
-            # Sum in worker order, not arrival order: the result does not depend on timing. In float32:
-            # 16-bit pushes are widened here (a copy; float32 ones are summed in the first inbox).
-            total = self.inbox[(b, self.workers[0])][2].float()
-            for w in self.workers[1:]:
-                total.add_(self.inbox[(b, w)][2])
-            total.div_(len(self.workers))
-            if self.clip:
-                self.averaged[b] = (total, lr)
-                if len(self.averaged) == len(self.buckets):
-                    self.norm[0] = sum(float(g.double().pow(2).sum()) for g, _ in self.averaged.values())
-                    # communication: the global norm of the averaged gradient, over the servers
-                    self.norm_req = self.clip_comm.Iallreduce(self.MPI.IN_PLACE, self.norm, op=self.MPI.SUM)
-                return
-            self._sgd(b, total, lr)
-            self._reply(b, b, self.workers, staleness=0)
-        else:
-            staleness = self.version[b] - int(head[1])  # updates this gradient did not see
-            self._sgd(b, grad.float().div_(len(self.workers)), lr)
-            self._reply(b, (b, src), [src], staleness)
-
-    def _clipped_step(self) -> None:
-        """torch.nn.utils.clip_grad_norm_ on the averaged gradient, then the update, every bucket."""
-        coef = self.clip / (float(np.sqrt(self.norm[0])) + 1e-6)
-        for b, (grad, lr) in sorted(self.averaged.items()):
-            if coef < 1.0:
-                grad.mul_(coef)
-            self._sgd(b, grad, lr)
-            self._reply(b, b, self.workers, staleness=0)
-        self.averaged.clear()
-
-    def _sgd(self, b: int, grad: torch.Tensor, lr: float) -> None:
-        """torch.optim.SGD's update, element for element (``grad`` is scratch and may be changed)."""
-        h, p = self.hyper, self.param[b]
-        if h["maximize"]:
-            grad.neg_()
-        if h["weight_decay"]:
-            grad = grad.add(p, alpha=h["weight_decay"])
-        if h["momentum"]:
-            buf = self.momentum[b]
-            if buf is None:
-                buf = self.momentum[b] = grad.clone()
-            else:
-                buf.mul_(h["momentum"]).add_(grad, alpha=1 - h["dampening"])
-            grad = grad.add(buf, alpha=h["momentum"]) if h["nesterov"] else buf
-        p.add_(grad, alpha=-lr)
-        self.version[b] += 1
-
-    def _wait_sends(self, key) -> None:
-        reqs = self.out_reqs.pop(key, [])
-        poll(lambda: self.MPI.Request.Testall(reqs), self.timeout, "a worker to take its parameters")
-
-    def _reply(self, b: int, key, dests: list[int], staleness: int) -> None:
-        self._wait_sends(key)  # the buffer is ours again once its previous sends completed
-        raw, head, data = self.outbox[key]
-        head[0], head[1] = self.version[b], staleness
-        data.copy_(self.param[b])
-        self.out_reqs[key] = [self.pull.Isend([raw, self.MPI.BYTE], dest=w, tag=b) for w in dests]
-
-    def _send_state(self, dest: int) -> None:
-        self._wait_sends("state")
-        raw, head, data = self.state_out
-        off, half = 0, len(data) // 2
-        for b in self.buckets:
-            n, buf = len(self.param[b]), self.momentum[b]
-            data[off:off + n].copy_(buf) if buf is not None else data[off:off + n].zero_()
-            data[half + off:half + off + n].copy_(self.param[b])
-            off += n
-        head[0] = float(any(self.momentum[b] is not None for b in self.buckets))
-        self.out_reqs["state"] = [self.pull.Isend([raw, self.MPI.BYTE], dest=dest, tag=TAG_STATE)]
-
-    def flush(self) -> None:
-        for key in list(self.out_reqs):
-            self._wait_sends(key)
 
 
 class ParameterServer(GradientExchange):
@@ -315,7 +59,7 @@ class ParameterServer(GradientExchange):
     def __init__(self, cfg: Config) -> None:
         check_config(cfg)
         x = self.xcfg = cfg.exchange
-        self.MPI = MPI = _import_mpi()
+        self.MPI = MPI = import_mpi()
         world = self.world = MPI.COMM_WORLD
         self.rank, self.size = world.Get_rank(), world.Get_size()
         n = self.size
@@ -332,17 +76,15 @@ class ParameterServer(GradientExchange):
             self.server_ranks = self.worker_ranks = list(range(n))
         self.main_rank = self.worker_ranks[0]
         # communication: collectives over every rank, in the same order everywhere
-        node = world.Split_type(MPI.COMM_TYPE_SHARED)
-        self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
-        node.Free()
+        self.local_rank, self.local_size = node_rank(world, MPI)
         self.workers_comm = world.Split(0 if self.is_worker else MPI.UNDEFINED, self.rank)
         self.push, self.pull = world.Dup(), world.Dup()
-        self._server: _Server | None = None
+        self._server: Server | None = None
         self._started = self._closed = False
         self._hooks: list[Any] = []
         self._stale_sum = self._stale_n = 0
         self._stale_max = 0
-        # Clipping: sync clips the averaged gradient on the servers (see _Server); async clips each
+        # Clipping: sync clips the averaged gradient on the servers (see server.Server); async clips each
         # worker's own gradient, which needs its whole norm first, so all pushes wait for synchronize().
         self.clip = cfg.optim.grad_clip
         self.wire = wire_dtype(x.compression)  # pushes and pulls (compression.py says where the casts go)
@@ -393,7 +135,7 @@ class ParameterServer(GradientExchange):
             owns = self._server_index is not None and any(s == self._server_index for _, s in self.layout.segments)
             clip_comm = self.world.Split(0 if owns else self.MPI.UNDEFINED, self.rank)
         if self._server_index is not None:
-            self._server = _Server(self.MPI, self._server_index, self.layout, payload, self.worker_ranks,
+            self._server = Server(self.MPI, self._server_index, self.layout, payload, self.worker_ranks,
                                    x.ps_mode == "sync", self.push, self.pull, x.stall_timeout, sync_clip, clip_comm,
                                    self.wire)
         self._started = True
@@ -438,8 +180,8 @@ class ParameterServer(GradientExchange):
         self.params = params
         self._flat = [p.data.view(-1) for p in params]
         lay = self.layout
-        self._out = {key: _message(lay.segment_numel(*key), self.wire) for key in lay.segments}
-        self._in = {key: _message(lay.segment_numel(*key), self.wire) for key in lay.segments}
+        self._out = {key: message(lay.segment_numel(*key), self.wire) for key in lay.segments}
+        self._in = {key: message(lay.segment_numel(*key), self.wire) for key in lay.segments}
         self._version = dict.fromkeys(lay.segments, 0)
         self._step_bytes = (sum(m[0].nbytes for m in self._out.values()), sum(m[0].nbytes for m in self._in.values()))
         self._k = self.xcfg.backward_passes_per_step
@@ -448,7 +190,7 @@ class ParameterServer(GradientExchange):
         for b, members in enumerate(lay.buckets):
             for i in members:
                 self._hooks.append(params[i].register_post_accumulate_grad_hook(lambda _p, b=b: self._grad_ready(b)))
-        self._optimizer = _ServerSideSGD(self, params, group)
+        self._optimizer = ServerSideSGD(self, params, group)
         return self._optimizer
 
     # ------------------------------------------------------------ one step
@@ -541,7 +283,7 @@ class ParameterServer(GradientExchange):
         """Every server's momentum (SGD's state format; {} without any) and master parameters, by parameter."""
         MPI, lay = self.MPI, self.layout
         totals = [sum(lay.segment_numel(b, s) for b in range(len(lay.buckets))) for s in range(lay.num_servers)]
-        inbox = [_message(2 * n) for n in totals]
+        inbox = [message(2 * n) for n in totals]
         reqs = []
         for s, dest in enumerate(self.server_ranks):
             reqs.append(self.pull.Irecv([inbox[s][0], MPI.BYTE], source=dest, tag=TAG_STATE))
@@ -644,22 +386,3 @@ class ParameterServer(GradientExchange):
             # gradients, and workers waiting for this server's parameters, would otherwise wait.
             self.world.Abort(code)
         os._exit(code)
-
-
-class _ServerSideSGD(torch.optim.SGD):
-    """The optimizer the trainer holds on a worker: the same hyperparameters and the LR schedule
-    (the trainer sets ``param_groups[0]["lr"]`` each step and it travels with every push), while
-    the state (momentum) lives on the servers and is fetched for checkpoints."""
-
-    def __init__(self, exchange: ParameterServer, params, group: dict[str, Any]) -> None:
-        super().__init__(params, lr=group["lr"], momentum=group["momentum"], dampening=group["dampening"],
-                         weight_decay=group["weight_decay"], nesterov=group["nesterov"], maximize=group["maximize"])
-        self._exchange = exchange
-
-    def step(self, closure=None):
-        raise RuntimeError("with --strategy ps the servers update the parameters (the exchange's apply())")
-
-    def state_dict(self) -> dict[str, Any]:
-        sd = super().state_dict()
-        sd["state"] = self._exchange.fetch_momentum()  # communication: from every server
-        return sd

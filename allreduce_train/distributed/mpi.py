@@ -1,0 +1,98 @@
+"""The mpi4py layer that the two engines on MPI messages share: the parameter server
+(:mod:`.ps`) and the ring allreduce (:mod:`.ring`).
+
+Every wait here is non-blocking underneath and polled with a deadline (:func:`poll`), so a rank
+whose peer never answers raises :class:`~allreduce_train.errors.Stalled` instead of hanging, and a
+colocated parameter server keeps serving while its worker part waits. mpi4py is imported only by
+:func:`import_mpi`, when an engine starts, so configuration errors are reported before MPI forms.
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import watchdog
+from ..errors import Stalled, UserError
+
+MAX_BUCKETS = 32000  # bucket indices are the message tags; MPI guarantees tags up to 32767
+
+
+def import_mpi():
+    """mpi4py's ``MPI`` module, initialised for calls from the main thread only."""
+    if "mpi4py.MPI" not in sys.modules:
+        import mpi4py
+
+        # Only the main thread calls MPI; MPI_THREAD_MULTIPLE would add locking to every call.
+        mpi4py.rc.thread_level = "funneled"
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise UserError(f"mpi4py cannot be imported ({e}); run `make install`") from None
+    return MPI
+
+
+def poll(test: Callable[[], bool], timeout: float, what: str, idle: Callable[[], bool] | None = None) -> None:
+    """Call ``test`` until it returns True, running ``idle`` (a colocated server's work) between.
+
+    Raises :class:`Stalled` after ``timeout`` seconds (0 = never) in which neither completed anything. The
+    pause between tests grows from nothing to 0.5 ms while nothing happens: a spinning rank would
+    take the core from the very process it waits for when ranks outnumber cores.
+    """
+    with watchdog.waiting():  # blocked on peers: never named as behind by the stall watchdog
+        last = prev = time.monotonic()
+        pause = 0.0
+        while not test():
+            if idle is not None and idle():
+                last, pause = time.monotonic(), 0.0
+                watchdog.beat()
+                continue
+            now = time.monotonic()
+            if now - prev > 1.0:  # this process was stopped (SIGSTOP): its peers are not to blame
+                last = now
+            prev = now
+            if timeout and now - last > timeout:
+                raise Stalled(f"waiting for {what}")
+            if pause:
+                time.sleep(pause)
+            pause = min(2 * pause or 1e-5, 5e-4)
+
+
+Wait = Callable[[Callable[[], bool], str], None]  # (test, what): poll with the caller's timeout and idle work
+
+
+def bcast_pickle(comm, MPI, obj: Any, root: int, wait: Wait, what: str) -> Any:
+    """``comm.bcast`` of a picklable object, non-blocking underneath, so that it times out like every
+    other wait (and a colocated rank keeps serving while it waits)."""
+    mine = comm.Get_rank() == root
+    data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy() if mine else None
+    size = np.array([data.size if mine else 0], dtype=np.int64)
+    wait(comm.Ibcast(size, root=root).Test, what)  # communication
+    buf = data if mine else np.empty(int(size[0]), dtype=np.uint8)
+    wait(comm.Ibcast([buf, MPI.BYTE], root=root).Test, what)  # communication
+    return obj if mine else pickle.loads(buf.tobytes())
+
+
+def allgather_pickle(comm, MPI, obj: Any, wait: Wait, what: str) -> list[Any]:
+    """``comm.allgather`` of a picklable object, non-blocking underneath like :func:`bcast_pickle`."""
+    data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy()
+    sizes = np.zeros(comm.Get_size(), dtype=np.int64)
+    # communication: the sizes, then the pickles
+    wait(comm.Iallgather(np.array([data.size], dtype=np.int64), sizes).Test, what)
+    counts = [int(n) for n in sizes]
+    displs = [sum(counts[:i]) for i in range(len(counts))]
+    out = np.empty(sum(counts), dtype=np.uint8)
+    wait(comm.Iallgatherv([data, MPI.BYTE], [out, (counts, displs), MPI.BYTE]).Test, what)
+    return [pickle.loads(out[d:d + n].tobytes()) for d, n in zip(displs, counts)]
+
+
+def node_rank(comm, MPI) -> tuple[int, int]:
+    """This rank's index among the ranks on its host, and their number (collective over ``comm``)."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)  # communication
+    out = node.Get_rank(), node.Get_size()
+    node.Free()
+    return out
