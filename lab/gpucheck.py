@@ -54,7 +54,7 @@ import torch
 
 from models import MODELS
 
-from .bench.loops import first_batch, loss_of
+from .common.workloads import first_batch, loss_of
 
 WAYS = ("trainer", "trainer-exchange", "horovod", "ddp")
 LABELS = {"trainer": "trainer, no exchange", "trainer-exchange": "trainer, Horovod allreduce",

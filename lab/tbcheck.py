@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.images:
         results = os.path.join(grid, "results.json")
         if os.path.exists(results):
-            from .scaling.report import plot_measured
+            from .common.plots import plot_measured
 
             with open(results) as fh:
                 res = json.load(fh)

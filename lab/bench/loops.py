@@ -24,9 +24,10 @@ import os
 import time
 
 import torch
-import torch.nn.functional as F
 
 from models import MODELS
+
+from ..common.workloads import first_batch, loss_of
 
 IMPLS = ("horovod", "ddp", "trainer")
 
@@ -34,28 +35,6 @@ IMPLS = ("horovod", "ddp", "trainer")
 def launcher_rank() -> tuple[int, int]:
     """(rank, size) from Open MPI's environment; (0, 1) outside mpirun."""
     return int(os.environ.get("OMPI_COMM_WORLD_RANK", 0)), int(os.environ.get("OMPI_COMM_WORLD_SIZE", 1))
-
-
-def first_batch(model: str, batch_size: int, synthetic_samples: int, seed: int, rank: int, size: int):
-    """This rank's share of the trainer's first global batch on the synthetic dataset."""
-    from allreduce_train.data.images import ShardedBatches, synthetic
-    from allreduce_train.data.ptb import LMBatches, synthetic_lm
-
-    spec = MODELS[model]
-    if spec.task == "lm":  # the first window of bptt tokens of this rank's rows of the stream
-        corpus = synthetic_lm(spec.num_classes, spec.bptt, synthetic_samples, seed)
-        return next(LMBatches(corpus.train, batch_size, spec.bptt, rank, size).batches(0))
-    train_set, _ = synthetic(spec.input_shape, spec.num_classes, synthetic_samples, seed)
-    return next(ShardedBatches(train_set, batch_size, rank, size, seed).batches(0))
-
-
-def loss_of(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The trainer's loss on its first step: cross-entropy over classes, or over every next token
-    of a window for a language model (whose hidden state starts at zero)."""
-    out = model(x)
-    if isinstance(out, tuple):  # language model: (logits (B, T, V), hidden)
-        return F.cross_entropy(out[0].flatten(0, 1), y.flatten())
-    return F.cross_entropy(out, y)
 
 
 def grads_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -117,15 +117,14 @@ def main(args: argparse.Namespace) -> int:
     from lab.common.jobs import emulated_launcher
     from lab.emulation.netns import unavailable_reason
 
-    from ..scaling.netns import link_network, parse_rates
-    from ..scaling.spec import GridError
+    from ..common.links import RateError, link_network, parse_rates
 
     try:
         rates = parse_rates(args.rates)
         hosts = commbench._ints(args.hosts, "--hosts")
         if any(n < 2 for n in hosts):
             raise commbench.BenchError(f"--hosts: the exchange needs >= 2 workers (got {args.hosts!r})")
-    except (commbench.BenchError, GridError) as e:
+    except (commbench.BenchError, RateError) as e:
         print(f"commbench-netns: error: {e}", file=sys.stderr)
         return 2
     reason = unavailable_reason()

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
+import subprocess
+import sys
 from dataclasses import asdict
 from typing import Any
 
 from ..common import costmodel
-from ..commbench import main as commbench
-from ..common.jobs import Launcher
-from .spec import REPORT_WORKERS, GridConfig, Plan, Variant
+from .spec import REPORT_WORKERS, GridConfig, GridError, Plan, Variant
 
 CYCLE_CANDIDATES = "0.2,5"  # besides Horovod's default of 1 ms
 
@@ -114,13 +115,19 @@ def predictions(rows, vs: list[Variant], models: list[str], plans: dict[str, Pla
 
 
 
-def run_commbench(cfg: GridConfig, vs: list[Variant], out: str, launcher: Launcher) -> str:
-    """A short commbench at 2 workers for calibration; returns the path of its commbench.json."""
+def run_commbench(cfg: GridConfig, vs: list[Variant], out: str) -> str:
+    """A short commbench at 2 workers for calibration, run as its own command on this machine
+    (``python -m lab commbench``: the grid reads its commbench.json, it imports none of it);
+    returns the path of that file."""
     cycles = {"auto": CYCLE_CANDIDATES, "default": ""}.get(cfg.horovod_cycle_ms, cfg.horovod_cycle_ms)
-    args = commbench.front_args([
-        "--np", "2", "--impls", ",".join(sorted({v.commbench_impl for v in vs})), "--sizes", cfg.commbench_sizes,
-        "--models", "", "--budget", "0.25", "--ps-servers-list", str(cfg.ps_servers), "--horovod-cycle-ms", cycles,
-        "--horovod-fusion-mb", "", "--timeline-size", "", "--out-dir", os.path.join(out, "commbench"),
-        "--job-timeout", str(cfg.job_timeout)])
-    commbench.run_front(args, launcher=launcher)
-    return os.path.join(out, "commbench", "commbench.json")
+    out_dir = os.path.join(out, "commbench")
+    argv = [sys.executable, "-m", "lab", "commbench",
+            "--np", "2", "--impls", ",".join(sorted({v.commbench_impl for v in vs})), "--sizes", cfg.commbench_sizes,
+            "--models", "", "--budget", "0.25", "--ps-servers-list", str(cfg.ps_servers), "--horovod-cycle-ms", cycles,
+            "--horovod-fusion-mb", "", "--timeline-size", "", "--out-dir", out_dir,
+            "--job-timeout", str(cfg.job_timeout)]
+    rc = subprocess.run(argv).returncode  # every job inside is bounded by --job-timeout
+    path = os.path.join(out_dir, "commbench.json")
+    if not os.path.exists(path):
+        raise GridError(f"`{shlex.join(argv[1:])}` wrote no commbench.json (exit {rc})")
+    return path

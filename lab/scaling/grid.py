@@ -35,12 +35,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..common import costmodel, engines, tblog
-from ..commbench import main as commbench
 from ..common.jobs import Launcher, local_launcher, read_json
 from ..common.jobs import run as run_job_argv
 from .calibrate import CYCLE_CANDIDATES, calibrate, choose_cycle, known_network, predictions, run_commbench
 from .report import aggregate, code_version, load_summary, write_outputs
-from .spec import GridConfig, GridError, Plan, Variant, variants
+from .spec import GridConfig, GridError, Plan, Variant, parse_list, variants
 
 def available(cfg: GridConfig) -> tuple[list[Variant], list[str], list[str]]:
     """(variants, models) to run, and a note for each model that is not in the registry."""
@@ -166,8 +165,8 @@ def run(cfg: GridConfig, launcher: Launcher = local_launcher,
     calib_path = cfg.calibration
     if not calib_path and cfg.commbench:
         try:
-            calib_path = run_commbench(cfg, vs, out, launcher)
-        except (OSError, subprocess.SubprocessError, ValueError, commbench.BenchError) as e:  # the grid still runs
+            calib_path = run_commbench(cfg, vs, out)
+        except (OSError, subprocess.SubprocessError, ValueError, GridError) as e:  # the grid still runs
             notes.append(f"commbench for calibration failed: {e}")
 
     report = None
@@ -230,16 +229,6 @@ def run(cfg: GridConfig, launcher: Launcher = local_launcher,
 
 # ------------------------------------------------------------------------- command line
 
-def _list(text: str, flag: str, conv=str) -> list:
-    try:
-        vals = [conv(v.strip()) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise GridError(f"{flag}: cannot read {text!r}; give a comma-separated list") from None
-    if not vals:
-        raise GridError(f"{flag}: empty list")
-    return vals
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = GridConfig()
     p.add_argument("--strategies", default=",".join(d.strategies),
@@ -289,32 +278,16 @@ def parse_cycle(text: str) -> float | None:
 
 
 def config_from_args(args: argparse.Namespace) -> GridConfig:
-    names = _list(args.strategies, "--strategies")
-    unknown = [s for s in names if s not in variants()]
-    if unknown:
-        raise GridError(f"--strategies: unknown strategy {unknown[0]!r}; choose from: {', '.join(variants())}")
-    workers = _list(args.workers, "--workers", int)
-    if any(n < 1 for n in workers):
-        raise GridError(f"--workers: counts must be >= 1 (got {args.workers!r})")
-    for flag, v, lo in (("--repeats", args.repeats, 1), ("--steps", args.steps, 0), ("--batch-size", args.batch_size, 0),
-                        ("--ps-servers", args.ps_servers, 1)):
-        if v < lo:
-            raise GridError(f"{flag} must be >= {lo} (got {v})")
-    if args.warmup_steps < -1:
-        raise GridError(f"--warmup-steps must be >= 0 (got {args.warmup_steps})")
     parse_cycle(args.horovod_cycle_ms)
-    if args.net_gbps <= 0 or args.net_latency_us < 0:
-        raise GridError("--net-gbps must be > 0 and --net-latency-us >= 0")
-    if args.calibration and not os.path.isfile(args.calibration):
-        raise GridError(f"--calibration {args.calibration}: file not found; run `python -m "
-                        "lab commbench --np 2` and pass its commbench.json")
-    return GridConfig(strategies=names, models=_list(args.models, "--models"), workers=sorted(set(workers)),
-                      repeats=args.repeats, data=args.data, steps=args.steps, warmup_steps=args.warmup_steps,
-                      batch_size=args.batch_size, ps_servers=args.ps_servers, out_dir=args.out_dir,
-                      commbench=args.commbench, commbench_sizes=args.commbench_sizes, calibration=args.calibration,
-                      net_gbps=args.net_gbps, net_latency_us=args.net_latency_us,
-                      horovod_cycle_ms=args.horovod_cycle_ms, horovod_fusion_mb=args.horovod_fusion_mb,
-                      extra=args.extra, job_timeout=args.job_timeout)
+    cfg = GridConfig(strategies=parse_list(args.strategies, "--strategies"), models=parse_list(args.models, "--models"),
+                     workers=sorted(set(parse_list(args.workers, "--workers", int))), repeats=args.repeats,
+                     data=args.data, steps=args.steps, warmup_steps=args.warmup_steps, batch_size=args.batch_size,
+                     ps_servers=args.ps_servers, out_dir=args.out_dir, commbench=args.commbench,
+                     commbench_sizes=args.commbench_sizes, calibration=args.calibration, net_gbps=args.net_gbps,
+                     net_latency_us=args.net_latency_us, horovod_cycle_ms=args.horovod_cycle_ms,
+                     horovod_fusion_mb=args.horovod_fusion_mb, extra=args.extra, job_timeout=args.job_timeout)
+    cfg.validate()
+    return cfg
 
 
 def main(args: argparse.Namespace) -> int:

@@ -31,7 +31,9 @@ import time
 from typing import Any
 
 from ..common import costmodel, engines, tblog
+from ..common.links import RateError, link_network, parse_rates
 from . import grid as scaling
+from .spec import parse_list
 from . import report as grid_report
 
 TRAFFIC_RE = re.compile(r"(h\d+) (\d+)/(\d+)")
@@ -58,32 +60,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def grid_config(args: argparse.Namespace) -> scaling.GridConfig:
     """The scaling grid for one rate: the given workers only, no calibration run (the network is
     known: the configured rate), validated by the grid's own rules."""
-    hosts = scaling._list(args.hosts, "--hosts", int)
+    hosts = parse_list(args.hosts, "--hosts", int)
     if min(hosts) < 1:
         raise scaling.GridError(f"--hosts: counts must be >= 1 (got {args.hosts!r})")
     if args.job_timeout < 120:
         raise scaling.GridError(f"--job-timeout must be >= 120 s (got {args.job_timeout:g})")
-    p = argparse.ArgumentParser(add_help=False)
-    scaling.add_arguments(p)
-    grid = p.parse_args([])
-    grid.__dict__.update(strategies=args.strategies, models=args.models, workers=",".join(map(str, hosts)),
-                         repeats=args.repeats, steps=args.steps, ps_servers=args.ps_servers, commbench=False,
-                         job_timeout=args.job_timeout)
-    return scaling.config_from_args(grid)
-
-
-def parse_rates(text: str) -> list[str]:
-    from lab.emulation.netns import parse_rate
-
-    rates = [r.strip() for r in text.split(",") if r.strip()]
-    if not rates:
-        raise scaling.GridError("--rates: give at least one rate, e.g. 1gbit,100mbit")
-    for r in rates:
-        try:
-            parse_rate(r)
-        except ValueError as e:
-            raise scaling.GridError(str(e).replace("--link-rate", "--rates")) from None
-    return rates
+    cfg = scaling.GridConfig(strategies=parse_list(args.strategies, "--strategies"),
+                             models=parse_list(args.models, "--models"), workers=sorted(set(hosts)),
+                             repeats=args.repeats, steps=args.steps, ps_servers=args.ps_servers, commbench=False,
+                             job_timeout=args.job_timeout)
+    cfg.validate()
+    return cfg
 
 
 def traffic(log_path: str) -> dict[str, list[int]]:
@@ -91,14 +78,6 @@ def traffic(log_path: str) -> dict[str, list[int]]:
     with open(log_path) as fh:
         line = next((ln for ln in fh if ln.startswith("link traffic")), "")
     return {h: [int(tx), int(rx)] for h, tx, rx in TRAFFIC_RE.findall(line)}
-
-
-def link_network(rate: str) -> costmodel.Network:
-    """The cost model's network for emulated links of ``rate``: no latency is added, B = rate / 8."""
-    from lab.emulation.netns import parse_rate
-
-    bits = parse_rate(rate)
-    return costmodel.Network(alpha=0.0, bandwidth=bits / 8 if bits else float("inf"))
 
 
 def compare(rate: str, res: dict[str, Any], cfg: scaling.GridConfig) -> list[dict[str, Any]]:
@@ -207,7 +186,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         rates = parse_rates(args.rates)
         cfg = grid_config(args)
-    except scaling.GridError as e:
+    except (scaling.GridError, RateError) as e:
         print(f"scaling-netns: error: {e}", file=sys.stderr)
         return 2
     from launch.mpirun import describe_mpi_allreduce

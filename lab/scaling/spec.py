@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from ..common import costmodel
@@ -84,6 +85,36 @@ class GridConfig:
         return Plan(self.batch_size or p.batch_size, p.warmup if self.warmup_steps < 0 else self.warmup_steps,
                     self.steps or p.steps, p.samples)
 
+    def validate(self) -> None:
+        """Raise :class:`GridError` naming the flag of the first bad field."""
+        unknown = [s for s in self.strategies if s not in variants()]
+        if unknown:
+            raise GridError(f"--strategies: unknown strategy {unknown[0]!r}; choose from: {', '.join(variants())}")
+        if any(n < 1 for n in self.workers):
+            raise GridError(f"--workers: counts must be >= 1 (got {','.join(map(str, self.workers))})")
+        for flag, v, lo in (("--repeats", self.repeats, 1), ("--steps", self.steps, 0),
+                            ("--batch-size", self.batch_size, 0), ("--ps-servers", self.ps_servers, 1)):
+            if v < lo:
+                raise GridError(f"{flag} must be >= {lo} (got {v})")
+        if self.warmup_steps < -1:
+            raise GridError(f"--warmup-steps must be >= 0 (got {self.warmup_steps})")
+        if self.net_gbps <= 0 or self.net_latency_us < 0:
+            raise GridError("--net-gbps must be > 0 and --net-latency-us >= 0")
+        if self.calibration and not os.path.isfile(self.calibration):
+            raise GridError(f"--calibration {self.calibration}: file not found; run `python -m "
+                            "lab commbench --np 2` and pass its commbench.json")
+
 
 class GridError(Exception):
     """Bad grid input; the message names the flag."""
+
+
+def parse_list(text: str, flag: str, conv=str) -> list:
+    """A comma-separated flag value as a list (``conv`` per item); GridError naming ``flag`` otherwise."""
+    try:
+        vals = [conv(v.strip()) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise GridError(f"{flag}: cannot read {text!r}; give a comma-separated list") from None
+    if not vals:
+        raise GridError(f"{flag}: empty list")
+    return vals

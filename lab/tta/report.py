@@ -72,7 +72,7 @@ def plot_time_to_accuracy(path: str, res: dict[str, Any]) -> list[list[tuple[str
 
     from allreduce_train.config import parse_target
 
-    from ..scaling.report import no_data
+    from ..common.plots import no_data
 
     jobs = [j for j in res["jobs"] if j["ok"] and j.get("evals")]
     models = list(res["targets"])

@@ -12,7 +12,7 @@ import torch
 from helpers import ROOT, check, launch, rel_diff
 
 from lab.bench.main import BenchSpec, free_port, parse_variant, summarise, table
-from lab.bench.loops import first_batch, loss_of
+from lab.common.workloads import first_batch, loss_of
 from models import MODELS
 
 

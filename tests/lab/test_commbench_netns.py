@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from lab import costmodel
+from lab.common import costmodel
 from lab.commbench.netns import predicted_s
 from lab.emulation import netns
 

@@ -1,6 +1,6 @@
 """The concept x engine split that bench and the scaling reports print."""
 
-from lab import engines
+from lab.common import engines
 
 
 def test_the_horovod_vs_ps_ratio_splits_into_concept_and_implementation():

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from lab import costmodel
+from lab.common import costmodel
 from lab.scaling.calibrate import choose_cycle
 from lab.scaling.grid import available
 from lab.scaling.report import aggregate

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from lab import tbcheck, tblog, tbview
+from lab import tbcheck
+from lab.common import plots, tblog, tbview
 from lab.common.browser import find_chromium
 from lab.scaling import report
 from lab.scaling.netns import add_arguments as netns_arguments
@@ -95,7 +96,7 @@ def test_a_chart_without_data_is_left_out_and_the_plot_says_why(tmp_path):
     res = results(workers=(4,), curves=False)  # no one-worker baseline: speedup undefined
     layout = report.write_tensorboard(str(tmp_path), res)
     assert [c[1] for c in layout["lenet5"].values()] == [["^perf/samples_per_sec/lenet5$"]]
-    titles = report.plot_measured(str(tmp_path / "scaling.png"), res["rows"], ["lenet5", "resnet18"])
+    titles = plots.plot_measured(str(tmp_path / "scaling.png"), res["rows"], ["lenet5", "resnet18"])
     assert "no 1-worker baseline" in titles[0] and "N = 4" in titles[0]
     assert "every job failed" in titles[1]
     assert (tmp_path / "scaling.png").read_bytes()[:4] == b"\x89PNG"

@@ -18,7 +18,7 @@ import time
 import pytest
 import torch
 
-from launch import netns
+from lab.emulation import netns
 
 from helpers import Job, check, job_pids, launch, load_params
 

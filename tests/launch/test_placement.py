@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from allreduce_train.placement import by_host, check, describe
-from launch import netns
+from lab.emulation import netns
 
 from helpers import ROOT
 

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from launch import netns
+from lab.emulation import netns
 from models import MODELS
 
 from helpers import Job

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from launch import netns
+from lab.emulation import netns
 
 from helpers import Job
 
