@@ -1,9 +1,10 @@
 """--device auto|cpu|cuda and the local rank -> the device a rank trains on (allreduce_train/devices.py).
 
-On a host without a GPU (this one) the no-GPU paths run against the real torch.cuda; on a GPU host
-against a stand-in with no GPU (fixture ``no_gpu``), so the suite passes there too. The GPU mapping
-(one rank per GPU, local rank modulo the count) runs against a small stand-in for torch.cuda that
-records which device was set. make check-gpu-build runs the real CUDA build without a GPU.
+Nothing here depends on the host having a GPU or not. The no-GPU paths run against the real
+torch.cuda made to see no GPU (fixture ``no_gpu``); the GPU mapping (one rank per GPU, local rank
+modulo the count) runs against a small stand-in for torch.cuda that records which device was set;
+and pick_device's default, the real torch.cuda, is checked both ways by patching its calls. make
+check-gpu-build runs the real CUDA build without a GPU.
 """
 
 import io
@@ -35,15 +36,27 @@ class Gpus:
         return self.current
 
 
+def see(gpus: Gpus, monkeypatch) -> None:
+    """Make the real torch.cuda answer as ``gpus`` does, on any host."""
+    for call in ("is_available", "device_count", "set_device", "current_device"):
+        monkeypatch.setattr(torch.cuda, call, getattr(gpus, call))
+
+
 @pytest.fixture
-def no_gpu():
-    """torch.cuda where it sees no GPU (the real no-GPU path), else a stand-in with none."""
-    return Gpus(0) if torch.cuda.is_available() else torch.cuda
+def no_gpu(monkeypatch):
+    """The real torch.cuda, made to see no GPU whether or not the host has one."""
+    see(Gpus(0), monkeypatch)
+    return torch.cuda
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU host: the no-GPU tests use a stand-in (fixture no_gpu)")
-def test_no_gpu_here():
-    assert not torch.cuda.is_available()  # which torch.cuda the no-GPU tests below run against
+def test_by_default_the_choice_follows_torch_cuda(monkeypatch):
+    """Without ``cuda=``, pick_device asks torch.cuda itself: no GPU visible, auto trains on the CPU;
+    two visible, local rank 3 takes GPU 1."""
+    see(Gpus(0), monkeypatch)
+    assert pick_device("auto", 3, out=io.StringIO()) == torch.device("cpu")
+    gpus = Gpus(2)
+    see(gpus, monkeypatch)
+    assert pick_device("auto", 3) == torch.device("cuda", 1) and gpus.current == 1
 
 
 def test_auto_without_gpu_trains_on_cpu_and_a_cuda_build_says_so_once(no_gpu):
