@@ -66,6 +66,18 @@ class GradientExchange(ABC):
     def sum_over_workers(self, values: torch.Tensor) -> torch.Tensor:
         """Element-wise sum of a small CPU tensor over all workers (for global metrics)."""
 
+    def sum_tensors(self, tensors: list[torch.Tensor], name: str = "") -> list[torch.Tensor]:
+        """Element-wise sums over the workers of several tensors in one :meth:`sum_over_workers`:
+        flattened into one CPU tensor, summed, and cut back into the tensors' shapes (CPU views of
+        one buffer). ``name`` labels the collective where an engine names them (PowerSGD's ``SumTensors``)."""
+        flat = torch.cat([t.detach().reshape(-1).cpu() for t in tensors])
+        total = self.sum_over_workers(flat)  # communication: one sum of every tensor
+        out, off = [], 0
+        for t in tensors:
+            out.append(total[off:off + t.numel()].view_as(t))
+            off += t.numel()
+        return out
+
     def start_vote(self, flags: torch.Tensor) -> None:
         """Begin summing a few float64 flags over the workers without waiting (the trainer's per-step
         vote: stop requested, loss finite). Strategies send it beside the step's gradients."""

@@ -285,7 +285,7 @@ class HorovodAllreduce(GradientExchange):
 
     def synchronize(self) -> None:
         if self._powersgd is not None:
-            self._powersgd.average(self._sum_tensors, self.size)
+            self._powersgd.average(self._grouped_sum, self.size)
             return
         if self._local_params is not None:
             if self._exchanging:
@@ -319,7 +319,9 @@ class HorovodAllreduce(GradientExchange):
         for p, out, (_, ctx) in zip(params, self._wait(handle), wire):
             p.grad.copy_(self._compression.decompress(out, ctx))
 
-    def _sum_tensors(self, tensors: list[torch.Tensor], name: str) -> list[torch.Tensor]:
+    def _grouped_sum(self, tensors: list[torch.Tensor], name: str) -> list[torch.Tensor]:
+        """PowerSGD's sums as Horovod does them: one grouped allreduce, on the tensors' device (not
+        the base's flatten -> :meth:`sum_over_workers` -> unflatten on the CPU)."""
         # communication: PowerSGD's factors (or uncompressed tensors), one grouped allreduce
         return self._wait(self.hvd.grouped_allreduce_async(tensors, op=self.hvd.Sum, name=name))
 

@@ -53,14 +53,10 @@ class LocalSGD:
         """After step ``step``'s update: at the end of a period past the warm-up, average the parameters."""
         if self.every == 1 or step <= self.warmup or not self.synchronous(step):
             return
-        params = [p for p in model.parameters()]
-        flat = torch.cat([p.detach().reshape(-1).cpu() for p in params])
+        params = list(model.parameters())
         # communication: every parameter, summed over the workers (identical on every worker after)
-        total = self.ex.sum_over_workers(flat).div_(self.ex.num_workers)
-        off = 0
-        for p in params:
-            p.copy_(total[off:off + p.numel()].view_as(p))
-            off += p.numel()
+        for p, total in zip(params, self.ex.sum_tensors(params, "localsgd.params")):
+            p.copy_(total.div_(self.ex.num_workers))
 
     def state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """This worker's own parameters and optimizer state (momentum), for the checkpoint."""

@@ -264,7 +264,7 @@ class MPIRingAllreduce(GradientExchange):
 
     def synchronize(self) -> None:
         if self._powersgd is not None:
-            self._powersgd.average(self._sum_tensors, self.size)
+            self._powersgd.average(self.sum_tensors, self.size)  # communication: MPI_Iallreduce of the factors
             return
         if not self._buckets:  # one worker: nothing to exchange
             return
@@ -290,15 +290,6 @@ class MPIRingAllreduce(GradientExchange):
                         param.grad = torch.zeros_like(param)
                     param.grad.view(-1).copy_(avg[lo:hi])
         self._reset_step()
-
-    def _sum_tensors(self, tensors: list[torch.Tensor], name: str) -> list[torch.Tensor]:
-        flat = torch.cat([t.reshape(-1) for t in tensors])
-        total = self.sum_over_workers(flat)  # communication: PowerSGD's factors, one MPI_Iallreduce
-        out, off = [], 0
-        for t in tensors:
-            out.append(total[off:off + t.numel()].view_as(t))
-            off += t.numel()
-        return out
 
     def worker_state(self) -> Any:
         return self._powersgd.state_dict() if self._powersgd is not None else None
