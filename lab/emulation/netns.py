@@ -1,8 +1,8 @@
 """An emulated multi-host cluster on one machine: network namespaces joined by rate-limited links.
 
-    python -m launch -np 4 --emulate-hosts 4 --link-rate 100mbit -- --model lenet5
-    python -m lab.emulation.netns bench --link-rate 100mbit      # measure one emulated link
+    python -m lab.emulation -np 4 --emulate-hosts 4 --link-rate 100mbit -- --model lenet5
     python -m lab.emulation.netns list | cleanup                 # leftovers of runs that died
+    python -m lab.emulation.probe bench --link-rate 100mbit      # measure one emulated link (probe.py)
 
 On one machine every rank talks through shared memory, so a parameter server's saturated links
 cannot show. Here each emulated host is a network namespace with one link (a veth pair) to a
@@ -37,7 +37,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -434,23 +433,6 @@ class EmulatedCluster:
                 lines += _run(["tc", "-n", ns, "qdisc", "show", "dev", dev]).stdout.strip().splitlines()
         return lines
 
-    def measure(self, src: int, dst: int, seconds: float = 2.0) -> tuple[float, int]:
-        """One TCP stream from host ``src`` to host ``dst``: (payload bits/s as received, bytes received)."""
-        port = 5201
-        python = [sys.executable, "-m", "lab.emulation.netns"]
-        cwd = Path(__file__).resolve().parents[2]  # the checkout: python -m lab.emulation.netns
-        sink = subprocess.Popen(self.spec.exec_prefix(dst) + python + ["tcp-sink", str(port)],
-                                stdout=subprocess.PIPE, text=True, cwd=cwd)
-        try:
-            _run(self.spec.exec_prefix(src) + python + ["tcp-source", self.spec.address(dst), str(port), str(seconds)])
-            out, _ = sink.communicate(timeout=seconds + CMD_TIMEOUT)
-        finally:
-            if sink.poll() is None:
-                sink.kill()
-                sink.wait()
-        bps, nbytes = out.split()
-        return float(bps), int(nbytes)
-
 
 def _is_main_thread() -> bool:
     import threading
@@ -462,81 +444,29 @@ def _raise_exit(signum, _frame):
     raise SystemExit(128 + signum)
 
 
-def tcp_sink(port: int) -> None:
-    """Accept one connection, read it to the end, print bits/s from the first byte to the last."""
-    srv = socket.create_server(("0.0.0.0", port))
-    srv.settimeout(CMD_TIMEOUT)
-    conn, _ = srv.accept()
-    conn.settimeout(CMD_TIMEOUT)
-    n, t0, t1 = 0, None, None
-    while chunk := conn.recv(1 << 20):
-        t1 = time.perf_counter()
-        t0 = t0 or t1
-        n += len(chunk)
-    print(f"{8 * n / (t1 - t0) if t1 and t1 > t0 else 0.0:.0f} {n}")
-
-
-def tcp_source(addr: str, port: int, seconds: float) -> None:
-    deadline = time.monotonic() + CMD_TIMEOUT
-    while True:  # the sink may still be starting
-        try:
-            conn = socket.create_connection((addr, port), timeout=CMD_TIMEOUT)
-            break
-        except ConnectionRefusedError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
-    buf = b"\0" * (1 << 20)
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        conn.sendall(buf)
-    conn.close()
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m lab.emulation.netns", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list", help="namespaces of emulated clusters, with their state")
     c = sub.add_parser("cleanup", help="remove emulated hosts whose creating process is gone")
     c.add_argument("--all", action="store_true", help="also those of runs still alive (stops them)")
-    b = sub.add_parser("bench", help="build two emulated hosts, measure one TCP stream between them")
-    b.add_argument("--link-rate", default="1gbit")
-    b.add_argument("--seconds", type=float, default=3.0)
-    s = sub.add_parser("tcp-sink", help="(internal, used by bench) receive one TCP stream")
-    s.add_argument("port", type=int)
-    s = sub.add_parser("tcp-source", help="(internal, used by bench) send one TCP stream")
-    s.add_argument("addr")
-    s.add_argument("port", type=int)
-    s.add_argument("seconds", type=float)
+    sub.add_parser("bench", help="moved: python -m lab.emulation.probe bench", add_help=False).add_argument(
+        "rest", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
 
-    if args.cmd == "tcp-sink":
-        tcp_sink(args.port)
-        return 0
-    if args.cmd == "tcp-source":
-        tcp_source(args.addr, args.port, args.seconds)
-        return 0
+    if args.cmd == "bench":
+        print("lab.emulation.netns: error: the link measurement moved: python -m lab.emulation.probe bench "
+              "(same flags)", file=sys.stderr)
+        return 2
     if args.cmd == "list":
         dead = set(leftovers())
         for name in list_namespaces():
             print(f"{name}\t{'leftover (creator gone)' if name in dead else 'in use'}")
         return 0
     try:
-        if args.cmd == "cleanup":
-            names = list_namespaces() if args.all else leftovers()
-            remove(names)
-            print(f"removed {len(names)} namespace(s)" + (f": {', '.join(names)}" if names else ""))
-            return 0
-        reason = unavailable_reason()
-        if reason:
-            print(f"lab.emulation.netns: error: {reason}", file=sys.stderr)
-            return 2
-        spec = ClusterSpec(hosts=2, link_rate=args.link_rate)
-        with EmulatedCluster(spec) as cluster:
-            bps, _ = cluster.measure(src=2, dst=1, seconds=args.seconds)
-        limit = (f"link {format_rate(spec.rate_bits)}; TCP payload tops out near 95 % of it at MTU 1500"
-                 if spec.rate_bits else "no rate limit: bounded by this machine's CPU")
-        print(f"h2 -> h1: {bps / 1e6:.1f} Mbit/s TCP payload over {args.seconds:g} s ({limit})")
+        names = list_namespaces() if args.all else leftovers()
+        remove(names)
+        print(f"removed {len(names)} namespace(s)" + (f": {', '.join(names)}" if names else ""))
         return 0
     except (ClusterError, ValueError) as e:
         print(f"lab.emulation.netns: error: {e}", file=sys.stderr)

@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from ..common import engines, tblog
-from ..common.plots import STYLE, no_data, plot_measured
+from ..common.plots import STYLE, plot_measured
 
 def _stats(values: list[float]) -> tuple[float, float, float, float]:
     """mean, sample standard deviation (0 for one value), min, max."""

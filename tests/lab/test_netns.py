@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from lab.common import jobs
-from lab.emulation import netns
+from lab.emulation import netns, probe
 from launch import LaunchSpec, build_command
 from launch.mpirun import RING_RULES
 from lab.emulation.__main__ import run_emulated
@@ -269,7 +269,7 @@ def test_link_rate_holds(namespaces_permitted):
     with netns.EmulatedCluster(spec, log=lambda _: None) as cluster:
         assert sum("tbf" in q and "rate 100Mbit" in q for q in cluster.qdiscs()) == 4
         tx_before = cluster.link_bytes(2)[1]
-        bps, received = cluster.measure(src=2, dst=1, seconds=3)
+        bps, received = probe.measure(cluster, src=2, dst=1, seconds=3)
         sent = cluster.link_bytes(2)[1] - tx_before
     # TCP payload is ~95 % of the wire rate at MTU 1500, well inside the 20 % asked for.
     assert 0.8 * 100e6 <= bps <= 1.2 * 100e6, f"{bps / 1e6:.1f} Mbit/s on a 100 Mbit/s link"
