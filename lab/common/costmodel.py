@@ -16,6 +16,13 @@ the same bytes and messages as the ring, so the model cannot tell them apart; an
 difference is the implementation's. Compute and exchange are added (no overlap), so predicted
 step times are upper bounds for an exchange that overlaps the backward pass.
 
+Communication-reduction methods (docs/concepts.md: 16-bit, PowerSGD, local SGD) change the
+messages and bytes per step and add compute of their own: :class:`Method` names one (from the
+trainer's flags or a label such as ``powersgd-r4``), :func:`method_cost` says what it costs on an
+exchange, and :func:`predict_method` is :func:`predict` for it (the gradient given as its tensor
+shapes, lab/common/gradients.py). The extra compute is charged at one core's memory bandwidth and
+float32 rate (:class:`Host`), added like the exchange.
+
 Calibration: :func:`fit_alpha_beta` fits alpha and B of one exchange from a size sweep (commbench)
 by least squares on relative error; compute is the measured single-worker step minus its wait.
 Pure Python (no MPI, no torch) so that it is cheap to test and to run anywhere.
@@ -150,3 +157,252 @@ def fit_alpha_beta(kind: str, n: int, points: Iterable[tuple[float, float]], ser
     elif inv_b <= 0:  # no size dependence measurable: pure latency, unbounded bandwidth
         alpha, inv_b = sa / saa, 0.0
     return Network(alpha=alpha, bandwidth=1.0 / inv_b if inv_b > 0 else math.inf)
+
+
+# ------------------------------------------------------------------------- communication-reduction methods
+#
+# The exchanges above move float32 gradients every step. The concepts of docs/concepts.md send
+# less: 16-bit elements, low-rank factors (PowerSGD), or the full exchange every H steps only
+# (local SGD). Each changes the exchange's messages and bytes per step and adds compute of its own
+# (casts, matrix products, copies), which this model charges at one core's memory bandwidth and
+# arithmetic rate (:class:`Host`). Step time = compute + extra compute + exchange, still without
+# overlap, so a prediction is an upper bound of the same kind as :func:`predict`'s.
+
+NONE, FP16, BF16, POWERSGD = "none", "fp16", "bf16", "powersgd"
+COMPRESSIONS = (NONE, FP16, BF16, POWERSGD)
+CAST_BYTES = 6  # a cast of one element between float32 and 16 bits reads 4 bytes and writes 2, or reads 2 writes 4
+# PowerSGD's memory traffic per gradient element (allreduce_train/distributed/powersgd.py, one step):
+# add the error (read 2 x 4, write 4), clone what is sent (read 4, write 4), the new error
+# = sent - result (read 2 x 4, write 4): 32 bytes for every element; a compressed matrix is then
+# read by M Q and by M^T P and written by P Q^T (12 more), an uncompressed tensor is copied into the
+# flat buffer and back (16 more).
+POWERSGD_BYTES_ALL, POWERSGD_BYTES_MATRIX, POWERSGD_BYTES_PLAIN = 32, 12, 16
+LOCALSGD_BYTES = 16  # local SGD's parameter sum: every parameter copied in and the average copied back (read + write 8 each)
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Host:
+    """What a worker's extra compute runs at: ``mem_bw`` bytes of memory traffic per second (reads
+    and writes counted, one core) and ``flops`` float32 operations per second (one core, matrix
+    products). The defaults are this project's 2-core build machine: commbench measured one core
+    copying 5.0 GB/s (docs/scaling.md: 10 GB/s of reads and writes); 20 GFLOP/s is an assumption for
+    one core's single-threaded float32 matrix products, not a measurement."""
+
+    mem_bw: float = 10e9
+    flops: float = 20e9
+
+    def __post_init__(self) -> None:
+        if not (self.mem_bw > 0 and self.flops > 0):
+            raise ValueError(f"host mem_bw and flops must be > 0 (got {self.mem_bw!r}, {self.flops!r})")
+
+
+HOST = Host()
+
+
+@dataclass(frozen=True)
+class Method:
+    """A communication-reduction concept, as the trainer's flags set it: ``compression`` (none, fp16,
+    bf16, powersgd: ``--compression``), ``rank`` (``--powersgd-rank``) and ``every`` (local SGD's H,
+    ``--average-every``; 0 and 1 both mean every step is synchronous)."""
+
+    compression: str = NONE
+    rank: int = 1
+    every: int = 1
+
+    def __post_init__(self) -> None:
+        if self.compression not in COMPRESSIONS:
+            raise ValueError(f"unknown compression {self.compression!r}; choose one of: {', '.join(COMPRESSIONS)}")
+        if self.rank < 1:
+            raise ValueError(f"PowerSGD rank must be >= 1 (got {self.rank})")
+        if self.every < 0:
+            raise ValueError(f"local SGD period H must be >= 0 (got {self.every})")
+        if self.compression == POWERSGD and self.period > 1:
+            raise ValueError("PowerSGD with local SGD is not a method of the trainer (--compression powersgd "
+                             "refuses --average-every)")
+
+    @property
+    def period(self) -> int:
+        """H: a full exchange every H steps (1: every step)."""
+        return max(1, self.every)
+
+    @property
+    def elem(self) -> int:
+        """Bytes per gradient element on the wire (PowerSGD's factors are float32)."""
+        return 2 if self.compression in (FP16, BF16) else 4
+
+    @property
+    def label(self) -> str:
+        """A short name: ``fp32``, ``fp16``, ``bf16``, ``powersgd-r4``, ``localsgd-h4``, ``localsgd-h4+fp16``."""
+        base = {NONE: "fp32", POWERSGD: f"powersgd-r{self.rank}"}.get(self.compression, self.compression)
+        if self.period == 1:
+            return base
+        return f"localsgd-h{self.period}" + ("" if self.compression == NONE else f"+{base}")
+
+    @classmethod
+    def from_flags(cls, compression: str = NONE, powersgd_rank: int = 1, average_every: int = 0) -> "Method":
+        """The method of a trainer run with these flags (its config's values)."""
+        return cls(compression, powersgd_rank if compression == POWERSGD else 1, max(1, average_every))
+
+    @classmethod
+    def parse(cls, text: str) -> "Method":
+        """``fp32`` (or ``none``), ``fp16``, ``bf16``, ``powersgd-rR``, ``localsgd-hH``, ``localsgd-hH+fp16``
+        (as :attr:`label` writes them); ValueError otherwise."""
+        t = text.strip().lower()
+        every, sep, rest = t.partition("+")
+        if every.startswith("localsgd-h"):
+            h = every[len("localsgd-h"):]
+            if not h.isdigit() or int(h) < 1:
+                raise ValueError(f"method {text!r}: local SGD is localsgd-hH with H >= 1, e.g. localsgd-h4")
+            inner = cls.parse(rest) if sep else cls()
+            return cls(inner.compression, inner.rank, int(h))
+        if sep:
+            raise ValueError(f"method {text!r}: only local SGD combines with another method (localsgd-h4+fp16)")
+        if t in ("fp32", NONE):
+            return cls()
+        if t in (FP16, BF16):
+            return cls(t)
+        if t.startswith("powersgd-r") and t[len("powersgd-r"):].isdigit():
+            return cls(POWERSGD, int(t[len("powersgd-r"):]))
+        raise ValueError(f"unknown method {text!r}; choose fp32, fp16, bf16, powersgd-rR or localsgd-hH[+fp16]")
+
+
+BASELINE = Method()  # synchronous SGD, float32 on the wire
+
+
+def _dims(shape: Shape) -> tuple[int, int]:
+    """A gradient as PowerSGD sees it: a (shape[0], rest) matrix."""
+    n = int(shape[0]) if len(shape) else 1
+    return n, int(math.prod(shape[1:])) if len(shape) > 1 else 1
+
+
+def compressible(shape: Shape, rank: int) -> bool:
+    """Whether PowerSGD sends a gradient of ``shape`` as rank-``rank`` factors: (n + m) r under half
+    of n m (torch's hook's rule; allreduce_train/distributed/powersgd.py ``compressible``)."""
+    n, m = _dims(shape)
+    return (n + m) * min(n, m, rank) * 2 < n * m
+
+
+def as_shapes(grad: "float | Iterable[Shape]") -> list[Shape]:
+    """A gradient as a list of float32 tensor shapes; a number is taken as bytes of one float32 vector."""
+    if isinstance(grad, (int, float)):
+        if grad < 0:
+            raise ValueError(f"gradient bytes must be >= 0 (got {grad!r})")
+        return [(int(round(grad / 4)),)]
+    return [tuple(int(d) for d in s) for s in grad]
+
+
+@dataclass(frozen=True)
+class MethodCost:
+    """A method's exchange and extra compute per step, averaged over a local SGD period.
+
+    messages: alpha terms on the critical path; volume: bytes through the busiest link each way
+    (for the ring: what each worker sends, as allreduce_train/distributed's ``bytes_per_step``);
+    worker_s / server_s: extra compute on a worker and on the busiest server (seconds; both lie
+    on the critical path and are added)."""
+
+    messages: float
+    volume: float
+    worker_s: float
+    server_s: float
+
+    @property
+    def extra_compute_s(self) -> float:
+        return self.worker_s + self.server_s
+
+    def exchange_s(self, net: Network) -> float:
+        return self.messages * net.alpha + self.volume / net.bandwidth
+
+
+def method_cost(method: Method, kind: str, n: int, grad: "float | Iterable[Shape]", servers: int = 1,
+                host: Host = HOST) -> MethodCost:
+    """What ``method`` costs per step on exchange ``kind`` with ``n`` workers, for a gradient given as
+    its float32 tensor shapes (or, except for PowerSGD, its float32 bytes):
+
+    * fp32: the exchange of :func:`coefficients`, no extra compute;
+    * fp16 / bf16: half the bytes, the same messages; two casts of every element on each worker
+      (narrow before, widen after), and on a parameter server the servers' casts of their share:
+      N pushes widened and one reply narrowed per step (CAST_BYTES of memory traffic each);
+    * PowerSGD rank r (allreduce only): two ring allreduces per step (uncompressed tensors with the
+      Ps, then the Qs): 4(N-1) messages and 2(N-1)/N x 4 x (sum of (n + m) r over the compressed
+      matrices + the other tensors' elements) bytes; extra compute: three n x m x r products per
+      matrix and the orthonormalisation of P and Q (flops), the error feedback's copies (memory);
+    * local SGD every H (allreduce only): one gradient allreduce and one parameter allreduce (float32)
+      per H steps, both amortised over the H steps, and the parameters copied in and out once per
+      period; H = 1 is synchronous SGD: the gradients only.
+    """
+    _check(kind, n, servers)
+    shapes = as_shapes(grad)
+    numel = sum(math.prod(s) for s in shapes)
+    h = method.period
+    if method.compression == POWERSGD and kind != ALLREDUCE:
+        raise ValueError(f"PowerSGD runs over an allreduce only (the trainer refuses it with {kind})")
+    if h > 1 and kind != ALLREDUCE:
+        raise ValueError(f"local SGD averages over an allreduce only (the trainer refuses --average-every with {kind})")
+    if method.compression == POWERSGD and isinstance(grad, (int, float)):
+        raise ValueError("PowerSGD's cost needs the gradient's tensor shapes (which matrices it compresses), "
+                         "not its bytes")
+    if method.compression == POWERSGD:
+        sent, flops, mem = 0, 0.0, 0.0
+        for s in shapes:
+            e = math.prod(s)
+            if compressible(s, method.rank):
+                rows, cols = _dims(s)
+                r = min(rows, cols, method.rank)
+                sent += (rows + cols) * r
+                flops += 6.0 * rows * cols * r + 4.0 * (rows + cols) * r * r
+                mem += (POWERSGD_BYTES_ALL + POWERSGD_BYTES_MATRIX) * e
+            else:
+                sent += e
+                mem += (POWERSGD_BYTES_ALL + POWERSGD_BYTES_PLAIN) * e
+        messages, volume = coefficients(ALLREDUCE, n, 4.0 * sent)
+        if n == 1:  # one worker sends nothing and leaves its gradient as it is
+            return MethodCost(0.0, 0.0, 0.0, 0.0)
+        return MethodCost(2 * messages, volume, flops / host.flops + mem / host.mem_bw, 0.0)
+    messages, volume = coefficients(kind, n, numel * method.elem, servers)
+    worker_s = server_s = 0.0
+    if method.elem == 2 and (n > 1 or kind == PS_DEDICATED):
+        worker_s = 2 * CAST_BYTES * numel / host.mem_bw
+        if kind != ALLREDUCE:  # a server's share: P/K (dedicated), P/N (colocated: every worker serves)
+            share = numel / (servers if kind == PS_DEDICATED else n)
+            server_s = (n + 1) * CAST_BYTES * share / host.mem_bw
+    if h > 1 and n > 1:
+        pm, pv = coefficients(ALLREDUCE, n, 4.0 * numel)
+        messages, volume = (messages + pm) / h, (volume + pv) / h
+        worker_s = (worker_s + LOCALSGD_BYTES * numel / host.mem_bw) / h
+    elif h > 1:
+        worker_s /= h
+    return MethodCost(messages, volume, worker_s, server_s)
+
+
+@dataclass(frozen=True)
+class MethodPrediction(Prediction):
+    """:class:`Prediction` of a method: its label, extra compute (included in ``step_s``) and the
+    bytes through the busiest link per step."""
+
+    method: str
+    extra_compute_s: float
+    volume: float
+
+
+def predict_method(method: Method, kind: str, n: int, grad: "float | Iterable[Shape]", compute_s: float, batch: int,
+                   net: Network, servers: int = 1, host: Host = HOST) -> MethodPrediction:
+    """:func:`predict` for a communication-reduction ``method``: step = compute + the method's extra
+    compute + its exchange (averaged over a local SGD period). ``grad``: the float32 gradient as its
+    tensor shapes (a model's parameters; PowerSGD needs them), or its bytes. For ``BASELINE`` (fp32, every step) this is
+    :func:`predict`; speedup is against the same method at one worker."""
+    if compute_s < 0:
+        raise ValueError(f"compute time must be >= 0 (got {compute_s!r})")
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1 (got {batch})")
+    shapes = grad if isinstance(grad, (int, float)) else as_shapes(grad)
+    cost = method_cost(method, kind, n, shapes, servers, host)
+    one = method_cost(method, kind, 1, shapes, servers, host)
+    ex = cost.exchange_s(net)
+    step = compute_s + cost.extra_compute_s + ex
+    step_one = compute_s + one.extra_compute_s + one.exchange_s(net)
+    thr = n * batch / step if step > 0 else math.inf
+    speedup = n * step_one / step if step > 0 else float(n)
+    return MethodPrediction(kind, n, servers if kind == PS_DEDICATED else 0, compute_s, ex, step, thr, speedup,
+                            speedup / n, method.label, cost.extra_compute_s, cost.volume)
