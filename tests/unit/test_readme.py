@@ -1,6 +1,6 @@
 """The README stays a five-minute map: short, with a table of contents, every link landing (the docs' too),
-every doc listed in docs/index.md, and every figure it quotes stated in a doc linked from the same section
-(where the figure's command and context live). The checkers are plain functions, run on the real files and
+every doc listed in docs/index.md, every figure it quotes stated in a doc linked from the same section
+(where the figure's command and context live), and no doc naming a module or file of the tree that moved. The checkers are plain functions, run on the real files and
 on small made-up ones on which they must fail."""
 
 import re
@@ -105,6 +105,26 @@ def unbacked_figures(readme: Path) -> list[str]:
     return sorted(bad)
 
 
+PACKAGES = ("allreduce_train", "lab", "launch", "models")
+MODULE = re.compile(r"python -m ([A-Za-z_][\w.]*)")
+# A file of the tree named in prose or code: a top-level folder, then a name with an extension (no glob).
+TREE_FILE = re.compile(r"(?<![\w/.-])((?:allreduce_train|lab|launch|models|tools|tests|deploy|third_party)/"
+                       r"[\w./-]*\.(?:py|sh|rules|patch|toml|txt|json|yaml|png))(?![\w*])")
+
+
+def missing_names(text: str, root: Path = ROOT) -> list[str]:
+    """`python -m` modules of this project and files of the tree that ``text`` names but that do not exist:
+    what a move of code leaves behind in the docs."""
+    bad = []
+    for module in MODULE.findall(text):
+        path = root.joinpath(*module.split("."))
+        if module.split(".")[0] in PACKAGES and not (path.with_suffix(".py").exists()
+                                                     or (path / "__init__.py").exists()):
+            bad.append(f"python -m {module}")
+    bad += [f for f in TREE_FILE.findall(text) if not (root / f).exists()]
+    return sorted(set(bad))
+
+
 def test_the_readme_is_at_most_200_lines():
     n = len(README.read_text().splitlines())
     assert n <= MAX_README_LINES, f"README.md has {n} lines; move details into docs/ (limit {MAX_README_LINES})"
@@ -118,6 +138,11 @@ def test_every_relative_link_lands_on_a_file_and_heading_that_exist(path):
     if path in (README, INDEX):
         assert links(path.read_text()), f"{path.name} links nothing"
     assert broken_links(path) == []
+
+
+@pytest.mark.parametrize("path", MARKDOWN, ids=[str(p.relative_to(ROOT)) for p in MARKDOWN])
+def test_every_module_and_file_of_the_tree_that_a_doc_names_exists(path):
+    assert missing_names(path.read_text()) == []
 
 
 def test_every_doc_is_listed_in_the_index_and_the_readme_links_the_index():
@@ -164,3 +189,11 @@ def test_the_checkers_catch_a_figure_without_a_doc_a_broken_link_and_a_wrong_anc
     # The doc that states 23.1 is linked, but from another section.
     readme.write_text("## One\n\nTook 23.1 s.\n\n## Two\n\n[a](docs/a.md)\n")
     assert unbacked_figures(readme) == ["23.1"]
+
+    # A module and a file that moved away; a glob and a path outside the tree are not names of files here.
+    (tmp_path / "lab").mkdir()
+    (tmp_path / "lab" / "__init__.py").write_text("")
+    (tmp_path / "lab" / "probe.py").write_text("")
+    text = ("`python -m lab.probe bench`, `python -m lab.netns bench`, `python -m pytest`, lab/probe.py, "
+            "tests/launch/test_netns.py, tools/patches/horovod-*.patch, /opt/x/lab/gone.py")
+    assert missing_names(text, tmp_path) == ["python -m lab.netns", "tests/launch/test_netns.py"]
