@@ -32,8 +32,8 @@ from typing import Any
 
 from ..common.jobs import Launcher, loadavg, local_launcher, read_json
 from ..common.jobs import run as run_job
-from .report import markdown, plot_time_to_accuracy, write_csv, write_tensorboard
-from .spec import WORKLOADS, Method, TtaConfig, TtaError, methods
+from .report import add_model_ratios, markdown, plot_time_to_accuracy, write_csv, write_tensorboard
+from .spec import WORKLOADS, Method, TtaConfig, TtaError, method_groups, methods
 
 
 def trainer_args(cfg: TtaConfig, model: str, method: Method, run_dir: str, name: str, eval_every: int) -> list[str]:
@@ -61,10 +61,16 @@ def steps_per_epoch(cfg: TtaConfig, model: str, workers: int) -> int:
         raise TtaError(f"{model} at {workers} workers: {e}") from None
 
 
+def job_name(method: str, workers: int, repeat: int, rate: str | None) -> str:
+    """``<method>-n<N>-r<k>``, with the link rate after N on emulated hosts (one grid runs several rates)."""
+    return f"{method}-n{workers}{f'-{rate}' if rate else ''}-r{repeat}"
+
+
 def run_point(cfg: TtaConfig, out: str, model: str, method: Method, workers: int, repeat: int,
-              launcher: Launcher) -> dict[str, Any]:
-    """One job: train to the target (or the epoch limit) and read back when it got there."""
-    name = f"{method.name}-n{workers}-r{repeat}"
+              launcher: Launcher, rate: str | None = None) -> dict[str, Any]:
+    """One job: train to the target (or the epoch limit) and read back when it got there; ``rate``: the
+    emulated hosts' link rate (None on this machine)."""
+    name = job_name(method.name, workers, repeat, rate)
     run_dir = os.path.join(out, "runs", model)
     spe = steps_per_epoch(cfg, model, workers)
     eval_every = max(1, spe // cfg.evals_per_epoch)
@@ -76,8 +82,9 @@ def run_point(cfg: TtaConfig, out: str, model: str, method: Method, workers: int
                   timeout=cfg.job_timeout, log_path=log_path)
     rec: dict[str, Any] = {
         "model": model, "method": method.name, "workers": workers, "servers": method.servers, "world_size": world,
-        "synchronous": method.synchronous, "repeat": repeat, "emulated": cfg.emulated(workers),
-        "hosts": f"{world} emulated, {cfg.link_rate}" if cfg.emulated(workers) else "this machine",
+        "synchronous": method.synchronous, "repeat": repeat, "emulated": rate is not None, "link_rate": rate,
+        "name": name, "concept": method.concept,
+        "hosts": f"{world} emulated, {rate}" if rate is not None else "this machine",
         "target": cfg.target(model), "steps_per_epoch": spe, "eval_every": eval_every, "job_seconds": res.seconds,
         "loadavg_before": load[0] if load else None, "loadavg_after": (loadavg() or [None])[0],
         "log": os.path.relpath(log_path, out), "run": os.path.relpath(os.path.join(run_dir, name), out),
@@ -87,7 +94,8 @@ def run_point(cfg: TtaConfig, out: str, model: str, method: Method, workers: int
         return {**rec, "ok": False, "error": res.error_line() if not res.ok else "no metrics.json"}
     t = m.get("target", {})
     rec.update(ok=True, reached=bool(t.get("reached")), evals=m.get("evals", []), steps=m["steps"],
-               samples_per_sec=m["samples_per_sec"], step_ms=m["step_ms"], global_batch=m["global_batch"],
+               samples_per_sec=m["samples_per_sec"], step_ms=m["step_ms"], comm_wait_ms=m.get("comm_wait_ms"),
+               global_batch=m["global_batch"],
                final=m["final"], staleness_mean=m.get("staleness_mean"), staleness_max=m.get("staleness_max"))
     if rec["reached"]:
         rec.update(steps_to_target=t["step"], epochs_to_target=t["epoch"], seconds_to_target=t["seconds"],
@@ -118,32 +126,38 @@ def run(cfg: TtaConfig, launcher: Launcher = local_launcher) -> dict[str, Any]:
     if reason:
         notes.append(f"worker counts >= {cfg.emulate_from} skipped: emulated hosts unavailable ({reason})")
         workers = [n for n in workers if not cfg.emulated(n)]
-    emulated = None if reason else emulated_launcher(cfg.link_rate, timeout=max(60.0, cfg.job_timeout - 60),
-                                                     mpi_allreduce=cfg.mpi_allreduce)
+    launchers = {None: launcher}
+    if not reason:
+        for rate in cfg.rates:
+            launchers[rate] = emulated_launcher(rate, timeout=max(60.0, cfg.job_timeout - 60),
+                                                mpi_allreduce=cfg.mpi_allreduce)
     table = methods()
-    # One asynchronous worker is its synchronous twin (nothing can be stale), so it is not run.
-    points = [(r, m, table[name], n) for r in range(1, cfg.repeats + 1) for m in cfg.models for name in cfg.methods
-              for n in workers if table[name].synchronous or n > 1]
+    # One asynchronous worker is its synchronous twin (nothing can be stale), so it is not run. Emulated
+    # worker counts run once per link rate, the others once (this machine has no emulated link).
+    points = [(r, m, table[name], n, rate) for r in range(1, cfg.repeats + 1) for m in cfg.models
+              for rate in ([None] + cfg.rates) for n in workers for name in cfg.methods
+              if (table[name].synchronous or n > 1) and (rate is not None) == cfg.emulated(n)]
     if any(not table[name].synchronous for name in cfg.methods) and 1 in workers:
         notes.append("asynchronous methods at N=1 not run: one worker has no stale gradients, so it is the "
                      "synchronous run")
     records = []
-    for i, (r, model, method, n) in enumerate(points, 1):
+    for i, (r, model, method, n, rate) in enumerate(points, 1):
         try:
-            rec = run_point(cfg, out, model, method, n, r, emulated if cfg.emulated(n) else launcher)
+            rec = run_point(cfg, out, model, method, n, r, launchers[rate], rate)
         except KeyboardInterrupt:  # Ctrl-C also ended the job's ranks: report what was measured
             notes.append(f"interrupted after {i - 1} of {len(points)} jobs")
             break
         records.append(rec)
         if not rec["ok"]:
             figure = f"FAILED ({rec['error']})"
-            notes.append(f"{model} {method.name} N={n} r{r} failed: {rec['error']} (see {rec['log']})")
+            notes.append(f"{model} {method.name} N={n}{f' {rate}' if rate else ''} r{r} failed: {rec['error']} "
+                         f"(see {rec['log']})")
         elif rec["reached"]:
             figure = (f"{rec['target']} after {rec['seconds_to_target']:.1f} s, {rec['steps_to_target']} steps, "
                       f"{rec['epochs_to_target']:.2f} epochs")
         else:
             figure = f"{rec['target']} not reached in {rec['steps']} steps"
-        print(f"[{i:3d}/{len(points)}] {model:15s} {method.name:19s} N={n} r{r}: {figure} "
+        print(f"[{i:3d}/{len(points)}] {model:15s} {method.name:25s} N={n}{f' {rate}' if rate else ''} r{r}: {figure} "
               f"(job {rec['job_seconds']:.0f} s, load {rec['loadavg_before']})", flush=True)
 
     res = {"started": started, "minutes": (time.monotonic() - t0) / 60,
@@ -152,15 +166,37 @@ def run(cfg: TtaConfig, launcher: Launcher = local_launcher) -> dict[str, Any]:
            "targets": {m: cfg.target(m) for m in cfg.models}, "what": {m: WORKLOADS[m].what for m in cfg.models},
            "methods": {name: table[name].description for name in cfg.methods}, "jobs": records, "notes": notes,
            "loadavg_end": loadavg()}
+    write_outputs(out, res)
+    print(f"done in {res['minutes']:.1f} min: {out}/report.md; make tensorboard RUN={out}/summary", flush=True)
+    return res
+
+
+def write_outputs(out: str, res: dict[str, Any]) -> None:
+    """results.json (with the cost model's prediction per emulated job), results.csv, the TensorBoard
+    summary, time_to_accuracy.png and report.md, from the grid's results."""
+    add_model_ratios(res["jobs"])
     with open(os.path.join(out, "results.json"), "w") as fh:
         json.dump(res, fh, indent=2, default=str)
         fh.write("\n")
-    write_csv(os.path.join(out, "results.csv"), records)
-    write_tensorboard(os.path.join(out, "summary"), records)
+    write_csv(os.path.join(out, "results.csv"), res["jobs"])
+    write_tensorboard(os.path.join(out, "summary"), res["jobs"])
     plot_time_to_accuracy(os.path.join(out, "time_to_accuracy.png"), res)
     with open(os.path.join(out, "report.md"), "w") as fh:
         fh.write(markdown(res))
-    print(f"done in {res['minutes']:.1f} min: {out}/report.md; make tensorboard RUN={out}/summary", flush=True)
+
+
+def report_again(out: str) -> dict[str, Any]:
+    """Write a finished grid's outputs again from its results.json with this version's report (figures a
+    grid of an earlier version did not record, such as the exchange wait, come from each job's metrics.json)."""
+    res = read_json(os.path.join(out, "results.json"))
+    if res is None:
+        raise TtaError(f"--report {out}: no readable results.json there")
+    for j in res["jobs"]:
+        m = read_json(os.path.join(out, j["run"], "metrics.json")) if j.get("ok") else None
+        if m is not None and j.get("comm_wait_ms") is None:
+            j["comm_wait_ms"] = m.get("comm_wait_ms")
+    write_outputs(out, res)
+    print(f"{out}/report.md written again", flush=True)
     return res
 
 
@@ -171,13 +207,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     d = TtaConfig()
     p.add_argument("--models", default=",".join(d.models), help=f"comma-separated subset of {', '.join(WORKLOADS)}")
-    p.add_argument("--methods", default=",".join(d.methods),
-                   help=f"comma-separated subset of {', '.join(methods())} (default: all)")
+    p.add_argument("--methods", default="exchanges",
+                   help=f"comma-separated methods or groups: {', '.join(methods())}; groups: "
+                        + "; ".join(f"{g} ({len(v)} methods)" for g, v in method_groups().items())
+                        + " (default: exchanges, the six without a concept; docs/concepts.md for the others)")
     p.add_argument("--workers", default=",".join(map(str, d.workers)), help="worker counts (default: 1,2,4)")
     p.add_argument("--emulate-from", type=int, default=d.emulate_from,
                    help="worker counts from this one up run on emulated hosts, one rank per host (root; "
                         "0 = never; default: 4)")
-    p.add_argument("--link-rate", default=d.link_rate, help="emulated hosts' link rate per direction (default: 1gbit)")
+    p.add_argument("--rates", default=None,
+                   help="emulated hosts' link rates per direction, comma-separated, one row of emulated points each, "
+                        f"e.g. 1gbit,100mbit,10mbit (default: {','.join(d.rates)})")
+    p.add_argument("--link-rate", default=None, help="one emulated link rate (the same as --rates with one rate)")
     add_mpi_allreduce_arg(p, d.mpi_allreduce, f"{d.mpi_allreduce}, as `python -m launch --emulate-hosts`")
     p.add_argument("--target", action="append", default=[], metavar="MODEL=METRIC>=VALUE",
                    help="a model's target instead of its default (" + "; ".join(
@@ -193,6 +234,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--extra", action="append", default=[], metavar="ARG",
                    help="an extra trainer argument for every job, e.g. --extra=--lr --extra=0.02")
     p.add_argument("--job-timeout", type=float, default=d.job_timeout, help="seconds before a job is stopped")
+    p.add_argument("--report", default="", metavar="DIR",
+                   help="run nothing: write the report of the grid in DIR (its results.json) again")
 
 
 def _list(text: str, flag: str) -> list[str]:
@@ -207,14 +250,19 @@ def config_from_args(args: argparse.Namespace) -> TtaConfig:
     from allreduce_train.errors import UserError
     from lab.emulation.netns import parse_rate
 
+    from ..common.links import parse_rates
+
     models = _list(args.models, "--models")
     bad = [m for m in models if m not in WORKLOADS]
     if bad:
         raise TtaError(f"--models: no time-to-accuracy workload for {bad[0]!r}; choose from: {', '.join(WORKLOADS)}")
-    names = _list(args.methods, "--methods")
-    bad = [m for m in names if m not in methods()]
-    if bad:
-        raise TtaError(f"--methods: unknown method {bad[0]!r}; choose from: {', '.join(methods())}")
+    groups = method_groups()
+    names = []
+    for v in _list(args.methods, "--methods"):
+        if v not in methods() and v not in groups:
+            raise TtaError(f"--methods: unknown method {v!r}; choose from: {', '.join(methods())} "
+                           f"or a group: {', '.join(groups)}")
+        names += [n for n in groups.get(v, [v]) if n not in names]
     try:
         workers = sorted({int(v) for v in _list(args.workers, "--workers")})
     except ValueError:
@@ -238,18 +286,29 @@ def config_from_args(args: argparse.Namespace) -> TtaConfig:
             raise TtaError(f"{flag} must be >= {lo} (got {v})")
     if args.job_timeout < 120:
         raise TtaError(f"--job-timeout must be >= 120 s (got {args.job_timeout:g})")
+    if args.rates is not None and args.link_rate is not None:
+        raise TtaError("--link-rate: give the rates with --rates alone (--link-rate is one rate)")
     try:
-        parse_rate(args.link_rate)
+        if args.link_rate is not None:
+            parse_rate(args.link_rate)
+            rates = [args.link_rate]
+        else:
+            rates = parse_rates(args.rates) if args.rates is not None else TtaConfig().rates
     except ValueError as e:
         raise TtaError(str(e)) from None
+    if len(set(rates)) < len(rates):
+        raise TtaError(f"--rates: a rate given twice ({args.rates})")
     return TtaConfig(models=models, methods=names, workers=workers, emulate_from=args.emulate_from,
-                     link_rate=args.link_rate, mpi_allreduce=args.mpi_allreduce, targets=targets,
+                     rates=rates, mpi_allreduce=args.mpi_allreduce, targets=targets,
                      max_epochs=args.max_epochs, evals_per_epoch=args.evals_per_epoch, repeats=args.repeats,
                      seed=args.seed, out_dir=args.out_dir, extra=args.extra, job_timeout=args.job_timeout)
 
 
 def main(args: argparse.Namespace) -> int:
     try:
+        if args.report:
+            report_again(args.report)
+            return 0
         cfg = config_from_args(args)
         res = run(cfg)
     except TtaError as e:

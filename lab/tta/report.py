@@ -8,10 +8,10 @@ from typing import Any
 
 from .spec import methods
 
-CSV_FIELDS = ("model", "method", "workers", "servers", "hosts", "repeat", "ok", "target", "reached",
-              "seconds_to_target", "steps_to_target", "epochs_to_target", "samples_to_target", "steps",
-              "steps_per_epoch", "eval_every", "samples_per_sec", "step_ms", "staleness_mean", "staleness_max",
-              "job_seconds", "loadavg_before", "error")
+CSV_FIELDS = ("model", "method", "concept", "workers", "servers", "hosts", "link_rate", "repeat", "ok", "target",
+              "reached", "seconds_to_target", "steps_to_target", "epochs_to_target", "samples_to_target", "steps",
+              "steps_per_epoch", "eval_every", "samples_per_sec", "step_ms", "comm_wait_ms", "staleness_mean",
+              "staleness_max", "job_seconds", "loadavg_before", "error", "pred_step_ms", "model_ratio")
 
 
 def write_csv(path: str, records: list[dict[str, Any]]) -> None:
@@ -40,7 +40,8 @@ def write_tensorboard(path: str, records: list[dict[str, Any]]) -> None:
         if not r["ok"] or not r["evals"]:
             continue
         key = metric_key(r["target"])
-        w = SummaryWriter(log_dir=f"{path}/{r['model']}/{r['method']}-n{r['workers']}-r{r['repeat']}")
+        name = r.get("name") or f"{r['method']}-n{r['workers']}-r{r['repeat']}"
+        w = SummaryWriter(log_dir=f"{path}/{r['model']}/{name}")
         origin = 1_000_000_000.0  # a fixed origin: every run's "Relative" axis starts at its first step
         for e in r["evals"]:
             if key not in e:
@@ -53,17 +54,38 @@ def write_tensorboard(path: str, records: list[dict[str, Any]]) -> None:
         w.close()
 
 
-# One colour per concept family (ring: blues, dedicated PS: reds, colocated PS: greens); asynchronous
-# methods dashed, so that a method keeps its look in every panel.
+# One colour per exchange family (ring: blues, dedicated PS: reds, colocated PS: greens); asynchronous
+# methods dashed, so that a method keeps its look in every panel. A communication-reduction concept has
+# its own colour, and the line style tells the engine or placement it ran on.
 PLOT_STYLE = {"ring-horovod": ("#1f4e9c", "-"), "ring-mpi": ("#4fa3e0", "-"),
               "ps-sync-dedicated": ("#b2182b", "-"), "ps-async-dedicated": ("#ef8a62", "--"),
               "ps-sync-colocated": ("#1b7837", "-"), "ps-async-colocated": ("#7fbf7b", "--")}
+CONCEPT_COLOR = {"fp16": "#e08214", "bf16": "#8c510a", "powersgd": "#762a83", "localsgd": "#35978f"}
+
+
+def plot_style(method: str) -> tuple[str, Any]:
+    """(colour, line style) of a method's line: the exchange's own, or its concept's colour with the
+    engine's or placement's style (Horovod dash-dot, mpi engine solid, PS dotted; local SGD's H=16 dashed)."""
+    if method in PLOT_STYLE:
+        return PLOT_STYLE[method]
+    m = methods().get(method)
+    if m is None:
+        return "black", "-"
+    ls = "-." if "-horovod-" in method else ":" if method.startswith("ps-") else "-"
+    if m.concept == "localsgd" and m.param > 4:
+        ls = "--"
+    return CONCEPT_COLOR.get(m.concept, "black"), ls
+
+
+def panel_key(job: dict[str, Any]) -> tuple[int, str]:
+    """(N, link rate) of a job's panel and table group; "" for this machine."""
+    return job["workers"], job.get("link_rate") or ""
 
 
 def plot_time_to_accuracy(path: str, res: dict[str, Any]) -> list[list[tuple[str, int]]]:
-    """time_to_accuracy.png: per model (rows) and worker count (columns), every job's evaluated figure
-    against wall-clock seconds since its first training step, the target as a dotted line and a star
-    where a job reached it. Returns, per panel, the (method, N) of the lines drawn."""
+    """time_to_accuracy.png: per model (rows) and worker count and link rate (columns), every job's
+    evaluated figure against wall-clock seconds since its first training step, the target as a dotted
+    line and a star where a job reached it. Returns, per panel, the (method, N) of the lines drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -76,18 +98,18 @@ def plot_time_to_accuracy(path: str, res: dict[str, Any]) -> list[list[tuple[str
 
     jobs = [j for j in res["jobs"] if j["ok"] and j.get("evals")]
     models = list(res["targets"])
-    ns = sorted({j["workers"] for j in res["jobs"]}) or [1]
-    fig, axes = plt.subplots(max(1, len(models)), len(ns), figsize=(4.2 * len(ns), 3.4 * max(1, len(models))),
+    panels = sorted({panel_key(j) for j in res["jobs"]}) or [(1, "")]
+    fig, axes = plt.subplots(max(1, len(models)), len(panels), figsize=(4.2 * len(panels), 3.4 * max(1, len(models))),
                              squeeze=False)
     drawn: list[list[tuple[str, int]]] = []
     for row, model in zip(axes, models):
         _, op, value = parse_target(res["targets"][model])
         key = metric_key(res["targets"][model])
-        for ax, n in zip(row, ns):
-            sel = [j for j in jobs if j["model"] == model and j["workers"] == n]
-            hosts = next((j["hosts"] for j in res["jobs"] if j["model"] == model and j["workers"] == n), "")
+        for ax, (n, rate) in zip(row, panels):
+            sel = [j for j in jobs if j["model"] == model and panel_key(j) == (n, rate)]
+            hosts = next((j["hosts"] for j in res["jobs"] if j["model"] == model and panel_key(j) == (n, rate)), "")
             if not sel:
-                no_data(ax, f"{model}, N = {n}: no job with evaluations")
+                no_data(ax, f"{model}, N = {n}{f', {rate}' if rate else ''}: no job with evaluations")
                 drawn.append([])
                 continue
             lines, ys = [], []
@@ -95,7 +117,7 @@ def plot_time_to_accuracy(path: str, res: dict[str, Any]) -> list[list[tuple[str
                 pts = [(e["seconds"], e[key]) for e in j["evals"] if key in e]
                 if not pts:
                     continue
-                color, ls = PLOT_STYLE.get(j["method"], ("black", "-"))
+                color, ls = plot_style(j["method"])
                 ax.plot(*zip(*pts), color=color, ls=ls, lw=1.4, marker=".", ms=3,
                         label=f"{j['method']}" + (f" r{j['repeat']}" if j["repeat"] > 1 else ""))
                 if j.get("reached"):  # the evaluation that reached the target
@@ -132,6 +154,98 @@ def _median(vals: list[float]) -> float | None:
     return statistics.median(vals) if vals else None
 
 
+def mean_step_ms(job: dict[str, Any]) -> float | None:
+    """A worker's mean step over the job (global batch / samples per second): local SGD's median step
+    is a local one, its mean counts the averaging steps too, as the cost model's per-step figure does."""
+    sps, batch = job.get("samples_per_sec"), job.get("global_batch")
+    return 1e3 * batch / sps if sps and batch else job.get("step_ms")
+
+
+def baselines(jobs: list[dict[str, Any]]) -> dict[tuple[tuple[int, str], int], dict[str, Any]]:
+    """Per (N, link rate) and repeat, the job every other is measured against: the fastest 16-bit allreduce
+    that reached the target. A communication-reduction method has to beat it, not float32 (Agarwal et al.,
+    MLSys 2022: compression rarely beats a well-tuned 16-bit synchronous baseline)."""
+    out: dict[tuple[tuple[int, str], int], dict[str, Any]] = {}
+    for j in jobs:
+        m = methods().get(j["method"])
+        if not (j["ok"] and j.get("reached") and m is not None and m.sixteen_bit_allreduce):
+            continue
+        key = (panel_key(j), j["repeat"])
+        if key not in out or j["seconds_to_target"] < out[key]["seconds_to_target"]:
+            out[key] = j
+    return out
+
+
+def verdicts(jobs: list[dict[str, Any]], base: dict[tuple[tuple[int, str], int], dict[str, Any]]) -> list[str]:
+    """One line per (N, link rate) and repeat that ran a concept: the baseline, the fastest other method
+    against it, and the methods that did not reach the target."""
+    table = methods()
+    groups: dict[tuple[tuple[int, str], int], list[dict[str, Any]]] = {}
+    for j in jobs:
+        groups.setdefault((panel_key(j), j["repeat"]), []).append(j)
+    out = []
+    for key, sel in groups.items():
+        if all(j["method"] not in table or table[j["method"]].concept == "none" for j in sel):
+            continue  # no concept in this group: nothing to set against a 16-bit baseline
+        (n, rate), r = key
+        where = f"N = {n}, {rate or 'this machine'}" + (f", repeat {r}" if r > 1 else "")
+        b = base.get(key)
+        missed = [j["method"] for j in sel if j["ok"] and not j.get("reached")]
+        failed = [j["method"] for j in sel if not j["ok"]]
+        line = f"- {where}: "
+        if b is None:
+            line += "no 16-bit allreduce reached the target, so nothing is measured against it"
+        else:
+            line += f"baseline {b['method']} {b['seconds_to_target']:.1f} s"
+            best = min((j for j in sel if j["ok"] and j.get("reached") and j is not b),
+                       key=lambda j: j["seconds_to_target"], default=None)
+            if best is not None:
+                rel = best["seconds_to_target"] / b["seconds_to_target"]
+                line += (f"; fastest other: {best['method']} {best['seconds_to_target']:.1f} s ({rel:.2f}x, "
+                         + ("beats" if rel < 1 else "does not beat") + " the baseline)")
+        if missed:
+            line += f"; did not reach the target: {', '.join(missed)}"
+        if failed:
+            line += f"; failed: {', '.join(failed)}"
+        out.append(line + ".")
+    if not out:
+        return []
+    return ["Against the 16-bit baseline (time to target over the fastest 16-bit allreduce's at the same N and "
+            "link; below 1 beats it):", "", *out, ""]
+
+
+def cost_model_method(method: str) -> tuple[Any, str, int]:
+    """(costmodel.Method, exchange kind, servers) of a grid method, for lab/common/costmodel.predict_method."""
+    from ..common import costmodel
+
+    m = methods()[method]
+    kind = (costmodel.ALLREDUCE if method.startswith("ring-") else
+            costmodel.PS_DEDICATED if "-dedicated" in method else costmodel.PS_COLOCATED)
+    flags = {"powersgd": dict(compression="powersgd", powersgd_rank=m.param),
+             "localsgd": dict(average_every=m.param)}.get(m.concept, dict(compression=m.concept))
+    return costmodel.Method.from_flags(**flags), kind, max(1, m.servers)
+
+
+def add_model_ratios(jobs: list[dict[str, Any]]) -> None:
+    """Each emulated job's predicted step (costmodel.predict_method: the job's own compute, i.e. its median
+    step less its median exchange wait, plus the method's extra compute and exchange over the emulated link,
+    no latency) and ``model_ratio`` = measured mean step / predicted step. Jobs on this machine have no
+    link to model and get none."""
+    from ..common import costmodel, gradients
+    from ..common.links import link_network
+
+    for j in jobs:
+        if not (j["ok"] and j.get("link_rate") and j["method"] in methods() and j.get("comm_wait_ms") is not None):
+            continue
+        method, kind, servers = cost_model_method(j["method"])
+        compute_s = max(0.0, (j["step_ms"] - j["comm_wait_ms"]) / 1e3)
+        p = costmodel.predict_method(method, kind, j["workers"], gradients.shapes(j["model"]), compute_s,
+                                     j["global_batch"] // j["workers"], link_network(j["link_rate"]), servers)
+        j.update(compute_ms=1e3 * compute_s, pred_step_ms=1e3 * p.step_s, pred_exchange_ms=1e3 * p.exchange_s,
+                 pred_extra_compute_ms=1e3 * p.extra_compute_s, model_bytes_per_step=p.volume,
+                 model_ratio=mean_step_ms(j) / (1e3 * p.step_s))
+
+
 def markdown(res: dict[str, Any]) -> str:
     from launch.mpirun import describe_mpi_allreduce
 
@@ -153,39 +267,57 @@ def markdown(res: dict[str, Any]) -> str:
          "epochs = steps / steps per epoch, i.e. passes over the training data by all workers together;",
          "- async/sync steps: steps to target of an asynchronous PS over its synchronous twin (same placement, "
          "same N): the cost of stale gradients; staleness = mean updates a gradient missed on the server;",
+         "- vs 16-bit: time to target over the baseline's, the fastest 16-bit allreduce (fp16/bf16, either engine; "
+         "marked **(baseline)**) at the same N and link rate: a communication-reduction method has to beat it "
+         "(docs/concepts.md); step ms = a worker's mean step (global batch / samples per second, evaluations "
+         "excluded);",
+         *(["- model ratio: the measured mean step over the cost model's (lab/common/costmodel.py `predict_method`: "
+            "the job's own compute, its median step less its median exchange wait, plus the method's extra compute "
+            "and its exchange over the emulated link, no added latency); above 1 the job was slower than the model "
+            "says; emulated jobs only (this machine has no link to model);"] if any("model_ratio" in j for j in jobs)
+           else []),
          "- N = workers; dedicated servers run beside them; N from "
-         + (f"{cfg['emulate_from']} up runs on emulated hosts (one rank per network namespace, {cfg['link_rate']} "
-            "links, all on this machine's cores; Open MPI's MPI_Allreduce there: "
+         + (f"{cfg['emulate_from']} up runs on emulated hosts (one rank per network namespace, "
+            f"{', '.join(cfg['rates']) if 'rates' in cfg else cfg['link_rate']} links, one row per rate, all on this "
+            "machine's cores; Open MPI's MPI_Allreduce there: "
             f"{mpi})" if cfg["emulate_from"] else "– (no emulated hosts)") + ".", ""]
+    model_column = any("model_ratio" in j for j in jobs)
     for model, target in res["targets"].items():
         sel = [j for j in jobs if j["model"] == model]
+        base = baselines(sel)
         L += [f"## {model}: {target}", "", f"Measured on: {res['what'][model]}.", "",
-              "| method | N | hosts | reached | time to target s | steps | epochs | async/sync steps | staleness | "
-              "samples/s | final | load |",
-              "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        sync_steps = {(j["method"], j["workers"], j["repeat"]): j.get("steps_to_target") for j in sel if j["ok"]}
+              "| method | N | hosts | reached | time to target s | vs 16-bit | steps | epochs | async/sync steps | "
+              "staleness | samples/s | step ms | final | load |" + (" model ratio |" if model_column else ""),
+              "|---|---:|---|---|" + "---:|" * (10 + model_column)]
+        sync_steps = {(j["method"], panel_key(j), j["repeat"]): j.get("steps_to_target") for j in sel if j["ok"]}
         for j in sel:
-            head = f"| {j['method']} | {j['workers']} | {j['hosts']} |"
+            b = base.get((panel_key(j), j["repeat"]))
+            name = f"**{j['method']}** (baseline)" if b is j else j["method"]
+            head = f"| {name} | {j['workers']} | {j['hosts']} |"
             if not j["ok"]:
-                L.append(f"{head} failed: {j['error']} (see {j['log']}) | | | | | | | | |")
+                L.append(f"{head} failed: {j['error']} (see {j['log']}) |" + " |" * (10 + model_column))
                 continue
             m = methods().get(j["method"])
             ratio = "–"
             if m is not None and not m.synchronous and j.get("steps_to_target"):
-                base = sync_steps.get((m.sync_peer, j["workers"], j["repeat"]))
-                ratio = f"{j['steps_to_target'] / base:.2f}" if base else "–"
+                peer = sync_steps.get((m.sync_peer, panel_key(j), j["repeat"]))
+                ratio = f"{j['steps_to_target'] / peer:.2f}" if peer else "–"
+            rel = f"{j['seconds_to_target'] / b['seconds_to_target']:.2f}" if b and j.get("reached") else "–"
             final = {k: v for k, v in j["final"].items() if k == metric_key(target)}
-            L.append(f"{head} {'yes' if j['reached'] else 'no'} | {_f(j.get('seconds_to_target'), '.1f')} | "
+            L.append(f"{head} {'yes' if j['reached'] else 'no'} | {_f(j.get('seconds_to_target'), '.1f')} | {rel} | "
                      f"{j.get('steps_to_target', j['steps'])}{'' if j['reached'] else ' (all)'} | "
                      f"{_f(j.get('epochs_to_target'), '.2f')} | {ratio} | {_f(j.get('staleness_mean'), '.2f')} | "
-                     f"{j['samples_per_sec']:.0f} | {', '.join(f'{v:.4g}' for v in final.values()) or '–'} | "
-                     f"{_f(j['loadavg_before'], '.1f')} |")
+                     f"{j['samples_per_sec']:.0f} | {_f(mean_step_ms(j), '.1f')} | "
+                     f"{', '.join(f'{v:.4g}' for v in final.values()) or '–'} | {_f(j['loadavg_before'], '.1f')} |"
+                     + (f" {_f(j.get('model_ratio'), '.2f')} |" if model_column else ""))
         L.append("")
         fastest = sorted((j for j in sel if j["ok"] and j["reached"]), key=lambda j: j["seconds_to_target"])
         if fastest:
             f = fastest[0]
-            L += [f"Fastest to the target: {f['method']} with {f['workers']} worker(s), {f['seconds_to_target']:.1f} s.",
-                  ""]
+            link = f" at {f['link_rate']}" if f.get("link_rate") else ""
+            L += [f"Fastest to the target: {f['method']} with {f['workers']} worker(s){link}, "
+                  f"{f['seconds_to_target']:.1f} s.", ""]
+        L += verdicts(sel, base)
     L += ["![every job's figure against wall-clock seconds; stars where a job reached the target]"
           "(time_to_accuracy.png)", ""]
     if res["notes"]:
@@ -193,8 +325,10 @@ def markdown(res: dict[str, Any]) -> str:
     L += ["## Files", "",
           "- `results.json`, `results.csv`: every figure above, with each job's evaluations (step, epoch, seconds, "
           "figures);",
-          "- `time_to_accuracy.png`: the figure above (per model and N, every method against wall-clock seconds);",
-          "- `runs/<model>/<method>-n<N>-r<k>/`: each job's TensorBoard run and metrics.json; `logs/`: its output;",
+          "- `time_to_accuracy.png`: the figure above (per model, N and link rate, every method against wall-clock "
+          "seconds);",
+          "- `runs/<model>/<method>-n<N>[-<rate>]-r<k>/`: each job's TensorBoard run and metrics.json (the link rate "
+          "in the name on emulated hosts); `logs/`: its output;",
           "- `summary/`: each job's evaluations against the step (`tta/<metric>`; switch the horizontal axis to "
           "Relative for wall-clock time) and against milliseconds since training started (`tta/<metric>_vs_ms`):", "",
           f"      make tensorboard RUN={res['out_dir']}/summary     # http://127.0.0.1:6007 (6006 hangs mpirun)", ""]

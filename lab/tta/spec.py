@@ -36,39 +36,91 @@ class Method:
     servers: int  # processes that only serve
     synchronous: bool
     description: str
+    concept: str = "none"  # docs/concepts.md: none, fp16, bf16, powersgd, localsgd
+    param: int = 0  # PowerSGD's rank r or local SGD's period H; 0 otherwise
 
     @property
     def sync_peer(self) -> str:
         """The synchronous method an asynchronous one is compared with (same placement)."""
         return self.name.replace("-async-", "-sync-")
 
+    @property
+    def sixteen_bit_allreduce(self) -> bool:
+        """A 16-bit allreduce: the baseline a communication-reduction concept must beat (docs/concepts.md)."""
+        return self.name.startswith("ring-") and self.concept in ("fp16", "bf16")
+
+
+# PowerSGD's rank and local SGD's periods in the grid. Rank 4 is the rank Vogels et al. found to match
+# full-precision accuracy on their image models (rank 1-2 lose some); H = 4 and 16 bracket the periods
+# post-local SGD (Lin et al. 2020) and DiLoCo-style runs use at this scale: 4 sends a quarter of the
+# bytes, 16 a sixteenth, at a growing cost in drift between the workers.
+POWERSGD_RANKS = (4,)
+LOCALSGD_PERIODS = (4, 16)
+
+# Method groups --methods accepts besides names: the original six exchanges, and the concepts with their baseline.
+EXCHANGES = ("ring-horovod", "ring-mpi", "ps-sync-dedicated", "ps-async-dedicated", "ps-sync-colocated",
+             "ps-async-colocated")
+
 
 def methods() -> dict[str, Method]:
     ps = ("--strategy", "ps")
+    engines = {"horovod": ("--strategy", "allreduce", "--allreduce-engine", "horovod"),
+               "mpi": ("--strategy", "allreduce", "--allreduce-engine", "mpi")}
+    placements = {"dedicated": (("--ps-placement", "dedicated", "--ps-servers", "1"), 1, "1 dedicated server"),
+                  "colocated": (("--ps-placement", "colocated"), 0, "colocated with the workers")}
     out = [
-        Method("ring-horovod", ("--strategy", "allreduce", "--allreduce-engine", "horovod"), 0, True,
-               "ring allreduce, Horovod"),
-        Method("ring-mpi", ("--strategy", "allreduce", "--allreduce-engine", "mpi"), 0, True,
+        Method("ring-horovod", engines["horovod"], 0, True, "ring allreduce, Horovod"),
+        Method("ring-mpi", engines["mpi"], 0, True,
                "ring allreduce on mpi4py messages from gradient hooks (the PS's machinery)"),
-        Method("ps-sync-dedicated", (*ps, "--ps-placement", "dedicated", "--ps-servers", "1", "--ps-mode", "sync"), 1,
-               True, "parameter server, 1 dedicated server, synchronous"),
-        Method("ps-async-dedicated", (*ps, "--ps-placement", "dedicated", "--ps-servers", "1", "--ps-mode", "async"),
-               1, False, "parameter server, 1 dedicated server, asynchronous"),
-        Method("ps-sync-colocated", (*ps, "--ps-placement", "colocated", "--ps-mode", "sync"), 0, True,
-               "parameter server colocated with the workers, synchronous"),
-        Method("ps-async-colocated", (*ps, "--ps-placement", "colocated", "--ps-mode", "async"), 0, False,
-               "parameter server colocated with the workers, asynchronous"),
     ]
+    for mode in ("sync", "async"):
+        for place in ("dedicated", "colocated"):
+            flags, servers, what = placements[place]
+            out.append(Method(f"ps-{mode}-{place}", (*ps, *flags, "--ps-mode", mode), servers, mode == "sync",
+                              f"parameter server, {what}, {'synchronous' if mode == 'sync' else 'asynchronous'}"))
+    out = sorted(out, key=lambda m: EXCHANGES.index(m.name))
+    # The concepts (docs/concepts.md). 16-bit allreduce: Horovod has no bfloat16 allreduce.
+    for engine, bits in (("horovod", ("fp16",)), ("mpi", ("fp16", "bf16"))):
+        for b in bits:
+            out.append(Method(f"ring-{engine}-{b}", (*engines[engine], "--compression", b), 0, True,
+                              f"ring allreduce, {engine} engine, gradients as {b} on the wire", b))
+    for engine in engines:
+        for r in POWERSGD_RANKS:
+            out.append(Method(f"ring-{engine}-powersgd-r{r}",
+                              (*engines[engine], "--compression", "powersgd", "--powersgd-rank", str(r)), 0, True,
+                              f"PowerSGD rank {r} (error feedback, warm start) over the {engine} engine's sums",
+                              "powersgd", r))
+        for h in LOCALSGD_PERIODS:
+            out.append(Method(f"ring-{engine}-localsgd-h{h}", (*engines[engine], "--average-every", str(h)), 0, True,
+                              f"local SGD: parameters averaged every {h} steps over the {engine} engine "
+                              "(float32)", "localsgd", h))
+    for mode in ("sync", "async"):
+        for place in ("dedicated", "colocated"):
+            flags, servers, what = placements[place]
+            for b in (("fp16", "bf16") if (mode, place) == ("sync", "colocated") else ("fp16",)):
+                out.append(Method(f"ps-{mode}-{place}-{b}", (*ps, *flags, "--ps-mode", mode, "--compression", b),
+                                  servers, mode == "sync",
+                                  f"parameter server, {what}, {'synchronous' if mode == 'sync' else 'asynchronous'}, "
+                                  f"push and pull as {b}", b))
     return {m.name: m for m in out}
+
+
+def method_groups() -> dict[str, list[str]]:
+    """Names --methods expands: ``exchanges`` (the six without a concept, the default), ``concepts`` (every
+    allreduce method: float32, the 16-bit baseline, PowerSGD, local SGD; and the PS's 16-bit methods), ``all``."""
+    table = methods()
+    concepts = [n for n, m in table.items() if m.name.startswith("ring-")]
+    concepts += [n for n, m in table.items() if m.name.startswith("ps-") and m.concept != "none"]
+    return {"exchanges": list(EXCHANGES), "concepts": concepts, "all": list(table)}
 
 
 @dataclass
 class TtaConfig:
     models: list[str] = field(default_factory=lambda: list(WORKLOADS))
-    methods: list[str] = field(default_factory=lambda: list(methods()))
+    methods: list[str] = field(default_factory=lambda: list(EXCHANGES))
     workers: list[int] = field(default_factory=lambda: [1, 2, 4])
     emulate_from: int = 4  # worker counts from this one up run on emulated hosts (0: never)
-    link_rate: str = "1gbit"
+    rates: list[str] = field(default_factory=lambda: ["1gbit"])  # the emulated hosts' link rates: one row each
     mpi_allreduce: str = "ring"  # the launcher's --mpi-allreduce for the emulated hosts (launch/mpirun.py)
     targets: dict[str, str] = field(default_factory=dict)  # model -> --target, instead of the workload's
     max_epochs: int = 0  # 0: the workload's
