@@ -29,6 +29,7 @@ from typing import Any
 from ..common import costmodel
 from ..common.jobs import loadavg
 from . import main as commbench
+from .exchanges import KIND
 
 DEFAULT_IMPLS = "horovod,mpi-ring,mpi,ps-colocated,ps-dedicated"
 DEFAULT_SIZES = "256K,1M,4M,16M"
@@ -56,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def predicted_s(row: dict[str, Any], net: costmodel.Network) -> float:
     """The cost model's time for one commbench result on ``net``."""
-    return costmodel.exchange_time(commbench.KIND[row["impl"]], row["workers"], row["bytes"], net,
+    return costmodel.exchange_time(KIND[row["impl"]], row["workers"], row["bytes"], net,
                                    servers=max(1, row["servers"]))
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .main import add_rank_arguments, run_rank
+from .exchanges import add_rank_arguments, run_rank
 
 
 def main(argv: list[str] | None = None) -> int:

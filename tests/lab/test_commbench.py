@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from helpers import ROOT, check
-from lab.commbench.main import expected_sum, parse_size, rank_input, shard_bounds, timeline_phases
+from lab.commbench.exchanges import expected_sum, parse_size, rank_input, shard_bounds
+from lab.commbench.main import timeline_phases
 
 IMPLS = ("mpi", "mpi-ring", "ps-colocated", "horovod", "horovod-fp16", "ps-dedicated")
 
