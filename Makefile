@@ -126,7 +126,7 @@ PORT ?= 6007
 tensorboard: install
 	$(PY) -m lab.common.tbview $(RUN) --port $(PORT)
 
-# IMAGES=docs/img also writes the README's two figures.
+# IMAGES=docs/img also writes the two figures of docs/scaling.md (tensorboard_custom_scalars.png, scaling.png).
 IMAGES ?=
 tb-check: install
 	$(PY) -m lab.tbcheck $(RUN) $(if $(IMAGES),--images $(IMAGES)) $(ARGS)

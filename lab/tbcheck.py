@@ -16,7 +16,7 @@ is loaded as ``make tensorboard`` prints it (smoothing 0 in the URL), and the ch
   run on), and the smoothing is 0.
 
 A screenshot of the tab is saved (``--screenshot``); ``--images DIR`` also redraws the grid's
-``scaling.png`` there (the two figures of the README).
+``scaling.png`` there (the two figures of docs/scaling.md).
 """
 
 from __future__ import annotations

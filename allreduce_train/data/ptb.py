@@ -231,5 +231,5 @@ def offline_corpus(cache_dir: str | None = None) -> str:
     return final
 
 
-if __name__ == "__main__":  # `python -m allreduce_train.ptb` builds the offline corpus, prints where
+if __name__ == "__main__":  # `python -m allreduce_train.data.ptb` builds the offline corpus, prints where
     print(offline_corpus())
