@@ -1,4 +1,4 @@
-"""``python -m lab bench|commbench|commbench-netns|gpucheck|scaling|scaling-netns|time-to-accuracy ...``"""
+"""``python -m lab bench|commbench|commbench-netns|concept-map|gpucheck|scaling|scaling-netns|time-to-accuracy ...``"""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ def make_parser() -> argparse.ArgumentParser:
     from . import gpucheck
     from .commbench import main as commbench
     from .commbench import netns as commbench_netns
+    from .conceptmap import main as concept_map
     from .scaling import grid, netns
     from .tta import main as tta
 
@@ -23,6 +24,10 @@ def make_parser() -> argparse.ArgumentParser:
         ("commbench-netns", commbench_netns, commbench_netns.main,
          "the network model checked alone: commbench on emulated hosts at given link rates vs the alpha-beta model "
          "(root)"),
+        ("concept-map", concept_map, concept_map.main,
+         "the cost model's map: which communication-reduction concept (fp32, fp16, PowerSGD, local SGD) is "
+         "fastest per step by model, link bandwidth and latency, N = 4-256 workers, with measured points -> PNG, "
+         "TensorBoard"),
         ("scaling", grid, grid.main, "scaling grid: strategies x models x worker counts -> report, plots, TensorBoard, "
                                      "cost model"),
         ("gpucheck", gpucheck, gpucheck.main, "one GPU, one rank: trainer vs bare Horovod (NCCL) vs DDP (NCCL), "

@@ -30,10 +30,10 @@ import sys
 import time
 from typing import Any
 
-from ..common import costmodel, engines, tblog
+from ..common import costmodel, engines, gradients, tblog
 from ..common.links import RateError, link_network, parse_rates
 from . import grid as scaling
-from .spec import parse_list
+from .spec import DEFAULT_STRATEGIES, parse_list
 from . import report as grid_report
 
 TRAFFIC_RE = re.compile(r"(h\d+) (\d+)/(\d+)")
@@ -46,8 +46,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated worker counts, one emulated host per worker; 1 is the speedup baseline "
                         "(default: 1,2,4)")
     p.add_argument("--rates", default="1gbit,100mbit", help="link rates per direction (default: 1gbit,100mbit)")
-    p.add_argument("--strategies", default=",".join(scaling.variants()),
-                   help=f"comma-separated subset of {', '.join(scaling.variants())} (default: all)")
+    p.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
+                   help=f"comma-separated subset of {', '.join(scaling.variants())} (default: "
+                        f"{','.join(DEFAULT_STRATEGIES)}; the others are the communication-reduction concepts on "
+                        "them, docs/concepts.md)")
     p.add_argument("--ps-servers", type=int, default=1, help="K for ps-dedicated, each on its own host (default: 1)")
     p.add_argument("--models", default="lenet5,ptb-lstm-small", help="(default: lenet5,ptb-lstm-small)")
     p.add_argument("--repeats", type=int, default=1, help="jobs per grid point (default: 1)")
@@ -81,9 +83,15 @@ def traffic(log_path: str) -> dict[str, list[int]]:
 
 
 def compare(rate: str, res: dict[str, Any], cfg: scaling.GridConfig) -> list[dict[str, Any]]:
-    """One row per job of the grid: what was measured and what the cost model says for ``rate``."""
+    """One row per job of the grid: what was measured and what the cost model says for ``rate``.
+
+    A variant with a communication-reduction method (docs/concepts.md) is predicted with its
+    method's bytes, messages and extra compute (``costmodel.predict_method``): predicted step =
+    compute + extra compute + exchange. Local SGD's exchange comes every H steps, so its measured
+    step is the mean over the measured steps (from samples/s) and its compute a local step's (the
+    medians of step and wait are those of the local steps when H > 2)."""
     net = link_network(rate)
-    kinds = {v.name: v.kind for v in scaling.variants(cfg.ps_servers).values()}
+    table = scaling.variants(cfg.ps_servers)
     rows = []
     for job in res["jobs"]:
         row = {"rate": rate, **{k: job[k] for k in ("model", "strategy", "workers", "servers", "repeat", "ok")},
@@ -91,15 +99,21 @@ def compare(rate: str, res: dict[str, Any], cfg: scaling.GridConfig) -> list[dic
         if not job["ok"]:
             rows.append({**row, "error": job["error"]})
             continue
-        plan, nbytes = cfg.plan(job["model"]), res["gradient_bytes"][job["model"]]
-        n, k, kind = job["workers"], max(1, job["servers"]), kinds[job["strategy"]]
+        plan, v = cfg.plan(job["model"]), table[job["strategy"]]
+        n, k, kind = job["workers"], max(1, job["servers"]), v.kind
         compute_s = max(0.0, (job["step_ms"] - job["comm_wait_ms"]) / 1e3)
-        p = costmodel.predict(kind, n, nbytes, compute_s, plan.batch_size, net, servers=k)
+        p = costmodel.predict_method(v.method, kind, n, gradients.shapes(job["model"]), compute_s, plan.batch_size,
+                                     net, servers=k)
         # bytes each way through the busiest link per step: the ring (and a colocated PS) move
         # 2(N-1)/N x S through every link; a dedicated server's link carries N x S/K, a worker's S
-        busiest = max(nbytes, n * nbytes / k) if kind == costmodel.PS_DEDICATED else 2 * (n - 1) / n * nbytes
-        row.update(step_ms=job["step_ms"], wait_ms=job["comm_wait_ms"], compute_ms=1e3 * compute_s,
-                   pred_exchange_ms=1e3 * p.exchange_s, pred_step_ms=1e3 * p.step_s,
+        # (the model's volume counts a dedicated PS's push and pull together)
+        busiest = p.volume / 2 if kind == costmodel.PS_DEDICATED else p.volume
+        step_ms = job["step_ms"]
+        if v.method.period > 1 and job.get("samples_per_sec"):
+            step_ms = 1e3 * job["global_batch"] / job["samples_per_sec"]
+        row.update(method=v.method.label, step_ms=step_ms, wait_ms=job["comm_wait_ms"], compute_ms=1e3 * compute_s,
+                   pred_extra_ms=1e3 * p.extra_compute_s, pred_exchange_ms=1e3 * p.exchange_s,
+                   pred_step_ms=1e3 * p.step_s,
                    model_bytes_per_step=busiest, traffic=traffic(os.path.join(cfg.out_dir, job["log"])))
         if row["traffic"]:
             steps = plan.warmup + plan.steps
@@ -144,8 +158,13 @@ def markdown(report: dict[str, Any]) -> str:
            f"Open MPI's MPI_Allreduce (Horovod's on CPU): {report.get('mpi_allreduce', 'not recorded')}.", "",
            "- step, wait: medians over the measured steps (metrics.json `step_ms`, `comm_wait_ms`); "
            "compute = step - wait;",
-           "- predicted exchange: costmodel.py for the configured link rate, alpha = 0 (no latency is emulated); "
-           "predicted step = compute + predicted exchange;",
+           "- predicted exchange: costmodel.py for the configured link rate, alpha = 0 (no latency is emulated), "
+           "with the bytes and messages of the strategy's method (fp16, PowerSGD, local SGD: docs/concepts.md); "
+           "extra ms: the method's own compute as the model charges it (casts, PowerSGD's products and copies); "
+           "predicted step = compute + extra + predicted exchange;",
+           "- local SGD rows (`-localsgd-hH`): step = the mean over the measured steps (from samples/s: an exchange "
+           "every H steps), compute = a local step's (median step - median wait); the predicted exchange is "
+           "averaged over the H steps;",
            "- link MB/step: the busiest host's bytes in its busier direction (kernel counters over the whole job, "
            "start-up and evaluation included, divided by its steps); model MB/step: the bytes the cost model "
            "puts through the busiest link in one step.", "",
@@ -154,18 +173,18 @@ def markdown(report: dict[str, Any]) -> str:
            "absolute step times.", ""]
     for rate in report["rates"]:
         out += [f"### {rate} per link", "",
-                "| model | strategy | ranks | step ms | wait ms | compute ms | predicted exchange ms | "
+                "| model | strategy | ranks | step ms | wait ms | compute ms | extra ms | predicted exchange ms | "
                 "predicted step ms | measured / predicted step | link MB/step | model MB/step |",
-                "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in (r for r in report["rows"] if r["rate"] == rate):
             ranks = f"{r['workers']}" + (f" + {r['servers']} server" if r["servers"] else "")
             name = f"{r['model']} | {r['strategy']}" + (f" (r{r['repeat']})" if report["repeats"] > 1 else "")
             if not r["ok"]:
-                out.append(f"| {name} | {ranks} | failed: {r['error']} (see {r['log']}) | | | | | | | |")
+                out.append(f"| {name} | {ranks} | failed: {r['error']} (see {r['log']}) | | | | | | | | |")
                 continue
             link = f"{r['link_bytes_per_step'] / 1e6:.2f}" if "link_bytes_per_step" in r else "-"
             out.append(f"| {name} | {ranks} | {r['step_ms']:.1f} | {r['wait_ms']:.1f} | {r['compute_ms']:.1f} | "
-                       f"{r['pred_exchange_ms']:.1f} | {r['pred_step_ms']:.1f} | "
+                       f"{r.get('pred_extra_ms', 0.0):.1f} | {r['pred_exchange_ms']:.1f} | {r['pred_step_ms']:.1f} | "
                        f"{r['step_ms'] / r['pred_step_ms']:.2f} | {link} | {r['model_bytes_per_step'] / 1e6:.2f} |")
         out.append("")
         for m, n in dict.fromkeys((r["model"], r["workers"]) for r in report["rows"]

@@ -23,9 +23,45 @@ class Variant:
     kind: str  # the cost model's exchange
     commbench_impl: str  # the commbench row that calibrates it
     description: str
+    method: costmodel.Method = costmodel.BASELINE  # the communication-reduction concept (docs/concepts.md)
+
+
+# The exchanges the grids run by default; variants() adds the communication-reduction concepts on them
+# (16-bit, PowerSGD, local SGD: docs/concepts.md), run when --strategies names them.
+DEFAULT_STRATEGIES = ("allreduce", "allreduce-mpi", "ps-dedicated", "ps-colocated")
+# PowerSGD's rank and local SGD's period of the concept variants: the time-to-accuracy grid's (lab/tta/spec.py:
+# rank 4 matched full precision in Vogels et al.; H = 4 sends a quarter of the bytes)
+POWERSGD_RANK, LOCALSGD_PERIOD = 4, 4
+
+
+def concept_variants(base: Variant) -> list[Variant]:
+    """The concepts a base exchange runs in the trainer (the rest it refuses): 16-bit on every exchange
+    (bf16 not on Horovod), PowerSGD and local SGD on the allreduce engines."""
+    C = costmodel
+    concepts = [("fp16", ("--compression", "fp16"), C.Method(C.FP16), "16-bit (fp16) on the wire")]
+    if base.strategy == "allreduce":
+        if base.commbench_impl != "horovod":
+            concepts.append(("bf16", ("--compression", "bf16"), C.Method(C.BF16), "16-bit (bf16) on the wire"))
+        r, h = POWERSGD_RANK, LOCALSGD_PERIOD
+        concepts += [
+            (f"powersgd-r{r}", ("--compression", "powersgd", "--powersgd-rank", str(r)), C.Method(C.POWERSGD, r),
+             f"PowerSGD rank {r} (error feedback, warm start)"),
+            (f"localsgd-h{h}", ("--average-every", str(h)), C.Method(every=h),
+             f"local SGD, parameters averaged every {h} steps"),
+        ]
+    return [Variant(f"{base.name}-{suffix}", base.strategy, (*base.flags, *flags), base.servers, base.kind,
+                    base.commbench_impl, f"{base.description}, {what}", method)
+            for suffix, flags, method, what in concepts]
 
 
 def variants(ps_servers: int = 1) -> dict[str, Variant]:
+    """Every exchange the grids can run, by name: the four exchanges of DEFAULT_STRATEGIES and each one's
+    concepts (``allreduce-mpi-fp16``, ``allreduce-mpi-powersgd-r4``, ``allreduce-localsgd-h4``, ...)."""
+    base = _exchanges(ps_servers)
+    return {**base, **{c.name: c for v in base.values() for c in concept_variants(v)}}
+
+
+def _exchanges(ps_servers: int) -> dict[str, Variant]:
     k = str(ps_servers)
     return {v.name: v for v in (
         Variant("allreduce", "allreduce", (), 0, costmodel.ALLREDUCE, "horovod", "Horovod ring allreduce"),
@@ -59,7 +95,7 @@ FALLBACK_PLAN = Plan(batch_size=16, warmup=3, steps=10, samples=512)
 
 @dataclass
 class GridConfig:
-    strategies: list[str] = field(default_factory=lambda: list(variants()))
+    strategies: list[str] = field(default_factory=lambda: list(DEFAULT_STRATEGIES))
     models: list[str] = field(default_factory=lambda: list(DEFAULT_MODELS))
     workers: list[int] = field(default_factory=lambda: list(DEFAULT_WORKERS))
     repeats: int = 3
