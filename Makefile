@@ -8,7 +8,7 @@ NP      ?= 2
 ARGS    ?=
 INSTALL_INPUTS := pyproject.toml tools/install.sh tools/torch_pip.py tools/build_horovod.sh $(wildcard tools/patches/*.patch)
 
-.PHONY: portability install install-gpu check-gpu-build gpu-check train train-ptb test test-fast tensorboard tb-check clean help scaling commbench scaling-netns train-ps train-ps-colocated bench bench-tuning slurm-train time-to-accuracy commbench-netns
+.PHONY: portability install install-gpu check-gpu-build gpu-check train train-ptb test test-fast tensorboard tb-check clean help scaling commbench scaling-netns train-ps train-ps-colocated bench bench-tuning slurm-train time-to-accuracy commbench-netns concept-map
 
 help:
 	@echo "make install      Debian packages, .venv, torch (CPU; TORCH_VARIANT=cuda), patched Horovod (cached wheel); LAB=0: no Chromium/Slurm"
@@ -31,6 +31,7 @@ help:
 	@echo "make scaling-netns the grid on 1, 2 and 4 emulated hosts at 1gbit and 100mbit (root) -> runs/scaling-netns/<time>/report.md (~12 min)"
 	@echo "make commbench-netns the exchange alone on 2 and 4 emulated hosts at 1gbit and 100mbit vs the cost model (root)"
 	@echo "make time-to-accuracy wall time/steps/epochs to test accuracy 0.89 (LeNet-5) and a perplexity (LSTM) per method, 1/2/4 workers (~30 min)"
+	@echo "make concept-map  the cost model's map: fastest concept per step (fp32/fp16/PowerSGD/local SGD) by model, link, N=4..256 -> runs/concept-map/<time>/ (MEASURED=<scaling-netns results.json>, IMAGES=docs/img)"
 	@echo "make commbench    gradient exchange alone: Horovod, raw MPI, PS, $(NP) workers -> runs/commbench/<time>/"
 	@echo "make clean        remove runs/ and caches (keeps .venv and the Horovod wheel cache)"
 
@@ -110,6 +111,12 @@ commbench-netns: install
 TTA_MODELS ?= lenet5,ptb-lstm-small
 time-to-accuracy: install
 	$(PY) -m lab time-to-accuracy --models $(TTA_MODELS) $(ARGS)
+
+# Which concept wins where, per the cost model (docs/concepts.md); seconds. MEASURED=<scaling-netns results.json>
+# marks the emulated cluster's points; IMAGES=docs/img also writes the docs' figure.
+MEASURED ?=
+concept-map: install
+	$(PY) -m lab concept-map $(if $(MEASURED),--measured $(MEASURED)) $(if $(IMAGES),--copy-to $(IMAGES)/concept_map.png) $(ARGS)
 
 commbench: install
 	$(PY) -m lab commbench --np $(NP) --models lenet5,ptb-lstm-small,resnet18 $(ARGS)
