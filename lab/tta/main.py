@@ -103,6 +103,16 @@ def run_point(cfg: TtaConfig, out: str, model: str, method: Method, workers: int
     return rec
 
 
+def grid_points(cfg: TtaConfig, workers: list[int]) -> list[tuple[int, str, Method, int, str | None]]:
+    """The jobs in the order they run: (repeat, model, method, N, link rate or None on this machine).
+    One asynchronous worker is its synchronous twin (nothing can be stale), so it is not run. Emulated
+    worker counts run once per link rate, the others once (this machine has no emulated link)."""
+    table = methods()
+    return [(r, m, table[name], n, rate) for r in range(1, cfg.repeats + 1) for m in cfg.models
+            for rate in ([None] + cfg.rates) for n in workers for name in cfg.methods
+            if (table[name].synchronous or n > 1) and (rate is not None) == cfg.emulated(n)]
+
+
 def emulation_note(cfg: TtaConfig) -> str | None:
     """Why the emulated points cannot run here, or None."""
     if not any(cfg.emulated(n) for n in cfg.workers):
@@ -132,11 +142,7 @@ def run(cfg: TtaConfig, launcher: Launcher = local_launcher) -> dict[str, Any]:
             launchers[rate] = emulated_launcher(rate, timeout=max(60.0, cfg.job_timeout - 60),
                                                 mpi_allreduce=cfg.mpi_allreduce)
     table = methods()
-    # One asynchronous worker is its synchronous twin (nothing can be stale), so it is not run. Emulated
-    # worker counts run once per link rate, the others once (this machine has no emulated link).
-    points = [(r, m, table[name], n, rate) for r in range(1, cfg.repeats + 1) for m in cfg.models
-              for rate in ([None] + cfg.rates) for n in workers for name in cfg.methods
-              if (table[name].synchronous or n > 1) and (rate is not None) == cfg.emulated(n)]
+    points = grid_points(cfg, workers)
     if any(not table[name].synchronous for name in cfg.methods) and 1 in workers:
         notes.append("asynchronous methods at N=1 not run: one worker has no stale gradients, so it is the "
                      "synchronous run")

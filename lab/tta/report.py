@@ -55,26 +55,27 @@ def write_tensorboard(path: str, records: list[dict[str, Any]]) -> None:
 
 
 # One colour per exchange family (ring: blues, dedicated PS: reds, colocated PS: greens); asynchronous
-# methods dashed, so that a method keeps its look in every panel. A communication-reduction concept has
-# its own colour, and the line style tells the engine or placement it ran on.
+# methods dashed, so that a method keeps its look in every panel. A concept on the allreduce engines has
+# a colour of its own and the engine's line style (Horovod dash-dot, mpi engine solid); the PS's 16 bits
+# keep their exchange's colour, dotted (fp16) or dash-dot (bf16).
 PLOT_STYLE = {"ring-horovod": ("#1f4e9c", "-"), "ring-mpi": ("#4fa3e0", "-"),
               "ps-sync-dedicated": ("#b2182b", "-"), "ps-async-dedicated": ("#ef8a62", "--"),
               "ps-sync-colocated": ("#1b7837", "-"), "ps-async-colocated": ("#7fbf7b", "--")}
 CONCEPT_COLOR = {"fp16": "#e08214", "bf16": "#8c510a", "powersgd": "#762a83", "localsgd": "#35978f"}
+LONG_PERIOD_COLOR = "#003c30"  # local SGD with H > 4
 
 
-def plot_style(method: str) -> tuple[str, Any]:
-    """(colour, line style) of a method's line: the exchange's own, or its concept's colour with the
-    engine's or placement's style (Horovod dash-dot, mpi engine solid, PS dotted; local SGD's H=16 dashed)."""
+def plot_style(method: str) -> tuple[str, str]:
+    """(colour, line style) of a method's line in time_to_accuracy.png."""
     if method in PLOT_STYLE:
         return PLOT_STYLE[method]
     m = methods().get(method)
     if m is None:
         return "black", "-"
-    ls = "-." if "-horovod-" in method else ":" if method.startswith("ps-") else "-"
-    if m.concept == "localsgd" and m.param > 4:
-        ls = "--"
-    return CONCEPT_COLOR.get(m.concept, "black"), ls
+    if method.startswith("ps-"):
+        return PLOT_STYLE.get(method.rsplit("-", 1)[0], ("black", "-"))[0], ":" if m.concept == "fp16" else "-."
+    color = LONG_PERIOD_COLOR if m.concept == "localsgd" and m.param > 4 else CONCEPT_COLOR.get(m.concept, "black")
+    return color, "-." if "-horovod-" in method else "-"
 
 
 def panel_key(job: dict[str, Any]) -> tuple[int, str]:

@@ -7,8 +7,9 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
-from helpers import ROOT, check, needs_fashion_mnist
+from helpers import ROOT, check, load_params, needs_fashion_mnist
 
 
 def tta(*args, timeout=600):
@@ -22,6 +23,9 @@ def tta(*args, timeout=600):
     (["--target", "lenet5=accuracy>0.5"], "--target"),
     (["--workers", "0"], "--workers"),
     (["--link-rate", "fast"], "--link-rate"),
+    (["--rates", "1gbit,fast"], "--rates"),
+    (["--rates", "1gbit", "--link-rate", "1gbit"], "--link-rate"),
+    (["--report", "/nonexistent"], "--report"),
 ])
 def test_bad_input_is_one_line(args, needle):
     proc = tta(*args, timeout=60)
@@ -66,3 +70,29 @@ def test_two_workers_reach_a_low_target_stop_there_and_report_it(tmp_path):
     with open(out / "results.csv") as fh:
         (row,) = list(csv.DictReader(fh))
     assert int(row["steps_to_target"]) == j["steps_to_target"]
+
+
+@pytest.mark.mpi
+@needs_fashion_mnist
+def test_a_concept_method_trains_two_ranks_to_a_low_target_with_its_flags(tmp_path):
+    # one short job (a low target, evaluations every 1/16 epoch): PowerSGD rank 4 on the mpi engine
+    out = tmp_path / "tta"
+    check(tta("--models", "lenet5", "--methods", "ring-mpi-powersgd-r4", "--workers", "2",
+              "--target", "lenet5=eval/accuracy>=0.5", "--max-epochs", "1", "--evals-per-epoch", "16",
+              "--out-dir", str(out), "--extra=--dump-params", f"--extra={tmp_path}/params-{{rank}}.pt"))
+    res = json.loads((out / "results.json").read_text())
+    (j,) = res["jobs"]
+    assert (j["method"], j["concept"], j["ok"], j["reached"]) == ("ring-mpi-powersgd-r4", "powersgd", True, True)
+    i = j["argv"].index("--compression")
+    assert j["argv"][i:i + 4] == ["--compression", "powersgd", "--powersgd-rank", "4"]
+    m = json.loads((out / j["run"] / "metrics.json").read_text())
+    assert (m["compression"], m["allreduce_engine"], m["workers"]) == ("powersgd", "mpi", 2)
+    assert j["evals"][-1]["eval_accuracy"] >= 0.5 and j["steps_to_target"] == j["steps"]
+    # the two workers trained on different halves of the data and end on the same parameters: the
+    # decompressed low-rank average reached both
+    p0, p1 = load_params(tmp_path / "params-0.pt"), load_params(tmp_path / "params-1.pt")
+    assert p0.keys() == p1.keys() and all(torch.equal(p0[k], p1[k]) for k in p0)
+    # no 16-bit allreduce ran: the report has no baseline to set the concept against, and says so
+    report = (out / "report.md").read_text()
+    assert "| ring-mpi-powersgd-r4 | 2 | this machine | yes |" in report and "** (baseline) |" not in report
+    assert "N = 2, this machine: no 16-bit allreduce reached the target" in report
