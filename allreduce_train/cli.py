@@ -72,82 +72,69 @@ def cmd_train(args: argparse.Namespace) -> int:
         return fail_before_init(str(e))
 
     from .trainer import Trainer, config_text
-    from .run_logger import NullLogger, RunLogger
+    from .run_logger import RunLogger
     from .watchdog import Watchdog
 
-    log = NullLogger()
-    wd = None
+    held = _Held(ex)
     try:
-        # Every rank must agree on the run directory; rank 0's clock names it.
-        name = ex.broadcast_object(cfg.run.name or default_run_name(cfg, ex.size))  # communication
-        run_dir = os.path.join(cfg.run.run_dir, name)
-        trainer = Trainer(cfg, ex, run_dir)
-        err = None
-        try:
-            if ex.is_main:
-                os.makedirs(run_dir, exist_ok=True)
-            setup = trainer.build()
-        except UserError as e:
-            err = str(e)
-        except OSError as e:
-            err = f"{e.filename or run_dir}: {e.strerror}"
-        errors, hosts = _gather_setup(ex, err)
-        if cfg.run.expect_hosts:  # the launcher's placement, checked on every rank alike (allreduce_train/placement.py)
-            from .placement import check, describe
+        with held:
+            # Every rank must agree on the run directory; rank 0's clock names it.
+            name = ex.broadcast_object(cfg.run.name or default_run_name(cfg, ex.size))  # communication
+            run_dir = os.path.join(cfg.run.run_dir, name)
+            trainer = Trainer(cfg, ex, run_dir)
+            err = None
+            try:
+                if ex.is_main:
+                    os.makedirs(run_dir, exist_ok=True)
+                setup = trainer.build()
+            except UserError as e:
+                err = str(e)
+            except OSError as e:
+                err = f"{e.filename or run_dir}: {e.strerror}"
+            errors, hosts = _gather_setup(ex, err)
+            if cfg.run.expect_hosts:  # the launcher's placement, checked on every rank alike (allreduce_train/placement.py)
+                from .placement import check, describe
 
-            if ex.is_main:
-                print(f"allreduce_train: ranks on {describe(hosts)}", file=sys.stderr, flush=True)
-            misplaced = check(hosts, cfg.run.expect_hosts)
-            if misplaced:
-                errors.append(misplaced)
-        if errors:
-            if ex.is_main:
-                fail(errors[0])
-            ex.close()
-            return EXIT_USAGE
+                if ex.is_main:
+                    print(f"allreduce_train: ranks on {describe(hosts)}", file=sys.stderr, flush=True)
+                misplaced = check(hosts, cfg.run.expect_hosts)
+                if misplaced:
+                    errors.append(misplaced)
+            if errors:
+                if ex.is_main:
+                    fail(errors[0])
+                return EXIT_USAGE
 
-        if cfg.exchange.stall_timeout:
-            wd = Watchdog(ex.rank, ex.size, cfg.exchange.stall_timeout, compare=ex.is_worker, hosts=hosts)
-            # communication: where the main rank's heartbeat board listens
-            wd.start(ex.broadcast_object(wd.address() if ex.is_main else None))
-        if not ex.is_worker:
-            ex.serve()
-            if wd:
-                wd.stop()
-            ex.close()
+            if cfg.exchange.stall_timeout:
+                held.watchdog = Watchdog(ex.rank, ex.size, cfg.exchange.stall_timeout, compare=ex.is_worker, hosts=hosts)
+                # communication: where the main rank's heartbeat board listens
+                held.watchdog.start(ex.broadcast_object(held.watchdog.address() if ex.is_main else None))
+            if not ex.is_worker:
+                ex.serve()
+                return 0
+            if ex.is_main:
+                held.log = RunLogger(run_dir, setup.total_steps, setup.start_step, cfg.run.tensorboard, cfg.run.progress)
+                held.log.text("config", config_text(cfg))
+            try:
+                result = trainer.run(setup, held.log)
+            except (Diverged, Preempted) as e:  # every worker raised it at the same step
+                held.log.close()  # the progress bar ends before the line below (closing twice is harmless)
+                if ex.is_main:
+                    print(f"allreduce_train: {'error: ' if isinstance(e, Diverged) else ''}{e}", file=sys.stderr, flush=True)
+                return EXIT_DIVERGED if isinstance(e, Diverged) else EXIT_PREEMPTED
+            result["run_dir"] = run_dir
+            result["hosts"] = hosts
+            trainer.report(result, held.log)
             return 0
-        if ex.is_main:
-            log = RunLogger(run_dir, setup.total_steps, setup.start_step, cfg.run.tensorboard, cfg.run.progress)
-            log.text("config", config_text(cfg))
-        try:
-            result = trainer.run(setup, log)
-        except (Diverged, Preempted) as e:  # every worker raised it at the same step
-            log.close()
-            if ex.is_main:
-                print(f"allreduce_train: {'error: ' if isinstance(e, Diverged) else ''}{e}", file=sys.stderr, flush=True)
-            if wd:
-                wd.stop()
-            ex.close()
-            return EXIT_DIVERGED if isinstance(e, Diverged) else EXIT_PREEMPTED
-        result["run_dir"] = run_dir
-        result["hosts"] = hosts
-        trainer.report(result, log)
-        log.close()
-        if wd:
-            wd.stop()
-        ex.close()
-        return 0
     except KeyboardInterrupt:
-        log.close()
         record_exit(ex.rank, 130)
         ex.abort(130)
     except Exception as e:  # a failure mid-run: report on this rank, take every rank down
-        log.close()
         if isinstance(e, Stalled) or type(e).__name__ == "HorovodInternalError":
             # a wait that gave up (the parameter server's deadline; Horovod's stall shutdown, or
             # Gloo's timeout): the watchdog names who is missing and ends with exit 69
-            if wd:
-                wd.fire(f"{type(e).__name__}: {e}")
+            if held.watchdog:
+                held.watchdog.fire(f"{type(e).__name__}: {e}")
             print(f"allreduce_train: error on rank {ex.rank}: stalled: {e}", file=sys.stderr, flush=True)
             record_exit(ex.rank, EXIT_STALLED)
             ex.abort(EXIT_STALLED)
@@ -157,6 +144,32 @@ def cmd_train(args: argparse.Namespace) -> int:
         record_exit(ex.rank, EXIT_ERROR)
         ex.abort(EXIT_ERROR)
     return 1
+
+
+class _Held:
+    """What a training run holds open, closed in one place whatever path ends it.
+
+    A clean end (every ``return`` in ``cmd_train``) closes the run log (progress bar, TensorBoard),
+    stops the stall watchdog and leaves the process group, in that order. An exception closes only
+    the log: its handler then aborts every rank (MPI_Abort), and leaving the process group politely
+    could wait forever for the rank that failed.
+    """
+
+    def __init__(self, ex) -> None:
+        from .run_logger import NullLogger
+
+        self.ex, self.log, self.watchdog = ex, NullLogger(), None
+
+    def __enter__(self) -> "_Held":
+        return self
+
+    def __exit__(self, typ, value, tb) -> bool:
+        self.log.close()
+        if typ is None:
+            if self.watchdog is not None:
+                self.watchdog.stop()
+            self.ex.close()
+        return False  # an exception goes on to cmd_train's handlers
 
 
 def _gather_setup(ex, err: str | None) -> tuple[list[str], list[str]]:
