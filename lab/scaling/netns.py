@@ -197,8 +197,35 @@ def markdown(report: dict[str, Any]) -> str:
             speed = {s: 1e3 / statistics.median(v) for s, v in steps.items()}
             out += engines.markdown(f"{m}, {n} hosts at {rate}, concept x engine", speed, engines.SCALING,
                                     "steps/s", ".2f")
+        out += methods_markdown([r for r in report["rows"] if r["rate"] == rate])
         out += [f"The grid's own report for this rate: [{rate}/report.md]({rate}/report.md).", ""]
     return "\n".join(out)
+
+
+def methods_markdown(rows: list[dict[str, Any]]) -> list[str]:
+    """The communication-reduction methods against fp32 on the same exchange, model and workers: the
+    measured step ratio beside the model's (a ratio under 1: the method's step is shorter)."""
+    base: dict[tuple, dict[str, Any]] = {}
+    pairs = []
+    for r in rows:
+        if not r["ok"]:
+            continue
+        label = r.get("method", "fp32")
+        exchange = r["strategy"][:-len(label) - 1] if r["strategy"].endswith("-" + label) else r["strategy"]
+        key = (r["model"], r["workers"], exchange, r["repeat"])
+        if label == "fp32":
+            base[key] = r
+        else:
+            pairs.append((key, r))
+    pairs = [(base[k], r) for k, r in pairs if k in base]
+    if not pairs:
+        return []
+    out = ["Methods against fp32 on the same exchange (step / fp32's step; docs/concepts.md):", "",
+           "| model | N | strategy | measured | model | measured / model |", "|---|---:|---|---:|---:|---:|"]
+    for b, r in pairs:
+        meas, pred = r["step_ms"] / b["step_ms"], r["pred_step_ms"] / b["pred_step_ms"]
+        out.append(f"| {r['model']} | {r['workers']} | {r['strategy']} | {meas:.2f} | {pred:.2f} | {meas / pred:.2f} |")
+    return out + [""]
 
 
 def main(args: argparse.Namespace) -> int:
