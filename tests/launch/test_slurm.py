@@ -260,14 +260,6 @@ def test_two_node_job_runs_one_rank_per_node_and_writes_its_metrics(uninterrupte
     assert f"done: {STEPS} steps" in (d / f"slurm-{jid}.out").read_text()
 
 
-def _preemption_reason() -> str | None:
-    from allreduce_train import errors
-
-    if not hasattr(errors, "EXIT_PREEMPTED"):
-        return "the trainer does not checkpoint on SIGUSR1 yet (issue 12)"
-    return None
-
-
 @pytest.mark.mpi
 @pytest.mark.slurm
 @pytest.mark.timeout(2 * JOB_TIMEOUT + 60)  # the reference job (module fixture) and this one
@@ -277,9 +269,6 @@ def test_preempted_job_checkpoints_requeues_and_ends_like_an_uninterrupted_one(c
     """SIGUSR1 to the batch shell (what --signal=B:USR1@GRACE sends before the time limit): the job
     checkpoints, exits 75, is requeued, resumes, and ends with the uninterrupted job's parameters,
     one rank per node, whether mpirun or srun (PMIx) started the ranks."""
-    reason = _preemption_reason()
-    if reason:
-        pytest.skip(reason)
     env = {**os.environ, **cluster.env()}
     launcher = subprocess.Popen(
         [sys.executable, "-m", "launch", "slurm", "--output", str(tmp_path / "slurm-%j.out"),
