@@ -26,7 +26,7 @@ from .errors import ConfigError
 
 DEFAULT_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 DATASETS = ("fashion-mnist", "ptb", "synthetic")
-STRATEGIES = ("allreduce", "ps")  # distributed.create_exchange builds each
+STRATEGIES = ("allreduce", "ps", "none")  # distributed.create_exchange builds each
 
 
 def _f(default: Any, help: str, choices: tuple | None = None) -> Any:
@@ -120,7 +120,8 @@ class OptimConfig:
 class ExchangeConfig:
     """How gradients travel between workers."""
 
-    strategy: str = _f("allreduce", "gradient exchange: ring allreduce (Horovod) or parameter servers (ps)",
+    strategy: str = _f("allreduce", "gradient exchange: ring allreduce (Horovod) or parameter servers (ps); none = "
+                                    "every rank trains alone on its shard, the bound of docs/performance.md",
                        STRATEGIES)
     allreduce_engine: str = _f("horovod", "allreduce: horovod, or mpi = a ring of mpi4py messages from gradient hooks, "
                                           "the PS's machinery (docs/engines.md)", ("horovod", "mpi"))
@@ -174,6 +175,9 @@ class ExchangeConfig:
                                                or self.reduce_op != "average"):
             raise ConfigError("--compression powersgd runs over an allreduce of gradients every step: not with "
                               "--strategy ps, --average-every or --reduce-op adasum; use --compression fp16 or none")
+        if self.strategy == "none" and (self.average_every or self.compression != "none"):
+            raise ConfigError("--strategy none exchanges nothing: drop --average-every and --compression, or use "
+                              "--strategy allreduce")
         if self.average_warmup_steps and not self.average_every:
             raise ConfigError("--average-warmup-steps without --average-every: set --average-every H (local SGD)")
 

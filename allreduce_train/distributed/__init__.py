@@ -31,4 +31,8 @@ def create_exchange(cfg: "Config") -> "GradientExchange":
         from .ps import ParameterServer
 
         return ParameterServer(cfg)
+    if cfg.exchange.strategy == "none":  # every rank alone: the no-exchange bound (docs/performance.md)
+        from .local import NoExchange
+
+        return NoExchange(cfg.exchange.stall_timeout)
     raise ValueError(f"unknown strategy {cfg.exchange.strategy!r}")

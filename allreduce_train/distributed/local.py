@@ -46,3 +46,77 @@ class LocalExchange(GradientExchange):
 
     def abort(self, code: int) -> None:
         os._exit(code)
+
+
+class NoExchange(LocalExchange):
+    """``--strategy none``: every rank of an mpirun job trains alone on its shard; nothing travels per step.
+
+    Fabric's single-device strategy once per rank: the gradient exchange and the per-step vote
+    (:meth:`end_vote`) return this rank's own values, so N ranks run at the same time on one
+    machine as if the network were free -- the bound that ``bench`` and the scaling grids report
+    every exchange against (docs/performance.md). The run's bookkeeping still goes through MPI
+    (mpi4py): the run directory and hosts at set-up, the start of the watchdog, the metrics every
+    ``--log-every`` steps and at the end, a checkpoint's per-worker state, and a resumed run's
+    parameters from rank 0. A stop signal (preemption) ends each rank at its own step, and the
+    ranks' parameters differ from the first step on: a measurement and a control, not a way to train.
+    """
+
+    name = "none"
+
+    def __init__(self, timeout: float = 0.0) -> None:
+        env = os.environ
+        self.rank, self.size = int(env.get("OMPI_COMM_WORLD_RANK", 0)), int(env.get("OMPI_COMM_WORLD_SIZE", 1))
+        self.local_rank = int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", 0))
+        self.local_size = int(env.get("OMPI_COMM_WORLD_LOCAL_SIZE", 1))
+        self.timeout = timeout  # --stall-timeout: a bookkeeping collective gives up after it (0: never)
+        self.comm = self.MPI = None
+        if self.size > 1:
+            from .mpi import import_mpi
+
+            self.MPI = import_mpi()
+            self.comm = self.MPI.COMM_WORLD  # communication: MPI_Init, bookkeeping only
+
+    def _wait(self, test, what: str) -> None:
+        from .mpi import poll
+
+        poll(test, self.timeout, what)
+
+    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        # A resumed run starts every rank from rank 0's checkpoint (a fresh one: the common seed).
+        if self.broadcast_object(bool(optimizer.state_dict()["state"])):  # communication
+            state = self.broadcast_object((model.state_dict(), optimizer.state_dict()) if self.is_main else None)
+            model.load_state_dict(state[0])
+            optimizer.load_state_dict(state[1])
+        return optimizer
+
+    def end_vote(self) -> torch.Tensor:
+        # each rank decides alone, as if every worker had voted as it did (the loss is a mean over workers)
+        return self._vote * self.size
+
+    def sum_over_workers(self, values: torch.Tensor) -> torch.Tensor:
+        if self.comm is None:
+            return values
+        mine = values.detach().cpu().contiguous()
+        out = torch.empty_like(mine)
+        # communication: a metric sum (log steps, evaluation, the end), never per step
+        self._wait(self.comm.Iallreduce(mine.numpy(), out.numpy(), op=self.MPI.SUM).Test, "a metric sum")
+        return out.to(values.device)
+
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
+        if self.comm is None:
+            return obj
+        from .mpi import bcast_pickle
+
+        return bcast_pickle(self.comm, self.MPI, obj, root, self._wait, "a broadcast")  # communication
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        if self.comm is None:
+            return [obj]
+        from .mpi import allgather_pickle
+
+        return allgather_pickle(self.comm, self.MPI, obj, self._wait, "an allgather")  # communication
+
+    def abort(self, code: int) -> None:
+        if self.comm is not None:
+            self.comm.Abort(code)  # mpirun ends every rank at once
+        os._exit(code)

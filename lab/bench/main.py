@@ -1,4 +1,4 @@
-"""``bench``: the trainer against a bare Horovod loop and torch DDP, side by side.
+"""``bench``: the trainer against a bare Horovod loop and torch DDP, side by side, and the bound.
 
     python -m lab bench           # LeNet-5 at 1 and 2 ranks (make bench)
     python -m lab bench --models lenet5,resnet18 --np 1,2 --repeats 6
@@ -6,8 +6,11 @@
 Each measurement is its own ``mpirun`` job built by the project's launcher, so every
 implementation starts the same way. The jobs alternate (trainer, horovod, ddp, trainer, ...) so
 that a change in machine load hits all of them alike, and ratios are taken between the jobs of
-the same round before their median is reported. Every job excludes its warm-up steps and times
-wall clock over the rest, so the trainer's own overhead (data, logging, metrics) counts against
+the same round before their median is reported. The ``bound`` job is the same ranks at the same
+time, each training alone on its shard (``train --strategy none``): what N ranks reach on this
+machine with a free network; every implementation is also reported as a fraction of it
+(``of bound``, same-round pairs), beside the classic efficiency (throughput / N x one rank's).
+Every job excludes its warm-up steps and times wall clock over the rest, so the trainer's own overhead (data, logging, metrics) counts against
 it. The machine's load average is recorded next to every figure. Results: a table on stdout, and
 in the output directory ``bench.json``, ``tensorboard/`` (one run per implementation, step = ranks,
 a Custom Scalars chart per figure), ``hparams/`` (one session per job) and ``jobs/`` (the trainer
@@ -35,11 +38,15 @@ RANK_MODULE = "lab.bench.rank"  # the bare loops, on every rank
 DEFAULT_STEPS = {"lenet5": 400, "resnet18": 12, "ptb-lstm-small": 60, "ptb-lstm-medium": 12}
 DEFAULT_WARMUP = {"lenet5": 30, "resnet18": 3, "ptb-lstm-small": 5, "ptb-lstm-medium": 2}
 BASELINES = ("horovod", "ddp")
+BOUND = "bound"  # every implementation is also reported as a fraction of this one
 # Implementations of the trainer besides "trainer" (ring allreduce, Horovod): their trainer flags.
 TRAINER_IMPLS = {
     "trainer-mpi": ["--strategy", "allreduce", "--allreduce-engine", "mpi"],  # the ring on mpi4py messages
     # every rank trains, as with allreduce: the same number of workers computing
     "trainer-ps": ["--strategy", "ps", "--ps-placement", "colocated"],
+    # the no-exchange bound: the same ranks at the same time, each on its shard, nothing exchanged per
+    # step (--strategy none), i.e. what N ranks reach on this machine with a free network
+    BOUND: ["--strategy", "none"],
 }
 # The optimizer every implementation runs, so that the update costs the same everywhere (the
 # trainer would otherwise take a model's recipe, e.g. the LSTM's clipping and no momentum).
@@ -111,10 +118,15 @@ def parse_variant(text: str, known: list[str]) -> Override:
             raise ValueError(f"{name}: {w!r} is not an environment setting KEY=VALUE (flags come after them)")
         v.env[key] = value
     v.args = words[flags_from:]
-    if v.args and not v.base.startswith("trainer"):
+    if v.args and not trainer_based(v.base):
         raise ValueError(f"{name}: flags ({' '.join(v.args)}) only apply to the trainer; {v.base} takes "
                          "environment settings only")
     return v
+
+
+def trainer_based(impl: str) -> bool:
+    """Whether an implementation is the project's ``train`` command (the bound included)."""
+    return impl.startswith("trainer") or impl == BOUND
 
 
 def default_impls() -> list[str]:
@@ -135,7 +147,7 @@ def job_args(impl: str, model: str, spec: BenchSpec, result: str, run_dir: str, 
               "--synthetic-samples", str(spec.synthetic_samples)]
     variant = spec.variant(impl)
     impl = variant.base
-    if impl.startswith("trainer"):
+    if trainer_based(impl):
         exchange = TRAINER_IMPLS.get(impl, ["--strategy", "allreduce"])
         never = str(warmup + steps + 1)  # evaluation and checkpoints only after the last timed step
         return TRAINER, [*common, "--dataset", "synthetic", *exchange,
@@ -178,7 +190,7 @@ def summarise(jobs: list[dict[str, Any]], spec: BenchSpec, impls: list[str]) -> 
         for np in spec.nps:
             mine = [j for j in jobs if j["model"] == model and j["np"] == np]
             row: dict[str, Any] = {"model": model, "np": np, "impls": {}, "ratios": {}, "efficiency": {},
-                                   "rounds": len({j["tag"] for j in mine})}
+                                   "of_bound": {}, "rounds": len({j["tag"] for j in mine})}
             loads = [j["loadavg_before"][0] for j in mine if j["loadavg_before"]]
             row["loadavg_1min"] = [min(loads), max(loads)] if loads else []
             for impl in impls:
@@ -192,11 +204,15 @@ def summarise(jobs: list[dict[str, Any]], spec: BenchSpec, impls: list[str]) -> 
             by_tag = {}
             for j in mine:
                 by_tag.setdefault(j["tag"], {})[j["impl"]] = j.get("samples_per_sec")
-            for base in (b for b in impls if b != "trainer"):
+            for base in (b for b in impls if b not in ("trainer", BOUND)):  # trainer/bound: of_bound below
                 pairs = [r["trainer"] / r[base] for r in by_tag.values() if r.get("trainer") and r.get(base)]
                 if pairs:
                     row["ratios"][f"trainer/{base}"] = {"median": statistics.median(pairs),
                                                         "min": min(pairs), "max": max(pairs)}
+            for impl in (i for i in impls if i != BOUND):  # of the bound: same-round pairs, as the ratios
+                pairs = [r[impl] / r[BOUND] for r in by_tag.values() if r.get(impl) and r.get(BOUND)]
+                if pairs:
+                    row["of_bound"][impl] = {"median": statistics.median(pairs), "min": min(pairs), "max": max(pairs)}
             rows.append(row)
     for row in rows:  # scaling efficiency: throughput at N ranks / (N x throughput at 1 rank)
         one = next((r for r in rows if r["model"] == row["model"] and r["np"] == 1), None)
@@ -206,23 +222,25 @@ def summarise(jobs: list[dict[str, Any]], spec: BenchSpec, impls: list[str]) -> 
     return rows
 
 
-WIDE_MAX = 5  # more implementations than this: one line per implementation instead of one per row
+WIDE_MAX = 6  # more implementations than this: one line per implementation instead of one per row
 
 
 def long_table(rows: list[dict[str, Any]], impls: list[str]) -> str:
     """The same figures, one line per (model, ranks, implementation): readable with many variants."""
-    lines = ["| model | ranks | implementation | samples/s | trainer/it | efficiency | CPU ms/step |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| model | ranks | implementation | samples/s | trainer/it | of bound | efficiency | CPU ms/step |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         for i in impls:
             s = r["impls"].get(i)
             q = r["ratios"].get(f"trainer/{i}")
+            b = r["of_bound"].get(i)
             e = r["efficiency"].get(i)
             cells = [r["model"], str(r["np"]), i,
                      f"{s['median']:.0f} ({s['min']:.0f}-{s['max']:.0f})" + ("" if s["n"] == r["rounds"] else
                                                                              f" [{s['n']} of {r['rounds']}]")
                      if s else "failed",
                      "1" if i == "trainer" else f"{q['median']:.2f} ({q['min']:.2f}-{q['max']:.2f})" if q else "-",
+                     "1" if i == BOUND else f"{b['median']:.2f} ({b['min']:.2f}-{b['max']:.2f})" if b else "-",
                      f"{e:.2f}" if e is not None and r["np"] > 1 else "-",
                      f"{s['cpu_ms_per_step']:.1f}" if s and s.get("cpu_ms_per_step") else "-"]
             lines.append("| " + " | ".join(cells) + " |")
@@ -236,8 +254,9 @@ def table(rows: list[dict[str, Any]], impls: list[str]) -> str:
     """A Markdown table: samples/s as median (min-max), ratios as median of same-round pairs."""
     if len(impls) > WIDE_MAX:
         return long_table(rows, impls)
-    ratio_keys = [f"trainer/{b}" for b in impls if b != "trainer"]
-    head = ["model", "ranks", *(f"{i} samples/s" for i in impls), *ratio_keys,
+    ratio_keys = [f"trainer/{b}" for b in impls if b not in ("trainer", BOUND)]
+    bounded = [i for i in impls if i != BOUND] if BOUND in impls else []
+    head = ["model", "ranks", *(f"{i} samples/s" for i in impls), *ratio_keys, *(f"{i}/bound" for i in bounded),
             *(f"eff. {i}" for i in impls), "load 1 min"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -247,6 +266,9 @@ def table(rows: list[dict[str, Any]], impls: list[str]) -> str:
             cells.append(f"{s['median']:.0f} ({s['min']:.0f}-{s['max']:.0f})" if s else "failed")
         for k in ratio_keys:
             q = r["ratios"].get(k)
+            cells.append(f"{q['median']:.2f} ({q['min']:.2f}-{q['max']:.2f})" if q else "-")
+        for i in bounded:
+            q = r["of_bound"].get(i)
             cells.append(f"{q['median']:.2f} ({q['min']:.2f}-{q['max']:.2f})" if q else "-")
         for i in impls:
             e = r["efficiency"].get(i)
@@ -273,7 +295,8 @@ def concept_engine(rows: list[dict[str, Any]]) -> str:
     return "\n\n" + "\n".join(lines).rstrip() if lines else ""
 
 
-BENCH_FIGURES = ("perf/samples_per_sec", "scaling/speedup", "scaling/efficiency", "perf/trainer_over")
+BENCH_FIGURES = ("perf/samples_per_sec", "scaling/speedup", "scaling/efficiency", "scaling/of_bound",
+                 "perf/trainer_over")
 
 
 def write_tensorboard(out: str, rows: list[dict[str, Any]], jobs: list[dict[str, Any]], spec: BenchSpec,
@@ -292,13 +315,19 @@ def write_tensorboard(out: str, rows: list[dict[str, Any]], jobs: list[dict[str,
             tblog.add_point(series, impl, f"scaling/efficiency/{m}", n, e)
         for k, q in r["ratios"].items():
             tblog.add_point(series, k.partition("/")[2], f"perf/trainer_over/{m}", n, q["median"])
+        for impl, q in r["of_bound"].items():  # each implementation as a fraction of the no-exchange bound
+            tblog.add_point(series, impl, f"scaling/of_bound/{m}", n, q["median"])
     tblog.write_comparison(os.path.join(out, tblog.COMPARISON_DIR), series,
                            tblog.model_categories(spec.models, BENCH_FIGURES), text)
     sessions = []
+    bound = {(j["model"], j["np"], j["tag"]): j["samples_per_sec"] for j in jobs
+             if j["impl"] == BOUND and "samples_per_sec" in j}
     for j in jobs:
         v = spec.variant(j["impl"])
         # the baselines (a bare Horovod loop, DDP) are ring allreduce too
         concept, engine = engines.BENCH.get(v.base, (engines.RING, {"ddp": "torch DDP"}.get(v.base, engines.HOROVOD)))
+        if v.base == BOUND:
+            concept, engine = "no exchange", "-"
         if "--allreduce-engine" in v.args:  # a variant that switches the engine
             engine = engines.MPI4PY if tblog.flag_value(v.args, "--allreduce-engine", "") == "mpi" else engines.HOROVOD
         hp = {"impl": j["impl"], "base": v.base, "model": j["model"], "workers": j["np"], "concept": concept,
@@ -310,6 +339,8 @@ def write_tensorboard(out: str, rows: list[dict[str, Any]], jobs: list[dict[str,
                   "efficiency": j["samples_per_sec"] / (j["np"] * base) if base else math.nan}
             if j.get("cpu_ms_per_step"):
                 ms["cpu_ms_per_step"] = j["cpu_ms_per_step"]
+            if (j["model"], j["np"], j["tag"]) in bound:  # the bound job of the same round
+                ms["of_bound"] = j["samples_per_sec"] / bound[(j["model"], j["np"], j["tag"])]
         sessions.append((f"{j['model']}-{j['impl']}-np{j['np']}-{j['tag']}", hp, ms))
     tblog.write_hparams(os.path.join(out, tblog.HPARAMS_DIR), sessions)
 
