@@ -154,3 +154,20 @@ def test_the_guards_see_what_they_guard():
     assert "lab.common.costmodel" in imports(ROOT / "lab" / "scaling" / "grid.py")
     assert experiment("lab.tta.report") == "tta" and experiment("lab.common.jobs") is None
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# Modules over 500 lines, each with the one line that justifies it; every other module stays under.
+LONG_MODULES = {
+    "launch/k8s.py": "one job rendered in two CRD dialects (TrainJob, MPIJob) from one spec, with its YAML emitter: "
+                     "the field mapping reads in one place, and launch stays one file per launcher",
+    "lab/gpucheck.py": "one experiment end to end on one GPU: trainer, bare Horovod and DDP loops side by side with "
+                       "their shared timing, as one script tools/gpu_check.sh runs on a machine lent for minutes",
+}
+
+
+def test_modules_over_500_lines_are_justified():
+    long = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in files(*PRODUCT, "lab")}
+    over = {p for p, n in long.items() if n > 500}
+    assert over <= set(LONG_MODULES), {p: long[p] for p in over - set(LONG_MODULES)}
+    stale = {p for p in LONG_MODULES if long.get(p, 0) <= 500}
+    assert not stale, f"no longer over 500 lines (drop them from LONG_MODULES): {stale}"

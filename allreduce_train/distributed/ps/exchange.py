@@ -40,7 +40,7 @@ from ...errors import ConfigError, UserError
 from ..base import GradientExchange
 from ..compression import wire_dtype
 from ..mpi import MAX_BUCKETS, allgather_pickle, bcast_pickle, import_mpi, node_rank, poll
-from .server import ELEM, TAG_DONE, TAG_STATE, Server, ServerSideSGD, message
+from .server import ELEM, TAG_DONE, TAG_STATE, Server, message
 from .sharding import plan
 
 
@@ -386,3 +386,22 @@ class ParameterServer(GradientExchange):
             # gradients, and workers waiting for this server's parameters, would otherwise wait.
             self.world.Abort(code)
         os._exit(code)
+
+
+class ServerSideSGD(torch.optim.SGD):
+    """The optimizer the trainer holds on a worker: the same hyperparameters and the LR schedule
+    (the trainer sets ``param_groups[0]["lr"]`` each step and it travels with every push), while
+    the state (momentum) lives on the servers and is fetched for checkpoints."""
+
+    def __init__(self, exchange: ParameterServer, params, group: dict[str, Any]) -> None:
+        super().__init__(params, lr=group["lr"], momentum=group["momentum"], dampening=group["dampening"],
+                         weight_decay=group["weight_decay"], nesterov=group["nesterov"], maximize=group["maximize"])
+        self._exchange = exchange
+
+    def step(self, closure=None):
+        raise RuntimeError("with --strategy ps the servers update the parameters (the exchange's apply())")
+
+    def state_dict(self) -> dict[str, Any]:
+        sd = super().state_dict()
+        sd["state"] = self._exchange.fetch_momentum()  # communication: from every server
+        return sd

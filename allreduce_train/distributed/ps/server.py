@@ -4,13 +4,11 @@ A :class:`Server` holds one server's shard: its parameter elements and SGD momen
 (:mod:`.sharding` says which). Dedicated server ranks run its :meth:`Server.progress` in a loop;
 colocated ranks run it whenever their worker part waits (:mod:`.exchange`). A message is one
 contiguous buffer: a 16-byte header (two float64) and the payload of a (bucket, server) segment.
-:class:`ServerSideSGD` is what a worker's trainer holds as its optimizer: its hyperparameters and
-LR schedule travel with every push, its state lives here.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -18,8 +16,6 @@ import torch
 from ..mpi import poll
 from .sharding import Layout
 
-if TYPE_CHECKING:
-    from .exchange import ParameterServer
 
 HEADER_BYTES = 16  # two float64. Push: (lr, server version the gradient was computed from); reply: (version, staleness)
 TAG_DONE = 32766  # worker -> server: this worker has finished
@@ -207,22 +203,3 @@ class Server:
     def flush(self) -> None:
         for key in list(self.out_reqs):
             self._wait_sends(key)
-
-
-class ServerSideSGD(torch.optim.SGD):
-    """The optimizer the trainer holds on a worker: the same hyperparameters and the LR schedule
-    (the trainer sets ``param_groups[0]["lr"]`` each step and it travels with every push), while
-    the state (momentum) lives on the servers and is fetched for checkpoints."""
-
-    def __init__(self, exchange: ParameterServer, params, group: dict[str, Any]) -> None:
-        super().__init__(params, lr=group["lr"], momentum=group["momentum"], dampening=group["dampening"],
-                         weight_decay=group["weight_decay"], nesterov=group["nesterov"], maximize=group["maximize"])
-        self._exchange = exchange
-
-    def step(self, closure=None):
-        raise RuntimeError("with --strategy ps the servers update the parameters (the exchange's apply())")
-
-    def state_dict(self) -> dict[str, Any]:
-        sd = super().state_dict()
-        sd["state"] = self._exchange.fetch_momentum()  # communication: from every server
-        return sd
