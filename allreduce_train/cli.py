@@ -5,7 +5,7 @@ configuration is checked before any process group forms (every rank parses the s
 every rank fails alike and only rank 0 speaks); set-up errors (data files, checkpoint) are agreed
 on by all ranks in one collective so that the lowest failing rank reports and nobody waits on a
 peer that gave up; anything that fails once training runs aborts the whole MPI job. Faults have
-their own exit codes (errors.py, docs/faults.md): divergence 65, a stall 69, preemption 75.
+their own exit codes (launch/exitcodes.py, docs/faults.md): divergence 65, a stall 69, preemption 75.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import traceback
 
 from . import __version__
 from .config import add_arguments, build_config
-from .errors import (EXIT_DIVERGED, EXIT_ERROR, EXIT_PREEMPTED, EXIT_STALLED, EXIT_USAGE, Diverged, Preempted, Stalled,
+from .errors import (EXIT_DIVERGED, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_STALLED, EXIT_USAGE, Diverged, Preempted, Stalled,
                      UserError, record_exit)
 
 
@@ -127,8 +127,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             trainer.report(result, held.log)
             return 0
     except KeyboardInterrupt:
-        record_exit(ex.rank, 130)
-        ex.abort(130)
+        record_exit(ex.rank, EXIT_INTERRUPTED)
+        ex.abort(EXIT_INTERRUPTED)
     except Exception as e:  # a failure mid-run: report on this rank, take every rank down
         if isinstance(e, Stalled) or type(e).__name__ == "HorovodInternalError":
             # a wait that gave up (the parameter server's deadline; Horovod's stall shutdown, or

@@ -38,6 +38,7 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 
+from .exitcodes import EXIT_PREEMPTED, NO_RETRY
 from .mpirun import TRAINER, LaunchSpec, add_mpi_allreduce_arg, build_command, ring_rules
 
 # Fixed by the image (deploy/Dockerfile)
@@ -54,8 +55,6 @@ LABEL_NAME = "app.kubernetes.io/name"
 LABEL_INSTANCE = "app.kubernetes.io/instance"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 APP = "allreduce-train"
-EXIT_PREEMPTED = 75  # allreduce_train.errors: checkpoint written, continue with --resume auto
-EXIT_NO_RETRY = (2, 65)  # bad input, diverged: a restart cannot help (docs/faults.md)
 TRAINER_API = "trainer.kubeflow.org"
 ANCESTOR_LABEL = f"{TRAINER_API}/trainjob-ancestor-step"  # marks the Job that takes the TrainJob's trainer fields
 NODE = "node"  # Trainer's name for the trainer container and for the Job of the nodes
@@ -345,7 +344,7 @@ def _restart_policy(spec: K8sSpec, container: str, no_retry: bool) -> dict:
              {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]
     if no_retry:
         rules.insert(1, {"action": "FailJob", "onExitCodes": {"containerName": container, "operator": "In",
-                                                              "values": list(EXIT_NO_RETRY)}})
+                                                              "values": list(NO_RETRY)}})
     return {"backoffLimit": spec.backoff_limit, "podFailurePolicy": {"rules": rules}}
 
 

@@ -35,16 +35,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# EXIT_DIR_ENV: where every rank records its exit code as it exits (allreduce_train/errors.py record_exit)
+from .exitcodes import EXIT_DIR_ENV, EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_TIMEOUT, NOT_RESTARTED, WORDS
+
 # Forwarded to every rank when set here (plus every HOROVOD_* and NCCL_* variable).
 FORWARD_VARS = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "HWLOC_COMPONENTS",
                 "ALLREDUCE_TRAIN_PROGRESS", "ALLREDUCE_TRAIN_TRACEBACK", "ALLREDUCE_TRAIN_CONNECT_FIRST",
                 "ALLREDUCE_TRAIN_EXIT_DIR", "CUDA_VISIBLE_DEVICES")
 FORWARD_PREFIXES = ("HOROVOD_", "NCCL_")
 TRAINER = "allreduce_train"
-EXIT_PREEMPTED, EXIT_TIMEOUT = 75, 124  # as allreduce_train/errors.py documents (launch does not import the trainer)
-# Where every rank records its exit code as it exits (allreduce_train/errors.py record_exit): mpirun hears of
-# an exit from the rank's host daemon, and waits forever for a daemon on a host it can no longer reach.
-EXIT_DIR_ENV = "ALLREDUCE_TRAIN_EXIT_DIR"
 GRACE_PERIOD = 30.0  # seconds mpirun has to end the job once a rank failed or a stop was asked for
 KILL_PATIENCE = 5.0  # seconds between SIGTERM to mpirun and SIGKILL to it and its descendants
 
@@ -285,7 +284,7 @@ def main(argv: list[str] | None = None, emulation: Any = None) -> int:
             return supervise(spec, cmd, env, args.timeout, args.max_restarts, grace=args.grace_period)
         except KeyboardInterrupt:
             print("launch: interrupted", file=sys.stderr)
-            return 130
+            return EXIT_INTERRUPTED
     finally:
         shutil.rmtree(env[EXIT_DIR_ENV], ignore_errors=True)
 
@@ -304,11 +303,6 @@ def usable_cores() -> int:
     return len(cores)
 
 
-# Exit codes as allreduce_train/errors.py documents them (launch does not import the trainer).
-NOT_RESTARTED = {0: "finished", 2: "a usage error", 65: "diverged", EXIT_TIMEOUT: "--timeout", 130: "interrupted"}
-WHY = {1: "a rank failed", 69: "stalled", 75: "a rank was preempted"}
-
-
 def why(rc: int) -> str:
     """A job's exit code in words."""
     if rc > 128:
@@ -316,7 +310,7 @@ def why(rc: int) -> str:
             return f"a rank was killed by {signal.Signals(rc - 128).name}"
         except ValueError:
             pass
-    return WHY.get(rc) or NOT_RESTARTED.get(rc) or "mpirun failed"
+    return WORDS.get(rc, "mpirun failed")
 
 
 def pinned_name(args: list[str]) -> list[str]:

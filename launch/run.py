@@ -24,7 +24,8 @@ import shutil
 import sys
 import tempfile
 
-from .mpirun import EXIT_DIR_ENV, GRACE_PERIOD, run_bounded
+from .exitcodes import EXIT_DIR_ENV, EXIT_INTERRUPTED
+from .mpirun import GRACE_PERIOD, run_bounded
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -61,6 +62,6 @@ def main(argv: list[str] | None = None) -> int:
         return run_bounded(cmd, env, grace=args.grace_period, np=args.np)
     except KeyboardInterrupt:
         print("launch run: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     finally:
         shutil.rmtree(env[EXIT_DIR_ENV], ignore_errors=True)

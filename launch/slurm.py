@@ -33,13 +33,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .exitcodes import EXIT_INTERRUPTED, EXIT_PREEMPTED
 from .mpirun import TRAINER, LaunchSpec, add_mpi_allreduce_arg, allreduce_mca, build_command, no_gl_probe, ring_rules
 
 # The lab's emulated Slurm cluster (lab/emulation/slurm_cluster.py) keeps its state, slurm.conf included, here;
 # without SLURM_CONF or /etc/slurm/slurm.conf the clients use it (slurm_env).
 EMULATED_STATE_DIR = Path("/tmp/allreduce-train-slurm")
 
-EXIT_PREEMPTED = 75  # the trainer's exit code after a checkpoint on SIGUSR1/SIGTERM (EX_TEMPFAIL)
 NTASKS = "$SLURM_NTASKS"  # expanded by the batch shell: every task of the allocation is a rank
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
                 "DEADLINE", "PREEMPTED", "SPECIAL_EXIT"}
@@ -425,4 +425,4 @@ def main(argv: list[str] | None = None) -> int:
         if job_id:
             subprocess.run(["scancel", job_id], env=env, capture_output=True, timeout=30)
             print(f"launch slurm: interrupted; cancelled job {job_id}", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED

@@ -86,7 +86,7 @@ def test_more_ranks_than_cores_on_one_host_run_oversubscribed_with_a_one_line_no
 
 def test_a_ranks_exit_record_reaches_the_launcher(tmp_path, monkeypatch):
     """The trainer's record_exit and the launcher's read_exits agree on the place and the format (the
-    launcher does not import the trainer, so the variable's name is written in both)."""
+    variable's name comes from the one exit-code table, launch/exitcodes.py)."""
     from allreduce_train import errors
 
     assert errors.EXIT_DIR_ENV == EXIT_DIR_ENV
@@ -99,6 +99,19 @@ def test_a_ranks_exit_record_reaches_the_launcher(tmp_path, monkeypatch):
     monkeypatch.setenv(EXIT_DIR_ENV, str(tmp_path / "absent"))  # a host that does not see the directory
     errors.record_exit(1, 1)
     assert not (tmp_path / "absent").exists()
+
+
+def test_the_trainer_and_every_launcher_read_one_exit_code_table():
+    from allreduce_train import errors
+    from launch import exitcodes, k8s, mpirun, slurm
+
+    assert (errors.EXIT_PREEMPTED, errors.EXIT_STALLED, errors.EXIT_DIVERGED) == (75, 69, 65)
+    assert errors.EXIT_PREEMPTED is exitcodes.EXIT_PREEMPTED and slurm.EXIT_PREEMPTED is exitcodes.EXIT_PREEMPTED
+    assert k8s.NO_RETRY is exitcodes.NO_RETRY and mpirun.EXIT_DIR_ENV is exitcodes.EXIT_DIR_ENV
+    # what a restart cannot help ends --max-restarts too; what it can is restarted and said in words
+    assert set(exitcodes.NO_RETRY) <= mpirun.NOT_RESTARTED
+    for code in (errors.EXIT_ERROR, errors.EXIT_STALLED, errors.EXIT_PREEMPTED):
+        assert code not in mpirun.NOT_RESTARTED and why(code) != "mpirun failed"
 
 
 def test_the_emulation_flags_that_moved_to_the_lab_say_where_in_one_line():
