@@ -30,6 +30,7 @@ FIGURES = {
     "scaling/predicted_efficiency": "predicted efficiency",
     "scaling/predicted_speedup": "predicted speedup",
     "perf/trainer_over": "trainer samples/s / this implementation's (same rounds)",
+    "scaling/of_bound": "of the no-exchange bound = samples/s / the same N's with nothing exchanged",
 }
 
 Series = dict[str, dict[str, list[tuple[int, float]]]]  # run -> tag -> [(step, value)]

@@ -3,7 +3,9 @@
     python -m lab scaling         # the default grid (make scaling)
     python -m lab scaling --models lenet5 --workers 1,2,4 --repeats 5
 
-The grid is strategies x models x worker counts x repeats; every point is a real mpirun job of
+The grid is strategies x models x worker counts x repeats, and at every point the no-exchange
+bound (the same workers at the same time, each alone on its shard: ``--strategy none``), which
+every strategy is also reported as a fraction of; every point is a real mpirun job of
 the trainer (synthetic data by default, one thread per rank, fixed warm-up and measured steps)
 whose metrics.json is read back. Repeats are the outer loop, so that a change in machine load
 spreads over every configuration instead of hitting one. Before the grid, a short ``commbench``
@@ -38,8 +40,15 @@ from ..common import costmodel, engines, tblog
 from ..common.jobs import Launcher, local_launcher, read_json
 from ..common.jobs import run as run_job_argv
 from .calibrate import CYCLE_CANDIDATES, calibrate, choose_cycle, known_network, predictions, run_commbench
+from .report import BOUND as BOUND_STRATEGY
 from .report import aggregate, code_version, load_summary, write_outputs
 from .spec import GridConfig, GridError, Plan, Variant, parse_list, variants
+
+# The no-exchange bound, run beside every strategy at every N: the same workers at the same time, each
+# training alone on its shard (the report's bound rows; every strategy is also reported as a fraction of it).
+BOUND = Variant(BOUND_STRATEGY, "none", (), 0, costmodel.ALLREDUCE, "", "no exchange: each worker trains alone "
+                "on its shard (--strategy none), the bound")
+
 
 def available(cfg: GridConfig) -> tuple[list[Variant], list[str], list[str]]:
     """(variants, models) to run, and a note for each model that is not in the registry."""
@@ -181,7 +190,8 @@ def run(cfg: GridConfig, launcher: Launcher = local_launcher,
     knob = "Horovod's default" if cycle_ms is None else f"{cycle_ms:g} ms"
     print(f"HOROVOD_CYCLE_TIME for the allreduce jobs: {knob}", flush=True)
 
-    jobs = [Job(m, v, n, r) for r in range(1, cfg.repeats + 1) for m in models for v in vs for n in cfg.workers]
+    jobs = [Job(m, v, n, r) for r in range(1, cfg.repeats + 1) for m in models for v in [*vs, BOUND]
+            for n in cfg.workers]
     records = []
     for i, job in enumerate(jobs, 1):
         try:

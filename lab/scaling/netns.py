@@ -96,6 +96,8 @@ def compare(rate: str, res: dict[str, Any], cfg: scaling.GridConfig) -> list[dic
     for job in res["jobs"]:
         row = {"rate": rate, **{k: job[k] for k in ("model", "strategy", "workers", "servers", "repeat", "ok")},
                "log": os.path.join(rate, job["log"])}
+        if job["strategy"] not in table:  # the no-exchange bound: in each rate's own report (<rate>/report.md)
+            continue
         if not job["ok"]:
             rows.append({**row, "error": job["error"]})
             continue

@@ -14,6 +14,10 @@ from typing import Any
 from ..common import engines, tblog
 from ..common.plots import STYLE, plot_measured
 
+# The no-exchange bound's rows (the grid's ``bound`` jobs: the same workers, ``--strategy none``).
+BOUND = "bound"
+
+
 def _stats(values: list[float]) -> tuple[float, float, float, float]:
     """mean, sample standard deviation (0 for one value), min, max."""
     if not values:
@@ -53,13 +57,30 @@ def aggregate(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                        efficiency_std=sp * rel / row["workers"])
         else:
             row.update(speedup=math.nan, speedup_std=math.nan, efficiency=math.nan, efficiency_std=math.nan)
+    add_bound(rows, records)
     return rows
+
+
+def add_bound(rows: list[dict[str, Any]], records: list[dict[str, Any]]) -> None:
+    """Beside every row: the no-exchange bound of the same model and N (its mean throughput) and the
+    row's fraction of it, the median over repeats of throughput / the bound job's of the same repeat
+    (paired, like the bench's ratios, so that load which slows a whole repeat cancels)."""
+    bound = {(r["model"], r["workers"], r["repeat"]): r["samples_per_sec"] for r in records
+             if r["strategy"] == BOUND and r["ok"]}
+    means = {(r["model"], r["workers"]): r["samples_per_sec_mean"] for r in rows if r["strategy"] == BOUND}
+    for row in rows:
+        key = (row["model"], row["workers"])
+        pairs = [r["samples_per_sec"] / bound[(*key, r["repeat"])] for r in records
+                 if r["ok"] and r["model"] == row["model"] and r["strategy"] == row["strategy"]
+                 and r["workers"] == row["workers"] and (*key, r["repeat"]) in bound]
+        row.update(bound_samples_per_sec=means.get(key, math.nan),
+                   of_bound=statistics.median(pairs) if pairs else math.nan)
 
 
 
 CSV_FIELDS = ("model", "strategy", "workers", "servers", "world_size", "repeats", "failed",
               "samples_per_sec_mean", "samples_per_sec_std", "samples_per_sec_min", "samples_per_sec_max",
-              "speedup", "speedup_std", "efficiency", "efficiency_std",
+              "speedup", "speedup_std", "efficiency", "efficiency_std", "bound_samples_per_sec", "of_bound",
               "step_ms_mean", "step_ms_std", "comm_wait_ms_mean", "comm_wait_ms_std",
               "predicted_samples_per_sec", "predicted_efficiency", "prediction_error_pct")
 
@@ -85,6 +106,8 @@ def comparison_series(rows: list[dict], curves: dict) -> tblog.Series:
         tblog.add_point(series, s, f"perf/samples_per_sec/{m}", n, r["samples_per_sec_mean"])
         tblog.add_point(series, s, f"scaling/speedup/{m}", n, r["speedup"])
         tblog.add_point(series, s, f"scaling/efficiency/{m}", n, r["efficiency"])
+        if not math.isnan(r.get("of_bound", math.nan)):  # the fraction of the no-exchange bound
+            tblog.add_point(series, s, f"scaling/of_bound/{m}", n, r["of_bound"])
     for m, per in curves.items():
         for s, pts in per.items():
             for p in pts:
@@ -95,7 +118,8 @@ def comparison_series(rows: list[dict], curves: dict) -> tblog.Series:
     return series
 
 
-COMPARISON_FIGURES = ("scaling/speedup", "scaling/efficiency", "perf/samples_per_sec", "scaling/predicted_efficiency")
+COMPARISON_FIGURES = ("scaling/speedup", "scaling/efficiency", "scaling/of_bound", "perf/samples_per_sec",
+                      "scaling/predicted_efficiency")
 
 
 def hparams_sessions(res: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, float]]]:
@@ -103,6 +127,8 @@ def hparams_sessions(res: dict[str, Any]) -> list[tuple[str, dict[str, Any], dic
     is its throughput over N x the mean one-worker throughput of its strategy."""
     base = {(r["model"], r["strategy"]): r["samples_per_sec_mean"] for r in res["rows"]
             if r["workers"] == 1 and r["repeats"]}
+    bound = {(j["model"], j["workers"], j["repeat"]): j["samples_per_sec"] for j in res["jobs"]
+             if j["strategy"] == BOUND and j["ok"]}
     out = []
     for j in res["jobs"]:
         hp = dict(j.get("hparams") or {"model": j["model"], "strategy": j["strategy"], "workers": j["workers"]})
@@ -112,6 +138,9 @@ def hparams_sessions(res: dict[str, Any]) -> list[tuple[str, dict[str, Any], dic
             metrics = {"samples_per_sec": j["samples_per_sec"], "step_ms": j["step_ms"],
                        "comm_wait_ms": j["comm_wait_ms"],
                        "efficiency": j["samples_per_sec"] / (j["workers"] * one) if one else math.nan}
+            b = bound.get((j["model"], j["workers"], j["repeat"]))
+            if b:  # the bound job of the same repeat
+                metrics["of_bound"] = j["samples_per_sec"] / b
             if j.get("time_to_target_s") is not None:
                 metrics["time_to_target_s"] = j["time_to_target_s"]
         out.append((f"{j['model']}/{j['strategy']}-n{j['workers']}-r{j['repeat']}", hp, metrics))
@@ -217,6 +246,10 @@ def report_markdown(res: dict[str, Any]) -> str:
          "- throughput = samples per second over the measured steps (warm-up excluded), all workers together;",
          "- speedup(N) = throughput(N) / throughput(1), each strategy against its own one-worker run;",
          "- efficiency(N) = speedup(N) / N;",
+         "- bound = the no-exchange bound: the same N workers at the same time, each training alone on its shard "
+         "(`--strategy none`), what N workers reach on these cores with a free network (on emulated hosts: the "
+         "same jobs, nothing on the links); of bound = throughput / the bound's, the median over repeats of "
+         "same-repeat pairs;",
          "- N counts workers; a dedicated parameter server's extra processes are listed beside it (servers) "
          "and run on the same cores;",
          "- ± is the sample standard deviation over repeats (propagated for speedup and efficiency);",
@@ -227,17 +260,18 @@ def report_markdown(res: dict[str, Any]) -> str:
         L += [f"## {m}", "",
               f"{plan['batch_size']} samples per worker and step, {plan['warmup']} warm-up + {plan['steps']} "
               f"measured steps, gradient {res['gradient_bytes'][m] / 1e6:.2f} MB.", "",
-              "| strategy | N | servers | samples/s | speedup | efficiency | step ms | comm wait ms | "
-              "model samples/s | error |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "| strategy | N | servers | samples/s | speedup | efficiency | bound samples/s | of bound | step ms | "
+              "comm wait ms | model samples/s | error |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in (r for r in rows if r["model"] == m):
             if not r["repeats"]:
-                L.append(f"| {r['strategy']} | {r['workers']} | {r['servers']} | failed | | | | | | |")
+                L.append(f"| {r['strategy']} | {r['workers']} | {r['servers']} | failed | | | | | | | | |")
                 continue
             L.append(f"| {r['strategy']} | {r['workers']} | {r['servers']} | "
                      f"{_fmt(r['samples_per_sec_mean'], '.1f')} ± {_fmt(r['samples_per_sec_std'], '.1f')} | "
                      f"{_fmt(r['speedup'], '.2f')} ± {_fmt(r['speedup_std'], '.2f')} | "
-                     f"{_fmt(r['efficiency'], '.2f')} | {_fmt(r['step_ms_mean'], '.1f')} | "
+                     f"{_fmt(r['efficiency'], '.2f')} | {_fmt(r.get('bound_samples_per_sec', math.nan), '.1f')} | "
+                     f"{_fmt(r.get('of_bound', math.nan), '.2f')} | {_fmt(r['step_ms_mean'], '.1f')} | "
                      f"{_fmt(r['comm_wait_ms_mean'], '.2f')} | {_fmt(r['predicted_samples_per_sec'], '.1f')} | "
                      f"{_fmt(r['prediction_error_pct'], '+.0f')}{'' if math.isnan(r['prediction_error_pct']) else ' %'} |")
         L.append("")

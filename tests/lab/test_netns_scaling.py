@@ -53,8 +53,9 @@ def test_grid_measures_over_the_links_and_predicts_the_configured_bandwidth(tmp_
     assert "No calibration" not in grid_report and "Network: the emulated links, 100mbit" in grid_report
     # every rate's comparison in one logdir, a run per strategy with the rate in the tag, and the
     # job in the HParams logdir
-    (run,) = (tmp_path / "tensorboard").iterdir()
-    assert run.name == "allreduce"
+    runs = {p.name: p for p in (tmp_path / "tensorboard").iterdir()}
+    assert set(runs) == {"allreduce", "bound"}  # the no-exchange bound beside the strategy
+    run = runs["allreduce"]
     assert "perf/step_ms/lenet5/100mbit" in EventAccumulator(str(run)).Reload().Tags()["scalars"]
     assert (tmp_path / "hparams" / "100mbit" / "lenet5" / "allreduce-n2-r1").is_dir()
     assert netns.leftovers() == []

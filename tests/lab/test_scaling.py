@@ -91,10 +91,13 @@ def test_tiny_grid_writes_report_plot_csv_and_tensorboard(tmp_path):
 
     with open(out / "results.csv") as fh:
         rows = list(csv.DictReader(fh))
-    assert {(r["strategy"], int(r["workers"])) for r in rows} == {(s, n) for s in strategies for n in (1, 2)}
+    # every strategy, and the no-exchange bound beside them at every N
+    assert {(r["strategy"], int(r["workers"])) for r in rows} == {(s, n) for s in [*strategies, "bound"]
+                                                                 for n in (1, 2)}
     for r in rows:
         assert int(r["repeats"]) == 1 and float(r["samples_per_sec_mean"]) > 0, proc.stdout
-        assert float(r["predicted_samples_per_sec"]) > 0
+        assert float(r["of_bound"]) > 0 and float(r["bound_samples_per_sec"]) > 0
+        assert r["strategy"] == "bound" or float(r["predicted_samples_per_sec"]) > 0
     res = json.loads((out / "results.json").read_text())
     for s in strategies:  # the calibration read the sweep back
         impl = variants()[s].commbench_impl
@@ -114,12 +117,12 @@ def test_tiny_grid_writes_report_plot_csv_and_tensorboard(tmp_path):
             ea = EventAccumulator(str(out / "jobs" / "lenet5" / f"{s}-n{n}-r1")).Reload()
             assert "perf/samples_per_sec" in ea.Tags()["scalars"], (s, n)
     # the comparison: one run per strategy, step = workers, the same tags in every run, plus the layout
-    assert sorted(p.name for p in (out / "tensorboard").iterdir()) == sorted(strategies)
+    assert sorted(p.name for p in (out / "tensorboard").iterdir()) == sorted([*strategies, "bound"])
     by_key = {(r["strategy"], int(r["workers"])): r for r in rows}
     for s in strategies:
         ea = EventAccumulator(str(out / "tensorboard" / s), size_guidance={"tensors": 0}).Reload()
         for figure, column in (("scaling/speedup", "speedup"), ("scaling/efficiency", "efficiency"),
-                               ("perf/samples_per_sec", "samples_per_sec_mean")):
+                               ("scaling/of_bound", "of_bound"), ("perf/samples_per_sec", "samples_per_sec_mean")):
             events = ea.Scalars(f"{figure}/lenet5")
             assert [e.step for e in events] == [1, 2]
             for e in events:
@@ -129,7 +132,7 @@ def test_tiny_grid_writes_report_plot_csv_and_tensorboard(tmp_path):
     first = EventAccumulator(str(out / "tensorboard" / sorted(strategies)[0]), size_guidance={"tensors": 0}).Reload()
     assert "custom_scalars__config__" in first.Tags()["tensors"]
     # one HParams session per job
-    assert len(list((out / "hparams" / "lenet5").iterdir())) == 2 * len(strategies)
+    assert len(list((out / "hparams" / "lenet5").iterdir())) == 2 * (len(strategies) + 1)  # + the bound
 
 
 def _row(strategy, n, step_ms, wait_ms, sps=100.0):
