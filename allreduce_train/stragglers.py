@@ -4,8 +4,8 @@ In a synchronous exchange every step waits for the slowest worker, so step times
 every rank and cannot tell which one is slow. What differs is how a step's time splits between
 the two figures each worker measures for itself (:class:`~allreduce_train.trainer.Throughput`):
 
-* **wait**: the wall time from handing the step's vote to the exchange until the averaged
-  gradients (and the vote) are back -- ``start_vote`` + ``synchronize`` + ``end_vote``;
+* **wait**: the wall time from the end of backward until the averaged gradients (and the step's
+  vote, started before the last backward) are back -- ``synchronize`` + ``end_vote``;
 * **compute**: the rest of the step -- the batch's move to the device, forward and backward, the
   optimizer step and clipping after the exchange, everything but waiting for peers.
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import socket
 import statistics
@@ -191,28 +192,31 @@ class Trainer:
         if self.local_sgd:  # local SGD: does this step's gradient travel?
             self.local_sgd.begin(step)
         optimizer.zero_grad()
-        loss_sum = torch.zeros((), device=inputs.device)
         rows = len(inputs) // k
         for j in range(k):
             part = slice(j * rows, (j + 1) * rows)
-            loss = self.task.loss(model, inputs[part], targets[part], part) / k
+            loss = self.task.loss(model, inputs[part] if k > 1 else inputs, targets[part] if k > 1 else targets, part)
+            if k > 1:
+                loss = loss / k  # the mean over the micro-batches (dividing by 1 would only add an op)
+            loss_sum = loss.detach() if j == 0 else loss_sum + loss.detach()
+            if j == k - 1:
+                # communication: the step's vote, summed over workers: [stop signals, losses]; a sum is
+                # finite only if every worker's loss is, so all decide alike. Started before the last
+                # backward (the loss is known), so it travels while backward runs and is back with the
+                # gradients: started after backward it came back after them, behind a poll of its own.
+                # (.item(): on a GPU this waits for the forward pass's kernels.)
+                self.ex.start_vote(torch.tensor([float(bool(preempt.requested())), loss_sum.item()],
+                                                dtype=torch.float64))
             loss.backward()  # the allreduce of each gradient starts from its hook, overlapping backward
-            loss_sum += loss.detach()
-        # communication: the step's vote, summed over workers beside the gradients: [stop signals,
-        # losses]; a sum is finite only if every worker's loss is, so all decide alike
-        flags = torch.zeros(2, dtype=torch.float64)
-        flags[0] = float(bool(preempt.requested()))
-        flags[1] = loss_sum.detach().to("cpu", torch.float64)  # on a GPU: waits for backward's kernels
         if self.slow_factor > 1:  # --debug-slow-rank: a straggler on purpose (tests)
             time.sleep((self.slow_factor - 1) * (time.perf_counter() - began))
         t0 = time.perf_counter()  # the wait starts: whatever follows is exchange, not this rank's compute
-        self.ex.start_vote(flags)
         watchdog.note(step, watchdog.EXCHANGING)
         self.ex.synchronize()
-        votes = self.ex.end_vote()
+        stops, losses = self.ex.end_vote().tolist()
         wait = time.perf_counter() - t0
-        if not torch.isfinite(votes[1]):
-            raise Diverged(step, "the training loss (mean over workers)", votes[1].item() / self.ex.num_workers)
+        if not math.isfinite(losses):
+            raise Diverged(step, "the training loss (mean over workers)", losses / self.ex.num_workers)
         if self.cfg.optim.grad_clip > 0:
             # after the exchange: the norm of the averaged gradient, identical on every worker
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.cfg.optim.grad_clip)
@@ -221,7 +225,7 @@ class Trainer:
         self.ex.apply(optimizer)
         if self.local_sgd:  # local SGD: the parameters averaged at the end of a period
             self.local_sgd.end(model, step)
-        return loss_sum, wait, votes[0].item() > 0
+        return loss_sum, wait, stops > 0
 
     @torch.no_grad()
     def evaluate(self, model, eval_set, device) -> dict[str, float]:
