@@ -2,7 +2,7 @@
 
 The Slurm batch script (``python -m launch slurm``) and the Kubernetes launcher pod
 (deploy/launcher-entrypoint.sh) start their own mpirun line; this wrapper gives them what
-``python -m launch`` gives its own (:func:`launch.mpirun.run_bounded`):
+``python -m launch`` gives its own (:func:`launch.bound.run_bounded`):
 
 - SIGTERM or SIGUSR1: SIGUSR1 to mpirun (every rank checkpoints and exits 75); if the job has not
   ended ``--grace-period`` s later, or no rank is left to checkpoint, mpirun is killed; a second
@@ -22,10 +22,9 @@ import argparse
 import os
 import shutil
 import sys
-import tempfile
 
-from .exitcodes import EXIT_DIR_ENV, EXIT_INTERRUPTED
-from .mpirun import GRACE_PERIOD, run_bounded
+from .bound import GRACE_PERIOD, exit_dir, run_bounded
+from .exitcodes import EXIT_INTERRUPTED
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -57,11 +56,9 @@ def main(argv: list[str] | None = None) -> int:
               "apt-get install openmpi-bin, or make install)", file=sys.stderr)
         return 2
     env = dict(os.environ)
-    env[EXIT_DIR_ENV] = tempfile.mkdtemp(prefix="launch-exits-")
-    try:
-        return run_bounded(cmd, env, grace=args.grace_period, np=args.np)
-    except KeyboardInterrupt:
-        print("launch run: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    finally:
-        shutil.rmtree(env[EXIT_DIR_ENV], ignore_errors=True)
+    with exit_dir(env):
+        try:
+            return run_bounded(cmd, env, grace=args.grace_period, np=args.np)
+        except KeyboardInterrupt:
+            print("launch run: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED

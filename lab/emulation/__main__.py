@@ -17,7 +17,8 @@ import dataclasses
 import sys
 
 from launch import mpirun
-from launch.mpirun import GRACE_PERIOD, LaunchSpec, run_bounded, supervise
+from launch.bound import GRACE_PERIOD, run_bounded
+from launch.mpirun import LaunchSpec, supervise
 
 from .netns import ClusterError, ClusterSpec, EmulatedCluster, stop_inside, unavailable_reason, unreachable
 

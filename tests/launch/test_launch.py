@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from launch import LaunchSpec, build_command
-from launch.mpirun import EXIT_DIR_ENV, RING_RULES, pinned_name, read_exits, resuming, usable_cores, why
+from launch.bound import read_exits, why
+from launch.mpirun import EXIT_DIR_ENV, RING_RULES, pinned_name, resuming, usable_cores
 
 from helpers import RANKS, ROOT, check, launch
 
