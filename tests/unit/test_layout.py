@@ -171,3 +171,15 @@ def test_modules_over_500_lines_are_justified():
     assert over <= set(LONG_MODULES), {p: long[p] for p in over - set(LONG_MODULES)}
     stale = {p for p in LONG_MODULES if long.get(p, 0) <= 500}
     assert not stale, f"no longer over 500 lines (drop them from LONG_MODULES): {stale}"
+
+
+def test_the_old_experiments_entry_point_says_where_they_went_in_one_line():
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-m", "allreduce_train.experiments", "scaling", "--workers", "1,2"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "python -m lab scaling" in proc.stderr
+    moved = subprocess.run([sys.executable, "-m", "lab", "scaling", "--help"], cwd=ROOT, capture_output=True,
+                           text=True, timeout=60)
+    assert moved.returncode == 0 and "--workers" in moved.stdout
