@@ -29,6 +29,13 @@ rank's parameters compared at the end (identical only if the exchange really ave
   gradients through host buffers themselves; under ``python -m launch -np 2`` (mpirun), so only
   where mpirun and mpi4py are installed: elsewhere the row says it was skipped.
 
+Below the table, the accounting of issue 28 per model and batch: the trainer's step against
+DDP-NCCL's (and the bare Horovod loop's), as the microseconds per step the trainer adds, and with
+``--parts`` where they go: the trainer's exchanging run once more with a timer around each part of
+its step (:mod:`.common.stepparts`; a separate run, so the figures above carry no timer's cost).
+On a GPU a part's wall time is where the CPU waited: the forward pass's kernels show up where the
+step's vote reads the loss, backward's in the step end's ``torch.cuda.synchronize()`` (residue).
+
 Each run is its own process (or job), so the peak memory is its own and one failure does not hide
 the rest. ``--device cpu`` (tools/gpu_check.sh --dry-run) runs everything on the CPU instead:
 Horovod's CPU operations and DDP over gloo; it checks the code, not the figures. The bare loops
@@ -219,7 +226,17 @@ def run_one(args: argparse.Namespace) -> int:
         torch.cuda.reset_peak_memory_stats(device)
     else:
         torch.set_num_threads(args.threads)
+    meter = None
+    if args.parts and args.way.startswith("trainer"):  # a timer around each part of the trainer's step
+        from .common.stepparts import Meter, instrument_trainer
+
+        meter = Meter()
+        instrument_trainer(meter, args.warmup_steps, args.steps)
     row = run_trainer(args, device) if args.way.startswith("trainer") else run_loop(args, device)
+    if meter is not None:
+        from .common.stepparts import result
+
+        row["parts"] = result(meter, args.way, args.model, 0, 1)
     with open(args.result, "w") as fh:
         json.dump({"model": args.model, "way": args.way, "batch": batch_for(args.model, args.batch_size),
                    "ranks": 1, "device": str(device), **row}, fh)
@@ -384,6 +401,41 @@ def regimes(rows: list[dict]) -> list[str]:
     return out
 
 
+def accounting(rows: list[dict]) -> list[str]:
+    """Per model and batch at one rank: the trainer's step (exchanging through Horovod, and without
+    an exchange) against DDP's and the bare Horovod loop's, and the microseconds per step the
+    trainer adds over DDP (issue 28's accounting; negative: the trainer is faster)."""
+    done = {(r["model"], r["batch"], r["way"]): r for r in rows if r.get("ranks") == 1 and "step_ms" in r}
+    keys = list(dict.fromkeys((m, b) for m, b, _ in done))
+    out = []
+    for m, b in keys:
+        ddp = done.get((m, b, "ddp"))
+        mine = [(w, done[(m, b, w)]) for w in ("trainer-exchange", "trainer") if (m, b, w) in done]
+        if not ddp or not mine:
+            continue
+        hvd = done.get((m, b, "horovod"))
+        for way, r in mine:
+            out.append(f"| {m} | {b} | {LABELS[way]} | {r['step_ms']:.3f} | {ddp['step_ms']:.3f} | "
+                       f"{_num(hvd['step_ms'] if hvd else None, '.3f')} | {1e3 * (r['step_ms'] - ddp['step_ms']):+.0f} | "
+                       f"{ddp['step_ms'] / r['step_ms']:.3f} |")
+    if not out:
+        return []
+    return ["The trainer's per-step cost against DDP (one rank; DDP-NCCL on a GPU, gloo on the CPU):", "",
+            "| model | batch | trainer | trainer step ms | DDP step ms | bare Horovod step ms | "
+            "trainer - DDP µs/step | trainer / DDP throughput |", "|---|--:|---|--:|--:|--:|--:|--:|", *out, ""]
+
+
+def parts_table(rows: list[dict]) -> list[str]:
+    """``--parts``: where the trainer's step goes, per model and batch (:mod:`.common.stepparts`)."""
+    from .common.stepparts import table as by_part
+
+    found = {(f"{r['model']} batch {r['batch']}", LABELS[r["way"]]): [r["parts"]] for r in rows if "parts" in r}
+    if not found:
+        return []
+    return ["Where the trainer's step goes (--parts: the same run again, each part timed; on a GPU the wall time "
+            "is where the CPU waited for the kernels):", "", by_part(found), ""]
+
+
 def nccl_version() -> str:
     v = torch.cuda.nccl.version()  # (2, 29, 7); an int such as 22907 in older torch
     return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
@@ -411,13 +463,13 @@ def parse_busy(text: str) -> dict[str, int]:
     return busy
 
 
-def run_single(args: argparse.Namespace, tmp: str, model: str, way: str, batch: int) -> dict:
-    result = os.path.join(tmp, f"{model}-{way}-{batch}.json")
+def run_single(args: argparse.Namespace, tmp: str, model: str, way: str, batch: int, parts: bool = False) -> dict:
+    result = os.path.join(tmp, f"{model}-{way}-{batch}{'-parts' if parts else ''}.json")
     cmd = [sys.executable, "-m", "lab", "gpucheck", "--one", way,
            "--model", model, "--device", args.device, "--result", result,
            "--steps", str(args.steps), "--warmup-steps", str(args.warmup_steps),
            "--batch-size", str(batch), "--synthetic-samples", str(args.synthetic_samples),
-           "--threads", str(args.threads)]
+           "--threads", str(args.threads), *(["--parts"] if parts else [])]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
         rc, out = proc.returncode, proc.stdout + proc.stderr
@@ -470,6 +522,13 @@ def run_all(args: argparse.Namespace) -> int:
                         log(f"  {row['samples_per_sec']:.0f} samples/s, {row['step_ms']:.2f} ms/step "
                             f"({time.perf_counter() - t0:.1f} s with start-up); {row['note']}")
                     rows.append(row)
+                timed = next((r for r in rows[::-1] if r["model"] == model and r["batch"] == batch
+                              and r["way"] in ("trainer-exchange", "trainer") and "samples_per_sec" in r), None)
+                if args.parts and timed:  # the same run again with a timer around each part of the step
+                    log(f"{model} / {LABELS[timed['way']]}, batch {batch}: once more, each part of the step timed")
+                    again = run_single(args, tmp, model, timed["way"], batch, parts=True)
+                    if "parts" in again:
+                        timed["parts"] = again["parts"]
     for model in [m for m in args.two_rank_models.split(",") if m in models] if two else []:
         for way in two:
             log(f"{model} / {LABELS[way]} on one {args.device} device: {args.two_rank_steps} steps, "
@@ -477,7 +536,7 @@ def run_all(args: argparse.Namespace) -> int:
             row = run_two(args, way, model, batch_for(model, args.batch_size))
             log(f"  {row.get('note') or row.get('skipped') or row.get('error')}")
             rows.append(row)
-    text = table(rows, args.device)
+    text = "\n".join([table(rows, args.device), "", *accounting(rows), *parts_table(rows)])
     print("\n" + text, flush=True)
     if args.out:
         with open(args.out, "w") as fh:
@@ -510,6 +569,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--timeout", type=float, default=300, help="seconds for one run or two-rank job")
     p.add_argument("--out", default="", help="also write the rows as JSON here")
+    p.add_argument("--parts", action="store_true",
+                   help="run the trainer once more per model and batch with each part of its step timed (issue 28)")
     p.add_argument("--one", choices=WAYS, dest="way", help=argparse.SUPPRESS)  # one run, in its own process
     p.add_argument("--model", default="lenet5", help=argparse.SUPPRESS)
     p.add_argument("--result", default="", help=argparse.SUPPRESS)
