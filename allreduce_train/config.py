@@ -1,7 +1,9 @@
 """One typed configuration tree for a training run.
 
 Each section is a small dataclass; every field carries its help text in ``metadata`` and the
-command-line flags are generated from the fields (``--batch-size`` for ``data.batch_size``).
+command-line flags are generated from the fields (``--batch-size`` for ``data.batch_size``). Each
+exchange engine has a section of its own, read by that engine only (``[horovod]``, ``[mpi]``,
+``[ps]``), whose flags carry the section's name (``--ps-servers`` for ``ps.servers``).
 Values come from, in increasing priority: the defaults (which run on a CPU laptop), an optional
 TOML file (``--config run.toml`` with one table per section), and the command line.
 Validation lives in each section's ``__post_init__`` and raises :class:`ConfigError` naming the
@@ -15,7 +17,7 @@ import dataclasses
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Any, get_type_hints
+from typing import Any, ClassVar, get_type_hints
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -41,6 +43,13 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def key(section: Any, name: str) -> str:
+    """A field's name as its flag spells it: an engine section's fields carry the section's name
+    (``ps.servers`` -> ``ps_servers``, the flag ``--ps-servers``), the others' do not."""
+    prefix = getattr(section, "prefix", "")
+    return f"{prefix}_{name}" if prefix else name
+
+
 def _check(cond: bool, name: str, what: str, value: Any) -> None:
     if not cond:
         raise ConfigError(f"{flag(name)} {what} (got {value!r})")
@@ -52,7 +61,7 @@ def _check_choices(section: Any) -> None:
         choices = f.metadata.get("choices")
         value = getattr(section, f.name)
         if choices and value not in choices:
-            raise ConfigError(f"{flag(f.name)}: unknown value {value!r}; choose one of: {', '.join(choices)}")
+            raise ConfigError(f"{flag(key(section, f.name))}: unknown value {value!r}; choose one of: {', '.join(choices)}")
 
 
 @dataclass
@@ -125,11 +134,6 @@ class ExchangeConfig:
                        STRATEGIES)
     allreduce_engine: str = _f("horovod", "allreduce: horovod, or mpi = a ring of mpi4py messages from gradient hooks, "
                                           "the PS's machinery (docs/engines.md)", ("horovod", "mpi"))
-    mpi_bucket_bytes: int = _f(1 << 20, "allreduce-engine mpi: gradients reduced together, started as soon as "
-                                        "backward has produced them")
-    mpi_algorithm: str = _f("ring", "allreduce-engine mpi: ring = reduce-scatter + allgather of Isend/Irecv; "
-                                    "iallreduce = MPI_Iallreduce per bucket (Open MPI's algorithm)",
-                            ("ring", "iallreduce"))
     compression: str = _f("none", "fp16/bf16: 16 bits on the wire for gradients (allreduce; bf16 not with Horovod) "
                                   "and with ps also the pulled parameters; powersgd: rank-r factors with error "
                                   "feedback (allreduce) (docs/concepts.md)", ("none", "fp16", "bf16", "powersgd"))
@@ -140,28 +144,12 @@ class ExchangeConfig:
                                "0 = off (docs/concepts.md)")
     average_warmup_steps: int = _f(0, "local SGD: the first W steps are synchronous (post-local SGD)")
     reduce_op: str = _f("average", "allreduce reduction", ("average", "adasum"))
-    horovod_backend: str = _f("mpi", "allreduce: Horovod's controller and CPU collectives; gloo (one host only under "
-                                     "mpirun) waits in blocking sockets, which helps on an oversubscribed host "
-                                     "(docs/performance.md)", ("mpi", "gloo"))
-    ps_placement: str = _f("dedicated", "ps: dedicated = the first --ps-servers ranks only serve (TensorFlow-style); "
-                                        "colocated = every rank trains and serves 1/N (MXNet-style)",
-                           ("dedicated", "colocated"))
-    ps_servers: int = _f(0, "ps: server ranks (0 = 1 with dedicated placement, every rank with colocated)")
-    ps_mode: str = _f("sync", "ps: sync = average every worker's gradient, then update (allreduce's maths); "
-                              "async = apply each worker's gradient as it arrives", ("sync", "async"))
-    ps_bucket_bytes: int = _f(1 << 20, "ps: gradients pushed in one message per server as soon as backward has produced them")
-    ps_split_bytes: int = _f(1 << 16, "ps: parameters larger than this are cut into chunks of at most this size, "
-                                      "spread over the servers")
     stall_timeout: float = _f(120.0, "seconds without progress after which every live rank ends the job, naming the "
                                      "rank(s) that did not arrive (exit 69; 0 = wait forever; docs/faults.md)")
 
     def __post_init__(self) -> None:
         _check_choices(self)
         _check(self.backward_passes_per_step >= 1, "backward_passes_per_step", "must be >= 1", self.backward_passes_per_step)
-        _check(self.ps_servers >= 0, "ps_servers", "must be >= 0", self.ps_servers)
-        _check(self.mpi_bucket_bytes >= 4, "mpi_bucket_bytes", "must be >= 4 (one float32)", self.mpi_bucket_bytes)
-        _check(self.ps_bucket_bytes >= 4, "ps_bucket_bytes", "must be >= 4 (one float32)", self.ps_bucket_bytes)
-        _check(self.ps_split_bytes >= 4, "ps_split_bytes", "must be >= 4 (one float32)", self.ps_split_bytes)
         _check(self.stall_timeout >= 0, "stall_timeout", "must be >= 0 (0 = off)", self.stall_timeout)
         _check(self.average_every >= 0, "average_every", "must be >= 0 (0 = off)", self.average_every)
         _check(self.average_warmup_steps >= 0, "average_warmup_steps", "must be >= 0", self.average_warmup_steps)
@@ -180,6 +168,55 @@ class ExchangeConfig:
                               "--strategy allreduce")
         if self.average_warmup_steps and not self.average_every:
             raise ConfigError("--average-warmup-steps without --average-every: set --average-every H (local SGD)")
+
+
+@dataclass
+class HorovodConfig:
+    """--allreduce-engine horovod (the default): Horovod's own settings (distributed/horovod.py)."""
+
+    prefix: ClassVar[str] = "horovod"  # the flags: --horovod-backend
+    backend: str = _f("mpi", "Horovod's controller and CPU collectives; gloo (one host only under mpirun) waits in "
+                             "blocking sockets, which helps on an oversubscribed host (docs/performance.md)",
+                      ("mpi", "gloo"))
+
+    def __post_init__(self) -> None:
+        _check_choices(self)
+
+
+@dataclass
+class MPIConfig:
+    """--allreduce-engine mpi: the ring of mpi4py messages from gradient hooks (distributed/ring.py)."""
+
+    prefix: ClassVar[str] = "mpi"  # the flags: --mpi-bucket-bytes, --mpi-algorithm
+    bucket_bytes: int = _f(1 << 20, "gradients reduced together, started as soon as backward has produced them")
+    algorithm: str = _f("ring", "ring = reduce-scatter + allgather of Isend/Irecv; iallreduce = MPI_Iallreduce per "
+                                "bucket (Open MPI's algorithm)", ("ring", "iallreduce"))
+
+    def __post_init__(self) -> None:
+        _check_choices(self)
+        _check(self.bucket_bytes >= 4, "mpi_bucket_bytes", "must be >= 4 (one float32)", self.bucket_bytes)
+
+
+@dataclass
+class PSConfig:
+    """--strategy ps: the parameter servers (distributed/ps/)."""
+
+    prefix: ClassVar[str] = "ps"  # the flags: --ps-placement, --ps-servers, ...
+    placement: str = _f("dedicated", "dedicated = the first --ps-servers ranks only serve (TensorFlow-style); "
+                                     "colocated = every rank trains and serves 1/N (MXNet-style)",
+                        ("dedicated", "colocated"))
+    servers: int = _f(0, "server ranks (0 = 1 with dedicated placement, every rank with colocated)")
+    mode: str = _f("sync", "sync = average every worker's gradient, then update (allreduce's maths); "
+                           "async = apply each worker's gradient as it arrives", ("sync", "async"))
+    bucket_bytes: int = _f(1 << 20, "gradients pushed in one message per server as soon as backward has produced them")
+    split_bytes: int = _f(1 << 16, "parameters larger than this are cut into chunks of at most this size, "
+                                   "spread over the servers")
+
+    def __post_init__(self) -> None:
+        _check_choices(self)
+        _check(self.servers >= 0, "ps_servers", "must be >= 0", self.servers)
+        _check(self.bucket_bytes >= 4, "ps_bucket_bytes", "must be >= 4 (one float32)", self.bucket_bytes)
+        _check(self.split_bytes >= 4, "ps_split_bytes", "must be >= 4 (one float32)", self.split_bytes)
 
 
 @dataclass
@@ -276,6 +313,9 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     exchange: ExchangeConfig = field(default_factory=ExchangeConfig)
+    horovod: HorovodConfig = field(default_factory=HorovodConfig)
+    mpi: MPIConfig = field(default_factory=MPIConfig)
+    ps: PSConfig = field(default_factory=PSConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
@@ -295,19 +335,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         group = parser.add_argument_group(section, cls.__doc__)
         hints = get_type_hints(cls)
         for f in dataclasses.fields(cls):
-            assert f.name not in seen, f"config field {f.name} appears in two sections"
-            seen.add(f.name)
+            name = key(cls, f.name)
+            assert name not in seen, f"config field {name} appears in two sections"
+            seen.add(name)
             typ = hints[f.name]
             kwargs: dict[str, Any] = {"dest": f"{section}.{f.name}", "default": None,
                                       "help": f"{f.metadata['help']} (default: {f.default!r})"}
             if typ is bool:
-                group.add_argument(flag(f.name), action=argparse.BooleanOptionalAction, **kwargs)
+                group.add_argument(flag(name), action=argparse.BooleanOptionalAction, **kwargs)
             else:
-                metavar = f.name.upper()
+                metavar = name.upper()
                 if "choices" in f.metadata:  # shown in --help as {a,b}
                     kwargs["choices"] = f.metadata["choices"]
                     metavar = "{" + ",".join(f.metadata["choices"]) + "}"
-                group.add_argument(flag(f.name), type=typ, metavar=metavar, **kwargs)
+                group.add_argument(flag(name), type=typ, metavar=metavar, **kwargs)
+
+
+def _owners() -> dict[str, tuple[str, str]]:
+    """Every field by its flag's name: ``ps_servers`` -> ("ps", "servers"), ``lr`` -> ("optim", "lr")."""
+    return {key(cls, f.name): (s, f.name) for s, cls in _sections().items() for f in dataclasses.fields(cls)}
 
 
 def _apply_model_defaults(values: dict[str, dict[str, Any]]) -> None:
@@ -318,31 +364,43 @@ def _apply_model_defaults(values: dict[str, dict[str, Any]]) -> None:
     spec = MODELS.get(values["model"].get("model", ModelConfig.model))
     if spec is None:
         return  # ModelConfig reports the unknown name
-    owner = {f.name: s for s, cls in _sections().items() for f in dataclasses.fields(cls)}
+    owner = _owners()
     for name, v in spec.defaults.items():
-        values[owner[name]].setdefault(name, v)
+        section, field_name = owner[name]
+        values[section].setdefault(field_name, v)
+
+
+def _read_toml(path: str, values: dict[str, dict[str, Any]]) -> None:
+    """``--config FILE``: one table per section, keys as the fields are named (``-`` or ``_``)."""
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"--config: file not found: {path}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"--config: {path} is not valid TOML: {e}") from None
+    owner = _owners()
+    for section, table in data.items():
+        if section not in values or not isinstance(table, dict):
+            raise ConfigError(f"--config: unknown table [{section}] in {path}; tables are: {', '.join(values)}")
+        known = [f.name for f in dataclasses.fields(_sections()[section])]
+        for k, v in table.items():
+            name = k.replace("-", "_")
+            if name in known:
+                values[section][name] = v
+                continue
+            moved = owner.get(name)
+            if section == "exchange" and moved and moved[0] != section:
+                raise ConfigError(f"--config: {k!r} in [exchange] of {path} moved to its engine's table: write "
+                                  f"{moved[1]} = ... in [{moved[0]}] (the flag {flag(name)} is unchanged)")
+            raise ConfigError(f"--config: unknown key {k!r} in [{section}] of {path}; keys are: {', '.join(known)}")
 
 
 def build_config(args: argparse.Namespace) -> Config:
     """Merge defaults, the TOML file and the command line, then validate every section."""
     values: dict[str, dict[str, Any]] = {s: {} for s in _sections()}
     if getattr(args, "config", None):
-        try:
-            with open(args.config, "rb") as fh:
-                data = tomllib.load(fh)
-        except FileNotFoundError:
-            raise ConfigError(f"--config: file not found: {args.config}") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"--config: {args.config} is not valid TOML: {e}") from None
-        for section, table in data.items():
-            if section not in values or not isinstance(table, dict):
-                raise ConfigError(f"--config: unknown table [{section}] in {args.config}; tables are: {', '.join(values)}")
-            known = {f.name for f in dataclasses.fields(_sections()[section])}
-            for k, v in table.items():
-                key = k.replace("-", "_")
-                if key not in known:
-                    raise ConfigError(f"--config: unknown key {k!r} in [{section}] of {args.config}")
-                values[section][key] = v
+        _read_toml(args.config, values)
     for dest, v in vars(args).items():
         if "." in dest and v is not None:
             section, name = dest.split(".", 1)
@@ -356,7 +414,7 @@ def build_config(args: argparse.Namespace) -> Config:
             if want is float and isinstance(v, int) and not isinstance(v, bool):
                 v = float(v)
             if not isinstance(v, want) or (want is int and isinstance(v, bool)):
-                raise ConfigError(f"{flag(name)} must be of type {want.__name__} (got {v!r})")
+                raise ConfigError(f"{flag(key(cls, name))} must be of type {want.__name__} (got {v!r})")
             values[section][name] = v
         sections[section] = cls(**values[section])
     return Config(**sections)

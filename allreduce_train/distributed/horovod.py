@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from .. import watchdog
-from ..config import ExchangeConfig
+from ..config import ExchangeConfig, HorovodConfig
 from ..errors import ConfigError, UserError
 from .base import GradientExchange
 from .powersgd import PowerSGD
@@ -97,7 +97,7 @@ def gloo_under_mpirun(environ) -> Any:
     return server
 
 
-def wants_gloo(cfg: ExchangeConfig, environ) -> bool:
+def wants_gloo(cfg: HorovodConfig, environ) -> bool:
     """Whether to start Gloo under mpirun (``--horovod-backend gloo``, every rank on this host).
 
     Horovod's own variables (HOROVOD_CONTROLLER, HOROVOD_CPU_OPERATIONS) and a rendezvous that
@@ -106,10 +106,10 @@ def wants_gloo(cfg: ExchangeConfig, environ) -> bool:
     if "OMPI_COMM_WORLD_SIZE" not in environ or any(
             v in environ for v in ("HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS", "HOROVOD_GLOO_RENDEZVOUS_ADDR")):
         return False
-    if cfg.horovod_backend == "gloo" and not one_host(environ):
+    if cfg.backend == "gloo" and not one_host(environ):
         raise UserError("--horovod-backend gloo under mpirun needs every rank on one host (its rendezvous listens on "
                         "127.0.0.1); use --horovod-backend mpi, or launch with `horovodrun --gloo`")
-    return cfg.horovod_backend == "gloo"
+    return cfg.backend == "gloo"
 
 
 def wants_connect_first(environ, gloo: bool) -> bool:
@@ -169,13 +169,13 @@ class HorovodAllreduce(GradientExchange):
 
     name = "allreduce"
 
-    def __init__(self, cfg: ExchangeConfig) -> None:
+    def __init__(self, cfg: ExchangeConfig, horovod: HorovodConfig) -> None:
         if cfg.compression == "bf16":  # before any process group forms: every rank fails alike
             raise ConfigError("--compression bf16: Horovod 0.28.1's PyTorch binding has no bfloat16 allreduce; "
                               "use --allreduce-engine mpi (it sums bfloat16 itself) or --compression fp16")
         self.cfg = cfg
         self.hvd = hvd = _import_horovod()
-        self._rendezvous = gloo_under_mpirun(os.environ) if wants_gloo(cfg, os.environ) else None
+        self._rendezvous = gloo_under_mpirun(os.environ) if wants_gloo(horovod, os.environ) else None
         check_horovod_env(os.environ)
         wait = os.environ.get("ALLREDUCE_TRAIN_WAIT", "sleep")
         if wait not in ("sleep", "horovod"):

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..config import Config
+from ..config import ExchangeConfig, MPIConfig
 from ..errors import ConfigError, UserError
 from .base import GradientExchange
 from .compression import SIXTEEN_BIT, wire_dtype
@@ -40,13 +40,12 @@ from .powersgd import PowerSGD
 from .ps.sharding import plan
 
 
-def check_config(cfg: Config) -> None:
+def check_config(x: ExchangeConfig, mpi: MPIConfig) -> None:
     """What ``--allreduce-engine mpi`` cannot do, checked before MPI starts (every rank fails alike)."""
-    x = cfg.exchange
     if x.reduce_op != "average":
         raise ConfigError("--reduce-op adasum is Horovod's; --allreduce-engine mpi averages "
                           "(use --reduce-op average, or --allreduce-engine horovod)")
-    if x.compression in SIXTEEN_BIT and x.mpi_algorithm == "iallreduce":
+    if x.compression in SIXTEEN_BIT and mpi.algorithm == "iallreduce":
         raise ConfigError(f"--compression {x.compression} with --mpi-algorithm iallreduce: MPI has no 16-bit float "
                           "sum; use --mpi-algorithm ring (it sums 16-bit floats itself) or --compression none")
 
@@ -89,10 +88,10 @@ class MPIRingAllreduce(GradientExchange):
 
     name = "allreduce"
 
-    def __init__(self, cfg: Config, average: bool = True) -> None:
+    def __init__(self, x: ExchangeConfig, mpi: MPIConfig, average: bool = True) -> None:
         """``average=False``: leave the sum (commbench checks it exactly on integer inputs)."""
-        check_config(cfg)
-        self.cfg = x = cfg.exchange
+        check_config(x, mpi)
+        self.cfg, self.mpi = x, mpi
         # As with Horovod: a rank waiting inside MPI yields its core (docs/performance.md).
         os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
         self.MPI = MPI = import_mpi()
@@ -104,7 +103,7 @@ class MPIRingAllreduce(GradientExchange):
         # (metrics, set-up objects) can match a gradient's receive.
         self.comm = world.Dup()
         self.timeout = x.stall_timeout  # 0: wait forever (the watchdog is off too)
-        self.algorithm = x.mpi_algorithm
+        self.algorithm = mpi.algorithm
         self.dtype = wire_dtype(x.compression)  # the bucket's buffer: the copy in is the cast (compression.py)
         self.divisor = self.size if average else 1
         self._hooks: list[Any] = []
@@ -116,7 +115,7 @@ class MPIRingAllreduce(GradientExchange):
     # ------------------------------------------------------------ set-up
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"allreduce_engine": "mpi", "mpi_algorithm": self.algorithm,
-                               "mpi_bucket_bytes": self.cfg.mpi_bucket_bytes, "compression": self.cfg.compression,
+                               "mpi_bucket_bytes": self.mpi.bucket_bytes, "compression": self.cfg.compression,
                                "backward_passes_per_step": self.cfg.backward_passes_per_step,
                                "reduce_op": self.cfg.reduce_op, "average_every": self.cfg.average_every}
         if self._buckets:
@@ -147,7 +146,7 @@ class MPIRingAllreduce(GradientExchange):
         self.params = params
         sizes = [p.numel() for p in params]
         elem = torch.finfo(self.dtype).bits // 8
-        buckets = plan(sizes, 1, max(sizes), max(1, self.cfg.mpi_bucket_bytes // elem)).buckets
+        buckets = plan(sizes, 1, max(sizes), max(1, self.mpi.bucket_bytes // elem)).buckets
         if len(buckets) > MAX_BUCKETS:
             raise UserError(f"{len(buckets)} buckets are too many message tags; raise --mpi-bucket-bytes")
         self._buckets = [_Bucket(b, members, sizes, self.dtype, self.rank, self.size)

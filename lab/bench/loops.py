@@ -93,14 +93,16 @@ def setup_ddp(model: torch.nn.Module, lr: float, port: int):
 
 def trainer_grads(args: argparse.Namespace) -> tuple[dict[str, torch.Tensor], int]:
     """One step of the real trainer through its exchange; the averaged gradients stay in ``.grad``."""
-    from allreduce_train.config import Config, DataConfig, ExchangeConfig, ModelConfig, RunConfig, TrainConfig
+    from allreduce_train.config import (Config, DataConfig, ExchangeConfig, HorovodConfig, ModelConfig, RunConfig,
+                                        TrainConfig)
     from allreduce_train.distributed import create_exchange
     from allreduce_train.trainer import Trainer
 
     cfg = Config(model=ModelConfig(args.model),
                  data=DataConfig(dataset="synthetic", batch_size=args.batch_size,
                                  synthetic_samples=args.synthetic_samples),
-                 exchange=ExchangeConfig(horovod_backend=args.horovod_backend, allreduce_engine=args.allreduce_engine),
+                 exchange=ExchangeConfig(allreduce_engine=args.allreduce_engine),
+                 horovod=HorovodConfig(backend=args.horovod_backend),
                  train=TrainConfig(seed=args.seed, threads=args.threads, device="cpu"),
                  run=RunConfig(tensorboard=False, progress=False))
     ex = create_exchange(cfg)

@@ -151,11 +151,11 @@ def mpi_ring(src: np.ndarray, shapes, total: bool, bucket_bytes: int) -> Callabl
     Horovod row enqueues every tensor before it waits)."""
     import torch
 
-    from allreduce_train.config import Config, ExchangeConfig
+    from allreduce_train.config import ExchangeConfig, MPIConfig
     from allreduce_train.distributed.ring import MPIRingAllreduce
 
-    cfg = Config(exchange=ExchangeConfig(allreduce_engine="mpi", mpi_bucket_bytes=bucket_bytes))
-    ex = MPIRingAllreduce(cfg, average=not total)  # communication: its own communicator
+    # communication: its own communicator
+    ex = MPIRingAllreduce(ExchangeConfig(allreduce_engine="mpi"), MPIConfig(bucket_bytes=bucket_bytes), average=not total)
     flat = torch.from_numpy(src.copy())
     params, off = [], 0
     for s in shapes:

@@ -26,7 +26,8 @@ VARIANTS = [  # (flags, passes per step, relative tolerance)
 
 def run(flags: list[str], passes: int, tol: float) -> None:
     argv = ["train", "--allreduce-engine", "mpi", *sys.argv[1:], *flags, "--backward-passes-per-step", str(passes)]
-    ex = MPIRingAllreduce(build_config(make_parser().parse_args(argv)))
+    cfg = build_config(make_parser().parse_args(argv))
+    ex = MPIRingAllreduce(cfg.exchange, cfg.mpi)
     torch.manual_seed(0)
     model = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(n)) for n in SIZES])
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -39,13 +39,15 @@ def test_a_ps_message_carries_its_payload_in_the_wire_dtype_in_the_raw_bytes_mpi
 
 def test_bf16_with_horovod_is_refused_naming_the_flag_and_the_way_out():
     with pytest.raises(ConfigError, match="--compression bf16.*--allreduce-engine mpi"):
-        HorovodAllreduce(parse(["--compression", "bf16"]).exchange)
+        cfg = parse(["--compression", "bf16"])
+        HorovodAllreduce(cfg.exchange, cfg.horovod)
 
 
 @pytest.mark.parametrize("wire", ["fp16", "bf16"])
 def test_16_bit_with_mpis_own_allreduce_is_refused(wire):
     with pytest.raises(ConfigError, match=f"--compression {wire} with --mpi-algorithm iallreduce"):
-        ring_check(parse(["--allreduce-engine", "mpi", "--compression", wire, "--mpi-algorithm", "iallreduce"]))
+        cfg = parse(["--allreduce-engine", "mpi", "--compression", wire, "--mpi-algorithm", "iallreduce"])
+        ring_check(cfg.exchange, cfg.mpi)
 
 
 def test_local_sgd_synchronises_the_warm_up_and_each_periods_last_step():

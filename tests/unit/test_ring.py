@@ -18,8 +18,8 @@ def test_ring_chunks_cover_the_bucket_in_sizes_one_apart(numel, n):
 
 def test_engine_flags_default_to_horovod_and_parse():
     assert parse([]).exchange.allreduce_engine == "horovod"
-    x = parse(["--allreduce-engine", "mpi", "--mpi-algorithm", "iallreduce", "--mpi-bucket-bytes", "4096"]).exchange
-    assert (x.allreduce_engine, x.mpi_algorithm, x.mpi_bucket_bytes) == ("mpi", "iallreduce", 4096)
+    cfg = parse(["--allreduce-engine", "mpi", "--mpi-algorithm", "iallreduce", "--mpi-bucket-bytes", "4096"])
+    assert (cfg.exchange.allreduce_engine, cfg.mpi.algorithm, cfg.mpi.bucket_bytes) == ("mpi", "iallreduce", 4096)
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -28,4 +28,5 @@ def test_engine_flags_default_to_horovod_and_parse():
 ])
 def test_what_the_mpi_engine_refuses_is_named(argv, needle):
     with pytest.raises(ConfigError, match=needle):
-        check_config(parse(["--allreduce-engine", "mpi", *argv]))
+        cfg = parse(["--allreduce-engine", "mpi", *argv])
+        check_config(cfg.exchange, cfg.mpi)

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...config import Config
+from ...config import ExchangeConfig, PSConfig
 from ...errors import ConfigError, UserError
 from ..base import GradientExchange
 from ..compression import wire_dtype
@@ -44,9 +44,8 @@ from .server import ELEM, TAG_DONE, TAG_STATE, Server, message
 from .sharding import plan
 
 
-def check_config(cfg: Config) -> None:
+def check_config(x: ExchangeConfig) -> None:
     """What ``--strategy ps`` cannot do, checked before MPI starts (every rank fails alike)."""
-    x = cfg.exchange
     if x.reduce_op != "average":
         raise ConfigError("--reduce-op adasum is an allreduce option; --strategy ps averages (use --reduce-op average)")
 
@@ -56,22 +55,23 @@ class ParameterServer(GradientExchange):
 
     name = "ps"
 
-    def __init__(self, cfg: Config) -> None:
-        check_config(cfg)
-        x = self.xcfg = cfg.exchange
+    def __init__(self, x: ExchangeConfig, ps: PSConfig, grad_clip: float = 0.0) -> None:
+        """``grad_clip``: ``--grad-clip``, which the servers apply (sync) or each worker before it pushes (async)."""
+        check_config(x)
+        self.xcfg, self.pcfg = x, ps
         self.MPI = MPI = import_mpi()
         world = self.world = MPI.COMM_WORLD
         self.rank, self.size = world.Get_rank(), world.Get_size()
         n = self.size
-        if x.ps_placement == "dedicated":
-            k = x.ps_servers or 1
+        if ps.placement == "dedicated":
+            k = ps.servers or 1
             if k >= n:
                 raise ConfigError(f"--ps-servers {k} with {n} ranks leaves no worker: dedicated servers are the first "
                                   f"--ps-servers ranks; launch more ranks (-np {k + 1} or more) or use fewer servers")
             self.server_ranks, self.worker_ranks = list(range(k)), list(range(k, n))
         else:
-            if x.ps_servers not in (0, n):
-                raise ConfigError(f"--ps-servers {x.ps_servers}: --ps-placement colocated puts one server on every "
+            if ps.servers not in (0, n):
+                raise ConfigError(f"--ps-servers {ps.servers}: --ps-placement colocated puts one server on every "
                                   f"rank ({n}); leave --ps-servers at 0 or use --ps-placement dedicated")
             self.server_ranks = self.worker_ranks = list(range(n))
         self.main_rank = self.worker_ranks[0]
@@ -86,9 +86,9 @@ class ParameterServer(GradientExchange):
         self._stale_max = 0
         # Clipping: sync clips the averaged gradient on the servers (see server.Server); async clips each
         # worker's own gradient, which needs its whole norm first, so all pushes wait for synchronize().
-        self.clip = cfg.optim.grad_clip
+        self.clip = grad_clip
         self.wire = wire_dtype(x.compression)  # pushes and pulls (compression.py says where the casts go)
-        self._clip_local = cfg.optim.grad_clip if x.ps_mode == "async" else 0.0
+        self._clip_local = grad_clip if ps.mode == "async" else 0.0
         self._window = [0, 0, 0, 0]  # since the last stats(): steps, staleness sum, count, max
 
     # ------------------------------------------------------------ roles
@@ -123,12 +123,12 @@ class ParameterServer(GradientExchange):
 
     # ------------------------------------------------------------ set-up
     def _start(self, payload: dict[str, Any]) -> None:
-        x = self.xcfg
+        x, ps = self.xcfg, self.pcfg
         sizes = [p.numel() for p in payload["params"]]
-        self.layout = plan(sizes, len(self.server_ranks), max(1, x.ps_split_bytes // ELEM), max(1, x.ps_bucket_bytes // ELEM))
+        self.layout = plan(sizes, len(self.server_ranks), max(1, ps.split_bytes // ELEM), max(1, ps.bucket_bytes // ELEM))
         if len(self.layout.buckets) > MAX_BUCKETS:
             raise UserError(f"{len(self.layout.buckets)} buckets are too many message tags; raise --ps-bucket-bytes")
-        sync_clip = self.clip if x.ps_mode == "sync" else 0.0
+        sync_clip = self.clip if ps.mode == "sync" else 0.0
         clip_comm = None
         if sync_clip:
             # communication: every rank takes part; the servers that own elements form the group
@@ -136,7 +136,7 @@ class ParameterServer(GradientExchange):
             clip_comm = self.world.Split(0 if owns else self.MPI.UNDEFINED, self.rank)
         if self._server_index is not None:
             self._server = Server(self.MPI, self._server_index, self.layout, payload, self.worker_ranks,
-                                   x.ps_mode == "sync", self.push, self.pull, x.stall_timeout, sync_clip, clip_comm,
+                                   ps.mode == "sync", self.push, self.pull, x.stall_timeout, sync_clip, clip_comm,
                                    self.wire)
         self._started = True
 
@@ -341,9 +341,10 @@ class ParameterServer(GradientExchange):
 
     # ------------------------------------------------------------ reporting and shutdown
     def describe(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"ps_servers": len(self.server_ranks), "ps_placement": self.xcfg.ps_placement,
-                               "ps_mode": self.xcfg.ps_mode, "ps_bucket_bytes": self.xcfg.ps_bucket_bytes,
-                               "ps_split_bytes": self.xcfg.ps_split_bytes, "compression": self.xcfg.compression}
+        ps = self.pcfg
+        out: dict[str, Any] = {"ps_servers": len(self.server_ranks), "ps_placement": ps.placement, "ps_mode": ps.mode,
+                               "ps_bucket_bytes": ps.bucket_bytes, "ps_split_bytes": ps.split_bytes,
+                               "compression": self.xcfg.compression}
         if self._started:
             out["ps_buckets"] = len(self.layout.buckets)
             out["ps_server_bytes"] = [ELEM * n for n in self.layout.server_numel()]
