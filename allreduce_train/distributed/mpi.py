@@ -1,5 +1,5 @@
-"""The mpi4py layer that the two engines on MPI messages share: the parameter server
-(:mod:`.ps`) and the ring allreduce (:mod:`.ring`).
+"""The mpi4py layer that the exchanges on MPI messages share: the parameter server (:mod:`.ps`),
+the ring allreduce (:mod:`.ring`) and ``--strategy none``'s bookkeeping (:mod:`.local`).
 
 Every wait here is non-blocking underneath and polled with a deadline (:func:`poll`), so a rank
 whose peer never answers raises :class:`~allreduce_train.errors.Stalled` instead of hanging, and a
