@@ -11,7 +11,7 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
-from ..common import costmodel
+from ..common import costmodel, gradients
 from .spec import REPORT_WORKERS, GridConfig, GridError, Plan, Variant
 
 CYCLE_CANDIDATES = "0.2,5"  # besides Horovod's default of 1 ms
@@ -97,8 +97,7 @@ def predictions(rows, vs: list[Variant], models: list[str], plans: dict[str, Pla
             r.update(predicted_samples_per_sec=math.nan, predicted_efficiency=math.nan, prediction_error_pct=math.nan)
             continue
         net = costmodel.Network(cal["alpha_s"], cal["bandwidth_Bps"])
-        p = costmodel.predict(v.kind, r["workers"], sizes[r["model"]], c, plans[r["model"]].batch_size, net,
-                              servers=max(1, v.servers))
+        p = _predict(v, r["model"], r["workers"], sizes[r["model"]], c, plans[r["model"]].batch_size, net)
         err = 100 * (p.samples_per_sec - r["samples_per_sec_mean"]) / r["samples_per_sec_mean"]
         r.update(predicted_samples_per_sec=p.samples_per_sec, predicted_efficiency=p.efficiency,
                  prediction_error_pct=err)
@@ -108,11 +107,20 @@ def predictions(rows, vs: list[Variant], models: list[str], plans: dict[str, Pla
             continue
         for v in vs:
             curves.setdefault(m, {})[v.name] = [
-                asdict(costmodel.predict(v.kind, n, sizes[m], compute[m], plans[m].batch_size, given,
-                                         servers=max(1, v.servers)))
+                asdict(_predict(v, m, n, sizes[m], compute[m], plans[m].batch_size, given))
                 for n in REPORT_WORKERS]
     return compute, source, curves
 
+
+
+def _predict(v: Variant, model: str, n: int, nbytes: float, compute_s: float, batch: int,
+             net: costmodel.Network) -> costmodel.Prediction:
+    """The cost model's step for variant ``v``: its communication-reduction method priced in (16-bit,
+    PowerSGD from the model's tensor shapes, local SGD's period), the plain model for fp32."""
+    if v.method == costmodel.BASELINE:
+        return costmodel.predict(v.kind, n, nbytes, compute_s, batch, net, servers=max(1, v.servers))
+    return costmodel.predict_method(v.method, v.kind, n, gradients.shapes(model), compute_s, batch, net,
+                                    servers=max(1, v.servers))
 
 
 def run_commbench(cfg: GridConfig, vs: list[Variant], out: str) -> str:

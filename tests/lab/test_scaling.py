@@ -166,3 +166,24 @@ def test_without_a_one_worker_run_compute_comes_from_the_fewest_workers_and_the_
     res.update(compute_s={}, compute_source={}, calibration={})
     text = report_markdown(res)
     assert "Compute per step: not known" in text and "No calibration" in text and ": ." not in text
+
+
+def test_the_local_grid_prices_a_variant_with_its_method():
+    from lab.common import costmodel, gradients
+    from lab.scaling import calibrate, spec
+
+    vs = spec.variants()
+    net = costmodel.Network(alpha=50e-6, bandwidth=12.5e6)  # 100 Mbit/s
+    size = sum(4 * _numel(s) for s in gradients.shapes("lenet5"))
+    fp32 = calibrate._predict(vs["allreduce-mpi"], "lenet5", 4, size, 0.01, 64, net)
+    fp16 = calibrate._predict(vs["allreduce-mpi-fp16"], "lenet5", 4, size, 0.01, 64, net)
+    assert fp32 == costmodel.predict(costmodel.ALLREDUCE, 4, size, 0.01, 64, net)
+    # half the bytes on the wire: the bandwidth term halves (the latency term and the casts come on top)
+    assert fp16.exchange_s < 0.6 * fp32.exchange_s and fp16.step_s < fp32.step_s
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
