@@ -63,7 +63,7 @@ def test_emulated_command_runs_mpirun_in_the_head_namespace_over_tcp():
     assert cmd[mpirun + 1] == "--allow-run-as-root" and cmd[cmd.index("-H") + 1] == "h1:1,h2:1"
     mca = {cmd[i + 1]: cmd[i + 2] for i in range(len(cmd) - 2) if cmd[i] == "-mca"}
     assert mca["btl"] == "tcp,self" and "^openib" not in cmd  # never shared memory between "hosts"
-    assert mca["plm_rsh_agent"] == str(ROOT / "launch" / "rsh_netns.sh")
+    assert mca["plm_rsh_agent"] == str(ROOT / "lab" / "emulation" / "rsh_netns.sh")
     assert mca["btl_tcp_if_include"] == mca["oob_tcp_if_include"] == "10.213.0.0/24"
     assert mca["btl_tcp_links"] == "4"  # one connection per pair halves two-way exchanges (docs/emulated_cluster.md)
     exported = [cmd[i + 1] for i, c in enumerate(cmd) if c == "-x"]
@@ -280,10 +280,12 @@ def test_link_rate_holds(namespaces_permitted):
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root to drop to nobody")
 def test_without_privileges_the_message_is_clear():
     # nobody may not be able to read the checkout (a clone in /root, mode 0700): it runs a copy of the
-    # launcher (standard library only) from a directory of its own, with the interpreter the venv links to
+    # launcher and the lab (standard library only on this path) from a directory of its own, with the
+    # interpreter the venv links to
     where = tempfile.mkdtemp(prefix="launch-unprivileged-")
     try:
-        shutil.copytree(ROOT / "launch", os.path.join(where, "launch"))
+        for package in ("launch", "lab"):
+            shutil.copytree(ROOT / package, os.path.join(where, package))
         os.chmod(where, 0o755)
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         proc = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
