@@ -48,18 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from ..common import costmodel
 from ..common.jobs import Launcher, local_launcher
-
-IMPLS = ("mpi", "mpi-ring", "ps-colocated", "horovod", "horovod-fp16", "ps-dedicated")
-KIND = {"mpi": costmodel.ALLREDUCE, "mpi-ring": costmodel.ALLREDUCE, "horovod": costmodel.ALLREDUCE,
-        "horovod-fp16": costmodel.ALLREDUCE,
-        "ps-colocated": costmodel.PS_COLOCATED, "ps-dedicated": costmodel.PS_DEDICATED}
-RANK_IMPLS = tuple(i for i in IMPLS if i != "ps-dedicated")
-DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M,256M"
-UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "G": 1 << 30, "GB": 1 << 30}
-
-
 from .exchanges import (IMPLS, BenchError, _shared_arguments, _write_json, check_numbers, human_bytes,
                         parse_size, workloads)
 
