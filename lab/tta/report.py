@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 import statistics
 from typing import Any
 
@@ -83,6 +84,14 @@ def panel_key(job: dict[str, Any]) -> tuple[int, str]:
     return job["workers"], job.get("link_rate") or ""
 
 
+def panel_order(key: tuple[int, str]) -> tuple[int, int, float]:
+    """Panels by N, then this machine, then the links from the fastest (unlimited) to the slowest."""
+    from ..emulation.netns import parse_rate
+
+    n, rate = key
+    return (n, 0, 0.0) if not rate else (n, 1, -(parse_rate(rate) or math.inf))
+
+
 def plot_time_to_accuracy(path: str, res: dict[str, Any]) -> list[list[tuple[str, int]]]:
     """time_to_accuracy.png: per model (rows) and worker count and link rate (columns), every job's
     evaluated figure against wall-clock seconds since its first training step, the target as a dotted
@@ -99,7 +108,7 @@ def plot_time_to_accuracy(path: str, res: dict[str, Any]) -> list[list[tuple[str
 
     jobs = [j for j in res["jobs"] if j["ok"] and j.get("evals")]
     models = list(res["targets"])
-    panels = sorted({panel_key(j) for j in res["jobs"]}) or [(1, "")]
+    panels = sorted({panel_key(j) for j in res["jobs"]}, key=panel_order) or [(1, "")]
     fig, axes = plt.subplots(max(1, len(models)), len(panels), figsize=(4.2 * len(panels), 3.4 * max(1, len(models))),
                              squeeze=False)
     drawn: list[list[tuple[str, int]]] = []
