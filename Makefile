@@ -122,7 +122,7 @@ commbench: install
 	$(PY) -m lab commbench --np $(NP) --models lenet5,ptb-lstm-small,resnet18 $(ARGS)
 
 test: install
-	$(PY) -m pytest -q tests $(ARGS)
+	$(PY) -m pytest -q --durations=25 tests $(ARGS)
 
 test-fast: install
 	$(PY) -m pytest -q -m "not mpi and not slurm" tests $(ARGS)
