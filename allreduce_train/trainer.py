@@ -17,7 +17,7 @@ import socket
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -181,24 +181,27 @@ class Trainer:
         return Setup(device, model, optimizer, batches, eval_set, total, start, workers)
 
     # ---------------------------------------------------------------- one step
-    def train_step(self, model, optimizer, inputs, targets, k: int, step: int = 0) -> tuple[torch.Tensor, float, bool]:
+    def train_step(self, model, optimizer, inputs, targets, k: int, step: int = 0,
+                   after_backward: Callable[[], None] | None = None) -> tuple[torch.Tensor, float, bool]:
         """Forward/backward over ``k`` micro-batches, exchange gradients, update step ``step`` (1-based).
 
-        Returns (loss, wait s, stop): ``stop`` when a worker received a stop signal (see
-        :mod:`.preempt`). Raises :class:`Diverged` on every worker alike, before the update, when
-        a worker's loss or the averaged gradient's norm is not finite.
+        ``after_backward`` runs once backward is done, while the last gradients are still in flight
+        (the loop fetches the next batch there). Returns (loss, wait s, stop): ``stop`` when a
+        worker received a stop signal (see :mod:`.preempt`). Raises :class:`Diverged` on every
+        worker alike, before the update, when a worker's loss or the averaged gradient's norm is
+        not finite.
         """
         began = time.perf_counter()
         if self.local_sgd:  # local SGD: does this step's gradient travel?
             self.local_sgd.begin(step)
         optimizer.zero_grad()
-        rows = len(inputs) // k
+        rows, loss_sum = len(inputs) // k, None
         for j in range(k):
             part = slice(j * rows, (j + 1) * rows)
             loss = self.task.loss(model, inputs[part] if k > 1 else inputs, targets[part] if k > 1 else targets, part)
             if k > 1:
                 loss = loss / k  # the mean over the micro-batches (dividing by 1 would only add an op)
-            loss_sum = loss.detach() if j == 0 else loss_sum + loss.detach()
+            loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
             if j == k - 1:
                 # communication: the step's vote, summed over workers: [stop signals, losses]; a sum is
                 # finite only if every worker's loss is, so all decide alike. Started before the last
@@ -210,6 +213,8 @@ class Trainer:
             loss.backward()  # the allreduce of each gradient starts from its hook, overlapping backward
         if self.slow_factor > 1:  # --debug-slow-rank: a straggler on purpose (tests)
             time.sleep((self.slow_factor - 1) * (time.perf_counter() - began))
+        if after_backward is not None:
+            after_backward()
         t0 = time.perf_counter()  # the wait starts: whatever follows is exchange, not this rank's compute
         watchdog.note(step, watchdog.EXCHANGING)
         self.ex.synchronize()
@@ -320,14 +325,20 @@ class Trainer:
             if task_state is not None and in_epoch:  # resumed mid-epoch: the state of the saved step
                 self.task.load_state_dict(task_state, device)
             task_state = None
-            for inputs, targets in s.batches.batches(epoch, in_epoch):  # the shard order of this epoch
+            batches = s.batches.batches(epoch, in_epoch)  # the shard order of this epoch
+            ahead = [next(batches, None)]
+            while ahead[0] is not None:
+                inputs, targets = ahead[0]
                 started = time.perf_counter()
                 lr = lr_at(step, cfg, workers, spe)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 watchdog.note(step + 1, watchdog.COMPUTING)
                 inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-                loss, wait, stop = self.train_step(model, optimizer, inputs, targets, k, step + 1)
+                # the next batch is gathered while this step's last gradients travel (the same batches in
+                # the same order; at 2 ranks the gather leaves the step's critical path)
+                loss, wait, stop = self.train_step(model, optimizer, inputs, targets, k, step + 1,
+                                                   after_backward=lambda: ahead.__setitem__(0, next(batches, None)))
                 if device.type == "cuda":
                     torch.cuda.synchronize()  # honest step times
                 step += 1

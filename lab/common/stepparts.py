@@ -65,9 +65,13 @@ class Meter:
             except StopIteration:
                 return
             if self.on:
-                self.total[name] = self.total.get(name, 0.0) + wall_clock() - t0
-                self.cpu[name] = self.cpu.get(name, 0.0) + thread_cpu() - c0
+                took, used = wall_clock() - t0, thread_cpu() - c0
+                self.total[name] = self.total.get(name, 0.0) + took
+                self.cpu[name] = self.cpu.get(name, 0.0) + used
                 self.calls[name] = self.calls.get(name, 0) + 1
+                if self.inner:  # fetched inside a timed part (the trainer fetches the next batch in its step)
+                    self.inner[-1][0] += took
+                    self.inner[-1][1] += used
             yield item
 
     def overhead_us(self, n: int = 20000) -> float:
