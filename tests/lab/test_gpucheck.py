@@ -82,7 +82,9 @@ def test_dry_run_end_to_end(tmp_path):
     assert "Horovod controller gloo" in pairs["ring-gloo"]["note"]
 
     table = (tmp_path / "gpucheck.txt").read_text()
-    assert table.count("| lenet5 |") == 4 + 4 + 3 and "peak GPU MB (CPU run)" in table
+    # 4 + 4 rows of one rank (two batches), 3 of two ranks, 4 of the per-step accounting against DDP
+    assert table.count("| lenet5 |") == 4 + 4 + 3 + 4 and "peak GPU MB (CPU run)" in table
+    assert "| lenet5 | 16 | trainer, Horovod allreduce |" in table and "| lenet5 | 4 | trainer, no exchange |" in table
     assert "| lenet5 | trainer, no exchange | 1 | 4 |" in table and "| lenet5 | trainer, Horovod allreduce | 1 | 16 |" in table
     assert "lenet5: batch 16 is 4x batch 4" in table  # the regime line
 
