@@ -231,6 +231,9 @@ class TrainConfig:
     eval_every: int = _f(0, "evaluate every N steps (0 = at the end of every epoch)")
     perf_warmup_steps: int = _f(10, "steps excluded from throughput figures")
     threads: int = _f(0, "torch intra-op threads per rank (0 = cores on this host / ranks on this host)")
+    flush_denormal: bool = _f(False, "CPU: treat denormal floats as zero (torch.set_flush_denormal; TensorFlow's "
+                                     "default): a step whose values underflow otherwise runs up to ~6x slower "
+                                     "(docs/performance.md)")
     device: str = _f("auto", "auto = CUDA pinned to the local rank when present, else CPU", ("auto", "cpu", "cuda"))
     target: str = _f("", "stop once an evaluation reaches this, e.g. eval/accuracy>=0.89 or eval/perplexity<=150; "
                          "metrics.json records the steps and seconds to it (time to accuracy)")

@@ -152,6 +152,9 @@ class Trainer:
                                   "(a dedicated parameter server) and computes no gradients; name a worker's rank")
         device = pick_device(cfg.train.device, ex.local_rank, announce=ex.is_main)
         torch.set_num_threads(cfg.train.threads or max(1, local_cores() // ex.local_size))
+        if cfg.train.flush_denormal and not torch.set_flush_denormal(True) and ex.is_main:
+            print("--flush-denormal: this CPU cannot flush denormal floats (torch.set_flush_denormal needs SSE3); "
+                  "they stay as they are", flush=True)
         torch.manual_seed(cfg.train.seed)  # same seed everywhere: identical initial parameters
 
         batches, eval_set = self.task.data(ex.worker_index, ex.num_workers)

@@ -103,7 +103,7 @@ def trainer_grads(args: argparse.Namespace) -> tuple[dict[str, torch.Tensor], in
                                  synthetic_samples=args.synthetic_samples),
                  exchange=ExchangeConfig(allreduce_engine=args.allreduce_engine),
                  horovod=HorovodConfig(backend=args.horovod_backend),
-                 train=TrainConfig(seed=args.seed, threads=args.threads, device="cpu"),
+                 train=TrainConfig(seed=args.seed, threads=args.threads, device="cpu", flush_denormal=args.flush_denormal),
                  run=RunConfig(tensorboard=False, progress=False))
     ex = create_exchange(cfg)
     try:
@@ -119,6 +119,8 @@ def trainer_grads(args: argparse.Namespace) -> tuple[dict[str, torch.Tensor], in
 
 def run_rank(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
+    if args.flush_denormal:
+        torch.set_flush_denormal(True)  # as the trainer's --flush-denormal
     rank, size = launcher_rank()
     if args.impl == "trainer":
         grads, rank = trainer_grads(args)
@@ -161,6 +163,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=400, help="timed steps")
     p.add_argument("--warmup-steps", type=int, default=50, help="untimed steps first")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+    p.add_argument("--flush-denormal", action="store_true", help="treat denormal floats as zero, as the trainer's flag")
     p.add_argument("--lr", type=float, default=0.01, help="for one worker; scaled by the world size")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--synthetic-samples", type=int, default=6400)

@@ -144,7 +144,10 @@ def job_args(impl: str, model: str, spec: BenchSpec, result: str, run_dir: str, 
     """(module every rank runs, its arguments) for one measurement: the trainer, or the bare loops."""
     steps, warmup = spec.steps_for(model), spec.warmup_for(model)
     common = ["--model", model, "--batch-size", str(spec.batch_for(model)), "--threads", str(spec.threads),
-              "--synthetic-samples", str(spec.synthetic_samples)]
+              "--synthetic-samples", str(spec.synthetic_samples),
+              # every implementation with denormal floats flushed: a trajectory whose values underflow (the
+              # bound's LSTM ranks, each on its own gradient) would otherwise time the CPU's slow path, not the code
+              "--flush-denormal"]
     variant = spec.variant(impl)
     impl = variant.base
     if trainer_based(impl):

@@ -71,6 +71,7 @@ def run_horovod(args: argparse.Namespace, meter: Meter) -> int:
 
     spec = BenchSpec(models=[args.model], steps=args.steps, warmup=args.warmup, batch_size=args.batch_size)
     torch.set_num_threads(args.threads)
+    torch.set_flush_denormal(True)  # as bench runs every implementation (main.job_args)
     rank, size = launcher_rank()
     torch.manual_seed(42)
     model = MODELS[args.model].build()

@@ -106,3 +106,17 @@ def test_a_target_stops_the_run_and_records_the_time_to_it(tmp_path):
 def test_an_unreadable_target_names_the_flag():
     with pytest.raises(ConfigError, match="--target 'accuracy>0.9'"):
         parse(["--target", "accuracy>0.9"])
+
+
+def test_flush_denormal_turns_underflowing_floats_to_zero_and_is_off_by_default(tmp_path):
+    tiny = torch.tensor([1e-40])  # a float32 denormal
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush denormals (torch.set_flush_denormal needs SSE3)")
+    torch.set_flush_denormal(False)
+    try:
+        train(tmp_path, name="keep")
+        assert (tiny * 1.0).item() != 0  # torch's default: denormals are kept
+        train(tmp_path, extra=["--flush-denormal"], name="flush")
+        assert (tiny * 1.0).item() == 0
+    finally:
+        torch.set_flush_denormal(False)  # a process-wide setting: leave the other tests torch's default
