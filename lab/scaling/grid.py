@@ -106,6 +106,9 @@ def trainer_args(cfg: GridConfig, job: Job, run_dir: str) -> list[str]:
             # A synchronous PS cannot clip the global gradient norm (no server sees all of it), so no
             # job clips (the LSTM's recipe would): every strategy then does the same work per step.
             "--grad-clip", "0",
+            # every job with denormal floats flushed, as bench's: the bound's workers, each on its own
+            # gradient, can reach them and time the CPU's slow path instead of the code (docs/performance.md)
+            "--flush-denormal",
             "--no-progress", "--run-dir", run_dir, "--name", job.name, *cfg.extra]
 
 

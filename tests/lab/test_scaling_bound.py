@@ -7,6 +7,7 @@ import pytest
 
 from lab.scaling.grid import BOUND, GridConfig, Job, trainer_args
 from lab.scaling.report import CSV_FIELDS, aggregate, comparison_series, hparams_sessions
+from lab.scaling.spec import variants
 
 
 def rec(strategy, n, repeat, thr, ok=True):
@@ -46,3 +47,8 @@ def test_tensorboard_and_hparams_carry_the_fraction():
 def test_the_bound_job_is_the_trainer_with_nothing_exchanged():
     args = trainer_args(GridConfig(), Job("lenet5", BOUND, 2, 1), "/tmp/runs")
     assert args[args.index("--strategy") + 1] == "none" and BOUND.servers == 0
+
+
+def test_every_grid_job_flushes_denormals_the_bound_as_the_exchanges():
+    for variant in (BOUND, *variants().values()):
+        assert "--flush-denormal" in trainer_args(GridConfig(), Job("ptb-lstm-small", variant, 2, 1), "/tmp/r")
