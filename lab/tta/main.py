@@ -206,6 +206,42 @@ def report_again(out: str) -> dict[str, Any]:
     return res
 
 
+def merge_grids(dirs: list[str], out: str) -> dict[str, Any]:
+    """One report, figure and TensorBoard summary in ``out`` for several finished grids (their results.json):
+    every job of each, its run and log paths made relative to ``out``; the targets and link rates of all."""
+    if not out:
+        raise TtaError(f"--report {','.join(dirs)}: several grids go into one new report; name it with --out-dir")
+    merged: dict[str, Any] | None = None
+    for d in dirs:
+        res = read_json(os.path.join(d, "results.json"))
+        if res is None:
+            raise TtaError(f"--report {d}: no readable results.json there")
+        for j in res["jobs"]:
+            for key in ("run", "log"):
+                if j.get(key):
+                    j[key] = os.path.relpath(os.path.join(d, j[key]), out)
+        if merged is None:
+            merged = {**res, "jobs": [], "targets": {}, "what": {}, "minutes": 0.0, "merged_from": []}
+            merged["config"] = dict(res["config"])
+        cfg = merged["config"]
+        if "rates" in res["config"]:
+            cfg["rates"] = list(dict.fromkeys([*cfg.get("rates", []), *res["config"]["rates"]]))
+        merged["jobs"] += res["jobs"]
+        merged["targets"].update(res["targets"])
+        merged["what"].update(res["what"])
+        merged["minutes"] += res["minutes"]
+        merged["merged_from"].append(" ".join(res["command"]))
+        merged["notes"] = [*merged.get("notes", []), *(n for n in res["notes"] if n not in merged.get("notes", []))]
+        merged["loadavg_end"] = res.get("loadavg_end")
+    assert merged is not None
+    merged["command"] = ["python", "-m", "lab", "time-to-accuracy", "--report", ",".join(dirs), "--out-dir", out]
+    merged["out_dir"] = out
+    os.makedirs(out, exist_ok=True)
+    write_outputs(out, merged)
+    print(f"{out}/report.md: {len(dirs)} grids, {len(merged['jobs'])} jobs", flush=True)
+    return merged
+
+
 # ------------------------------------------------------------------------- command line
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -240,8 +276,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--extra", action="append", default=[], metavar="ARG",
                    help="an extra trainer argument for every job, e.g. --extra=--lr --extra=0.02")
     p.add_argument("--job-timeout", type=float, default=d.job_timeout, help="seconds before a job is stopped")
-    p.add_argument("--report", default="", metavar="DIR",
-                   help="run nothing: write the report of the grid in DIR (its results.json) again")
+    p.add_argument("--report", default="", metavar="DIR[,DIR...]",
+                   help="run nothing: write the report of the grid in DIR (its results.json) again; several "
+                        "grids: one report of all their jobs in --out-dir")
 
 
 def _list(text: str, flag: str) -> list[str]:
@@ -313,7 +350,11 @@ def config_from_args(args: argparse.Namespace) -> TtaConfig:
 def main(args: argparse.Namespace) -> int:
     try:
         if args.report:
-            report_again(args.report)
+            dirs = _list(args.report, "--report")
+            if len(dirs) == 1 and not args.out_dir:
+                report_again(dirs[0])
+            else:
+                merge_grids(dirs, args.out_dir)
             return 0
         cfg = config_from_args(args)
         res = run(cfg)

@@ -265,6 +265,7 @@ def markdown(res: dict[str, Any]) -> str:
     load = f"median {statistics.median(loads):.1f}, max {max(loads):.1f}" if loads else "–"
     L = [f"# Time to accuracy ({res['started']})", "",
          f"Command: `{' '.join(res['command'])}`  ",
+         *(f"Grid: `{c}`  " for c in res.get("merged_from", [])),
          f"Machine: {res['machine']['cores']} cores, {res['machine']['platform']}; one thread per rank; the grid "
          f"took {res['minutes']:.1f} min. Load average (1 min) before the jobs: {load} -- other work on the "
          "machine slows the jobs it overlaps, so wall times are this machine's under this load.", "",

@@ -1,5 +1,6 @@
 """The time-to-accuracy grid's methods, report and figure from a grid's results (no jobs run here)."""
 
+import json
 import struct
 
 import pytest
@@ -209,3 +210,39 @@ def test_emulated_worker_counts_run_once_per_link_rate_and_the_others_once():
     assert got == [("ring-mpi-fp16", 1, None),  # one asynchronous worker is the synchronous run: not run
                    *[(name, n, rate) for rate in ("100mbit", "10mbit") for n in (2, 4)
                      for name in ("ring-mpi-fp16", "ps-async-colocated-fp16")]]
+
+
+def grid_dir(path, jobs, rates):
+    """A finished grid on disk: its results.json and each job's run directory with a metrics.json."""
+    acc = "eval/accuracy>=0.89"
+    for j in jobs:
+        j.update(run=f"runs/lenet5/{j['method']}-{j['link_rate']}", log=f"logs/{j['method']}.log", ok=True)
+        (path / j["run"]).mkdir(parents=True)
+        (path / j["run"] / "metrics.json").write_text(json.dumps({"comm_wait_ms": 5.0}))
+    res = {"started": "t", "minutes": 1.5, "command": ["python", "-m", "lab", "time-to-accuracy", "--rates", ",".join(rates)],
+           "out_dir": str(path), "notes": [], "machine": {"cores": 2, "platform": "linux"},
+           "targets": {"lenet5": acc}, "what": {"lenet5": "x"}, "loadavg_end": 1.0,
+           "config": {"seed": 1, "evals_per_epoch": 4, "emulate_from": 2, "rates": rates}, "jobs": jobs}
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "results.json").write_text(json.dumps(res))
+    return str(path)
+
+
+def test_several_grids_merge_into_one_report_with_every_job_and_rate(tmp_path):
+    from lab.tta.main import merge_grids
+
+    a = grid_dir(tmp_path / "a", [concept_job("ring-mpi-fp16", 200.0), concept_job("ring-mpi-powersgd-r4", 50.0)],
+                 ["10mbit"])
+    b = grid_dir(tmp_path / "b", [concept_job("ring-mpi-fp16", 30.0, rate="1gbit")], ["1gbit"])
+    out = tmp_path / "merged"
+    res = merge_grids([a, b], str(out))
+    assert len(res["jobs"]) == 3 and res["config"]["rates"] == ["10mbit", "1gbit"] and res["minutes"] == 3.0
+    # every job's run is found from the merged directory
+    assert all((out / j["run"] / "metrics.json").exists() for j in res["jobs"])
+    report = (out / "report.md").read_text()
+    assert report.count("Grid: `python -m lab time-to-accuracy --rates") == 2
+    assert row(report, "ring-mpi-powersgd-r4", "10mbit")[5] == "0.25"  # vs 16-bit: against its own grid's fp16
+    assert row(report, "**ring-mpi-fp16** (baseline)", "1gbit")[5] == "1.00"
+    assert (out / "time_to_accuracy.png").stat().st_size > 0
+    with pytest.raises(TtaError, match="--out-dir"):
+        merge_grids([a, b], "")
