@@ -39,10 +39,32 @@ def why(rc: int) -> str:
     return WORDS.get(rc, "mpirun failed")
 
 
+EXIT_DIR_PREFIX = "launch-exits-"
+
+
+def remove_stale_exit_dirs(parent: str | None = None) -> list[str]:
+    """Remove the exit-record directories of launchers that are gone (one killed with SIGKILL had no
+    chance to remove its own); a directory's name carries its launcher's pid. Returns those removed."""
+    parent = parent or tempfile.gettempdir()
+    removed = []
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return removed
+    for name in names:
+        pid = name[len(EXIT_DIR_PREFIX):].split("-", 1)[0]
+        if name.startswith(EXIT_DIR_PREFIX) and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+            removed.append(name)
+    return removed
+
+
 @contextlib.contextmanager
 def exit_dir(env: dict[str, str]) -> Iterator[str]:
-    """A fresh directory for the ranks' exit records, named in ``env`` for the job; removed afterwards."""
-    env[EXIT_DIR_ENV] = tempfile.mkdtemp(prefix="launch-exits-")
+    """A fresh directory for the ranks' exit records, named in ``env`` for the job (after this
+    launcher's pid); removed afterwards, and those of launchers that died before they could."""
+    remove_stale_exit_dirs()
+    env[EXIT_DIR_ENV] = tempfile.mkdtemp(prefix=f"{EXIT_DIR_PREFIX}{os.getpid()}-")
     try:
         yield env[EXIT_DIR_ENV]
     finally:

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from helpers import ROOT, Job, job_pids
+from launch import bound
 
 pytestmark = pytest.mark.mpi
 
@@ -68,3 +69,20 @@ def test_without_a_command_it_says_what_to_give():
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
         "launch run: error: give the command after --, e.g. python -m launch run -- mpirun -np 2 ..."]
+
+
+def test_exit_record_directories_of_dead_launchers_are_removed_by_the_next_one(tmp_path):
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # its pid now names no process
+    stale = tmp_path / f"{bound.EXIT_DIR_PREFIX}{gone.pid}-abc"
+    live = tmp_path / f"{bound.EXIT_DIR_PREFIX}{os.getpid()}-def"
+    other = tmp_path / "launch-exits-notapid"
+    for d in (stale, live, other):
+        d.mkdir()
+        (d / "0").write_text('{"code": 0}')
+    assert bound.remove_stale_exit_dirs(str(tmp_path)) == [stale.name]
+    assert not stale.exists() and live.exists() and other.exists()
+    env = {}
+    with bound.exit_dir(env) as made:  # the launcher's own: named after its pid, gone afterwards
+        assert os.path.basename(made).startswith(f"{bound.EXIT_DIR_PREFIX}{os.getpid()}-") and env
+    assert not os.path.exists(made)
