@@ -8,6 +8,14 @@ dependencies are importable and cannot grow into the trainer (tests/unit/test_la
 :mod:`.k8s` renders the same line into a Kubeflow TrainJob or MPIJob (``python -m launch k8s``).
 """
 
-from .mpirun import LaunchSpec, build_command, main
-
 __all__ = ["LaunchSpec", "build_command", "main"]
+
+
+def __getattr__(name: str):
+    """``launch.LaunchSpec`` etc. load :mod:`.mpirun` on first use, so that the trainer's import of
+    ``launch.exitcodes`` (its only one from here) loads the exit-code table and nothing else."""
+    if name in __all__:
+        from . import mpirun
+
+        return getattr(mpirun, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,6 +3,7 @@ never import each other (what two share lives in lab/common or lab/emulation); n
 launch/ imports only the standard library; models/ stay free of the distributed machinery."""
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
 
@@ -80,6 +81,11 @@ def test_the_trainer_takes_from_launch_only_the_exit_code_table():
     bad = [(str(p.relative_to(ROOT)), m) for p in files("allreduce_train") for m in imports(p)
            if (m == "launch" or m.startswith("launch.")) and not m.startswith("launch.exitcodes")]
     assert not bad, bad
+    # and importing that table loads no other module of launch/ (the package's names load on first use)
+    loaded = subprocess.run([sys.executable, "-c", "import sys, launch.exitcodes; "
+                             "print(sorted(m for m in sys.modules if m.startswith('launch')))"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    assert loaded == "['launch', 'launch.exitcodes']", loaded
 
 
 @pytest.mark.parametrize("folder, forbidden", [
