@@ -68,13 +68,14 @@ class GradientExchange(ABC):
 
     def sum_tensors(self, tensors: list[torch.Tensor], name: str = "") -> list[torch.Tensor]:
         """Element-wise sums over the workers of several tensors in one :meth:`sum_over_workers`:
-        flattened into one CPU tensor, summed, and cut back into the tensors' shapes (CPU views of
-        one buffer). ``name`` labels the collective where an engine names them (PowerSGD's ``SumTensors``)."""
+        flattened into one CPU tensor, summed, and cut back into the tensors' shapes, each on its
+        tensor's device (CPU tensors: views of one buffer). ``name`` labels the collective where an
+        engine names them (PowerSGD's ``SumTensors``)."""
         flat = torch.cat([t.detach().reshape(-1).cpu() for t in tensors])
         total = self.sum_over_workers(flat)  # communication: one sum of every tensor
         out, off = [], 0
         for t in tensors:
-            out.append(total[off:off + t.numel()].view_as(t))
+            out.append(total[off:off + t.numel()].view_as(t).to(t.device))  # CPU: the view itself
             off += t.numel()
         return out
 
