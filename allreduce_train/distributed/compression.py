@@ -14,12 +14,17 @@ widening are the extra compute; where they happen depends on the engine (docs/co
   the parameters into the pull reply; the worker widens them into its model. The conversions of
   all workers' messages land on the servers.
 
-Bytes per step are what the cost model will charge per method (:func:`bytes_per_element`).
+Bytes per step are the cost model's and the trainer's alike (:mod:`.wirecost`).
 """
 
 from __future__ import annotations
 
 import torch
+
+from .wirecost import allreduce_bytes_per_step, element_bytes, ps_bytes_per_step
+
+__all__ = ["SIXTEEN_BIT", "WIRE_DTYPES", "allreduce_bytes_per_step", "bytes_per_element", "ps_bytes_per_step",
+           "wire_dtype"]
 
 # powersgd sends float32 factors (powersgd.py)
 WIRE_DTYPES = {"none": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "powersgd": torch.float32}
@@ -32,20 +37,5 @@ def wire_dtype(compression: str) -> torch.dtype:
 
 
 def bytes_per_element(compression: str) -> int:
-    """Bytes one gradient element takes on the wire: 4, or 2 for the 16-bit formats."""
-    return torch.finfo(wire_dtype(compression)).bits // 8
-
-
-def allreduce_bytes_per_step(numel: int, workers: int, compression: str = "none") -> float:
-    """Bytes each worker sends per step in a ring allreduce of ``numel`` gradient elements:
-    2(N-1)/N of the gradient (reduce-scatter + allgather), at the wire's element size."""
-    if workers <= 1:
-        return 0.0
-    return 2 * (workers - 1) / workers * numel * bytes_per_element(compression)
-
-
-def ps_bytes_per_step(numel: int, compression: str = "none") -> tuple[int, int]:
-    """Payload bytes one worker pushes and pulls per step with the parameter server (headers apart):
-    every gradient element out, every parameter element back, both at the wire's element size."""
-    n = numel * bytes_per_element(compression)
-    return n, n
+    """Bytes one gradient element takes on the wire: 4, or 2 for the 16-bit formats (:mod:`.wirecost`)."""
+    return element_bytes(compression)

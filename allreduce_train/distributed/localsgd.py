@@ -22,16 +22,9 @@ from typing import Any
 import torch
 
 from .base import GradientExchange
+from .wirecost import localsgd_bytes_per_step as bytes_per_step
 
-
-def bytes_per_step(numel: int, workers: int, every: int, grad_elem: int = 4) -> float:
-    """Bytes each worker sends per step, averaged over a period (the cost model's figure): one ring
-    allreduce of the gradients (``grad_elem`` bytes each: 2 with 16-bit compression) and one of the
-    float32 parameters per H steps (the vote's 16 bytes apart); H = 1 sends the gradients only."""
-    if workers <= 1:
-        return 0.0
-    ring = 2 * (workers - 1) / workers * numel
-    return ring * grad_elem if every == 1 else ring * (grad_elem + 4) / every
+__all__ = ["LocalSGD", "bytes_per_step"]
 
 
 class LocalSGD:

@@ -23,25 +23,11 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from .wirecost import compressible, powersgd_bytes_per_step as bytes_per_step
+
+__all__ = ["PowerSGD", "bytes_per_step", "compressible", "orthogonalize"]
+
 SumTensors = Callable[[list[torch.Tensor], str], list[torch.Tensor]]  # (tensors, name): sums over the workers
-
-
-def compressible(shape: torch.Size, rank: int) -> bool:
-    """Whether a tensor of ``shape`` is sent as rank-``rank`` factors (torch's rule, compression rate 2)."""
-    n, m = shape[0], int(np.prod(shape[1:])) if len(shape) > 1 else 1
-    r = min(n, m, rank)
-    return (n + m) * r * 2 < n * m
-
-
-def bytes_per_step(shapes: list[torch.Size], rank: int, workers: int, elem: int = 4) -> float:
-    """Bytes each worker sends per step in ring allreduces of the Ps, Qs and uncompressed tensors."""
-    if workers <= 1:
-        return 0.0
-    numel = 0
-    for s in shapes:
-        n, m = s[0], int(np.prod(s[1:])) if len(s) > 1 else 1
-        numel += (n + m) * min(n, m, rank) if compressible(s, rank) else n * m
-    return 2 * (workers - 1) / workers * numel * elem
 
 
 def orthogonalize(matrix: torch.Tensor) -> None:

@@ -34,6 +34,10 @@ import math
 from dataclasses import dataclass
 from typing import Iterable
 
+# The bytes-per-step formulas and PowerSGD's rule of which matrices it compresses: the trainer's own
+# (torch-free), so the model charges what the product sends.
+from allreduce_train.distributed.wirecost import compressible, dims as _dims
+
 ALLREDUCE = "allreduce"
 PS_DEDICATED = "ps-dedicated"
 PS_COLOCATED = "ps-colocated"
@@ -269,19 +273,6 @@ class Method:
 
 
 BASELINE = Method()  # synchronous SGD, float32 on the wire
-
-
-def _dims(shape: Shape) -> tuple[int, int]:
-    """A gradient as PowerSGD sees it: a (shape[0], rest) matrix."""
-    n = int(shape[0]) if len(shape) else 1
-    return n, int(math.prod(shape[1:])) if len(shape) > 1 else 1
-
-
-def compressible(shape: Shape, rank: int) -> bool:
-    """Whether PowerSGD sends a gradient of ``shape`` as rank-``rank`` factors: (n + m) r under half
-    of n m (torch's hook's rule; allreduce_train/distributed/powersgd.py ``compressible``)."""
-    n, m = _dims(shape)
-    return (n + m) * min(n, m, rank) * 2 < n * m
 
 
 def as_shapes(grad: "float | Iterable[Shape]") -> list[Shape]:
