@@ -14,6 +14,7 @@ from .. import watchdog
 from ..config import ExchangeConfig, HorovodConfig
 from ..errors import ConfigError, UserError
 from .base import GradientExchange
+from .mpi import abort
 from .powersgd import PowerSGD
 
 
@@ -378,10 +379,8 @@ class HorovodAllreduce(GradientExchange):
             self._rendezvous.shutdown()
 
     def abort(self, code: int) -> None:
-        if self.size > 1:
-            # MPI_Abort makes mpirun end every rank at once; ranks blocked in a collective would
-            # otherwise wait forever for the one that failed.
-            from mpi4py import MPI
+        if self.size == 1:
+            abort(code)
+        from mpi4py import MPI  # Horovod formed the group under mpirun: MPI is there
 
-            MPI.COMM_WORLD.Abort(code)
-        os._exit(code)
+        abort(code, MPI.COMM_WORLD)

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from .base import GradientExchange
+from .mpi import abort, allgather_pickle, bcast_pickle, import_mpi, poll, sum_now
 
 
 class LocalExchange(GradientExchange):
@@ -45,7 +46,7 @@ class LocalExchange(GradientExchange):
         pass
 
     def abort(self, code: int) -> None:
-        os._exit(code)
+        abort(code)
 
 
 class NoExchange(LocalExchange):
@@ -71,14 +72,10 @@ class NoExchange(LocalExchange):
         self.timeout = timeout  # --stall-timeout: a bookkeeping collective gives up after it (0: never)
         self.comm = self.MPI = None
         if self.size > 1:
-            from .mpi import import_mpi
-
             self.MPI = import_mpi()
             self.comm = self.MPI.COMM_WORLD  # communication: MPI_Init, bookkeeping only
 
     def _wait(self, test, what: str) -> None:
-        from .mpi import poll
-
         poll(test, self.timeout, what)
 
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
@@ -96,27 +93,18 @@ class NoExchange(LocalExchange):
     def sum_over_workers(self, values: torch.Tensor) -> torch.Tensor:
         if self.comm is None:
             return values
-        mine = values.detach().cpu().contiguous()
-        out = torch.empty_like(mine)
         # communication: a metric sum (log steps, evaluation, the end), never per step
-        self._wait(self.comm.Iallreduce(mine.numpy(), out.numpy(), op=self.MPI.SUM).Test, "a metric sum")
-        return out.to(values.device)
+        return sum_now(self.comm, self.MPI, values, self._wait, "a metric sum").to(values.device)
 
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:
         if self.comm is None:
             return obj
-        from .mpi import bcast_pickle
-
         return bcast_pickle(self.comm, self.MPI, obj, root, self._wait, "a broadcast")  # communication
 
     def allgather_object(self, obj: Any) -> list[Any]:
         if self.comm is None:
             return [obj]
-        from .mpi import allgather_pickle
-
         return allgather_pickle(self.comm, self.MPI, obj, self._wait, "an allgather")  # communication
 
     def abort(self, code: int) -> None:
-        if self.comm is not None:
-            self.comm.Abort(code)  # mpirun ends every rank at once
-        os._exit(code)
+        abort(code, self.comm)  # mpirun ends every rank at once

@@ -9,6 +9,7 @@ colocated parameter server keeps serving while its worker part waits. mpi4py is 
 
 from __future__ import annotations
 
+import os
 import pickle
 import sys
 import time
@@ -96,3 +97,34 @@ def node_rank(comm, MPI) -> tuple[int, int]:
     out = node.Get_rank(), node.Get_size()
     node.Free()
     return out
+
+
+def start_sum(comm, MPI, values: Any) -> tuple[Any, np.ndarray]:
+    """Begin the element-wise sum of a small tensor over ``comm`` without waiting (the step's vote,
+    a metric): (the MPI request, the array the sum lands in). Wait with :func:`end_sum`."""
+    arr = values.detach().cpu().numpy().copy()
+    return comm.Iallreduce(MPI.IN_PLACE, arr, op=MPI.SUM), arr  # communication
+
+
+def end_sum(started: tuple[Any, np.ndarray], wait: Wait, what: str):
+    """The sum begun by :func:`start_sum`, as a CPU tensor, once it has arrived."""
+    import torch
+
+    req, arr = started
+    wait(req.Test, what)
+    return torch.from_numpy(arr)
+
+
+def sum_now(comm, MPI, values: Any, wait: Wait, what: str):
+    """The element-wise sum of a small tensor over ``comm`` (global metrics), non-blocking underneath
+    so that it times out like every other wait."""
+    return end_sum(start_sum(comm, MPI, values), wait, what)
+
+
+def abort(code: int, comm=None) -> None:
+    """End the whole job now: MPI_Abort makes mpirun end every rank at once (ranks blocked in a
+    collective, servers waiting for a worker, would otherwise wait for the one that failed), then
+    this process. ``comm`` None (one process, or MPI never started): this process only."""
+    if comm is not None and comm.Get_size() > 1:
+        comm.Abort(code)
+    os._exit(code)

@@ -35,7 +35,8 @@ from ..config import ExchangeConfig, MPIConfig
 from ..errors import ConfigError, UserError
 from .base import GradientExchange
 from .compression import SIXTEEN_BIT, wire_dtype
-from .mpi import MAX_BUCKETS, allgather_pickle, bcast_pickle, import_mpi, node_rank, poll
+from .mpi import (MAX_BUCKETS, abort, allgather_pickle, bcast_pickle, end_sum, import_mpi, node_rank, poll, start_sum,
+                  sum_now)
 from .powersgd import PowerSGD
 from .ps.sharding import plan
 
@@ -304,27 +305,22 @@ class MPIRingAllreduce(GradientExchange):
     def sum_over_workers(self, values: torch.Tensor) -> torch.Tensor:
         if self.size == 1:
             return values
-        arr = values.detach().cpu().numpy().copy()
         # communication: non-blocking underneath, so that a stuck rank times out
-        poll(self.world.Iallreduce(self.MPI.IN_PLACE, arr, op=self.MPI.SUM).Test, self.timeout,
-             "the other workers (metrics)")
-        return torch.from_numpy(arr)
+        return sum_now(self.world, self.MPI, values, self._wait, "the other workers (metrics)")
 
     def start_vote(self, flags: torch.Tensor) -> None:
         if self.size == 1:
             self._vote = flags
             return
-        self._vote_arr = flags.detach().cpu().numpy().copy()
         # communication: the step's vote, non-blocking: started before the last backward, it progresses
         # with the hooks' ring messages and is back with the gradients (a blocking sum after them cost
         # a round trip and a poll per step: 0.8 ms of a LeNet-5 step at load 4, docs/performance.md)
-        self._vote_req = self.world.Iallreduce(self.MPI.IN_PLACE, self._vote_arr, op=self.MPI.SUM)
+        self._vote_sum = start_sum(self.world, self.MPI, flags)
 
     def end_vote(self) -> torch.Tensor:
         if self.size == 1:
             return self._vote
-        poll(self._vote_req.Test, self.timeout, "the other workers (the step's vote)")
-        return torch.from_numpy(self._vote_arr)
+        return end_sum(self._vote_sum, self._wait, "the other workers (the step's vote)")
 
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:
         if self.size == 1:
@@ -348,6 +344,4 @@ class MPIRingAllreduce(GradientExchange):
             h.remove()
 
     def abort(self, code: int) -> None:
-        if self.size > 1:
-            self.world.Abort(code)  # mpirun ends every rank: none waits for the one that failed
-        os._exit(code)
+        abort(code, self.world)

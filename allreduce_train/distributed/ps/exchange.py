@@ -29,7 +29,6 @@ the same way); a rank that dies makes mpirun end the job by itself.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -39,7 +38,8 @@ from ...config import ExchangeConfig, PSConfig
 from ...errors import ConfigError, UserError
 from ..base import GradientExchange
 from ..compression import wire_dtype
-from ..mpi import MAX_BUCKETS, allgather_pickle, bcast_pickle, import_mpi, node_rank, poll
+from ..mpi import (MAX_BUCKETS, abort, allgather_pickle, bcast_pickle, end_sum, import_mpi, node_rank, poll, start_sum,
+                   sum_now)
 from .server import ELEM, TAG_DONE, TAG_STATE, Server, message
 from .sharding import plan
 
@@ -305,20 +305,15 @@ class ParameterServer(GradientExchange):
 
     # ------------------------------------------------------------ collectives for the trainer
     def sum_over_workers(self, values: torch.Tensor) -> torch.Tensor:
-        arr = values.detach().cpu().numpy().copy()
         # communication: non-blocking, so that a colocated rank keeps serving while it waits
-        req = self.workers_comm.Iallreduce(self.MPI.IN_PLACE, arr, op=self.MPI.SUM)
-        self._poll(req.Test, "the other workers (metrics)")
-        return torch.from_numpy(arr)
+        return sum_now(self.workers_comm, self.MPI, values, self._poll, "the other workers (metrics)")
 
     def start_vote(self, flags: torch.Tensor) -> None:
-        self._vote_arr = flags.detach().cpu().numpy().copy()
         # communication: non-blocking, in flight while the step's pushes are answered
-        self._vote_req = self.workers_comm.Iallreduce(self.MPI.IN_PLACE, self._vote_arr, op=self.MPI.SUM)
+        self._vote_sum = start_sum(self.workers_comm, self.MPI, flags)
 
     def end_vote(self) -> torch.Tensor:
-        self._poll(self._vote_req.Test, "the other workers (the step's vote)")
-        return torch.from_numpy(self._vote_arr)
+        return end_sum(self._vote_sum, self._poll, "the other workers (the step's vote)")
 
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:
         """``root`` is a worker index (0 = the main worker). Before the servers start, every rank
@@ -382,11 +377,7 @@ class ParameterServer(GradientExchange):
                 server.flush()
 
     def abort(self, code: int) -> None:
-        if self.size > 1:
-            # MPI_Abort makes mpirun end every rank at once: servers waiting for this worker's
-            # gradients, and workers waiting for this server's parameters, would otherwise wait.
-            self.world.Abort(code)
-        os._exit(code)
+        abort(code, self.world)  # servers waiting for this worker, workers for this server: all end
 
 
 class ServerSideSGD(torch.optim.SGD):
