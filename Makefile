@@ -8,7 +8,7 @@ NP      ?= 2
 ARGS    ?=
 INSTALL_INPUTS := pyproject.toml tools/install.sh tools/torch_pip.py tools/build_horovod.sh $(wildcard tools/patches/*.patch)
 
-.PHONY: portability install install-gpu check-gpu-build gpu-check train train-ptb test test-fast lint tensorboard tb-check clean help scaling commbench scaling-netns train-ps train-ps-colocated bench bench-tuning slurm-train time-to-accuracy commbench-netns concept-map
+.PHONY: portability install install-gpu check-gpu-build gpu-check train train-ptb test test-fast lint tensorboard tb-check clean help scaling commbench scaling-netns train-ps train-ps-colocated bench bench-tuning slurm-train time-to-accuracy commbench-netns concept-map paper
 
 help:
 	@echo "make install      Debian packages, .venv, torch (CPU; TORCH_VARIANT=cuda), patched Horovod (cached wheel); LAB=0: no Chromium/Slurm"
@@ -30,6 +30,7 @@ help:
 	@echo "make tb-check     open a comparison (RUN=<grid dir>, else a small grid it runs) in headless Chromium and check it"
 	@echo "make scaling      allreduce vs PS grid, 1 and 2 workers -> runs/scaling/<time>/report.md (~11 min idle, more under load)"
 	@echo "make scaling-netns the grid on 1, 2 and 4 emulated hosts at 1gbit and 100mbit (root) -> runs/scaling-netns/<time>/report.md (~12 min)"
+	@echo "make paper        the paper's design (Jaeger et al. 2018) on emulated hosts -> runs/paper/<time>/report.md, paper.png (root; ~40 min idle)"
 	@echo "make commbench-netns the exchange alone on 2 and 4 emulated hosts at 1gbit and 100mbit vs the cost model (root)"
 	@echo "make time-to-accuracy wall time/steps/epochs to test accuracy 0.89 (LeNet-5) and a perplexity (LSTM) per method, 1/2/4 workers (~30 min)"
 	@echo "make concept-map  the cost model's map: fastest concept per step (fp32/fp16/PowerSGD/local SGD) by model, link, N=4..256 -> runs/concept-map/<time>/ (MEASURED=<scaling-netns results.json>, IMAGES=docs/img)"
@@ -118,6 +119,10 @@ time-to-accuracy: install
 MEASURED ?=
 concept-map: install
 	$(PY) -m lab concept-map $(if $(MEASURED),--measured $(MEASURED)) $(if $(IMAGES),--copy-to $(IMAGES)/concept_map.png) $(ARGS)
+
+# Jäger et al. 2018 re-examined (docs/paper.md): the scaling-netns and time-to-accuracy grids in the paper's design.
+paper: install
+	$(PY) -m lab paper $(ARGS)
 
 commbench: install
 	$(PY) -m lab commbench --np $(NP) --models lenet5,ptb-lstm-small,resnet18 $(ARGS)

@@ -1,4 +1,4 @@
-"""``python -m lab bench|commbench|commbench-netns|concept-map|gpucheck|scaling|scaling-netns|time-to-accuracy ...``"""
+"""``python -m lab bench|commbench|commbench-netns|concept-map|gpucheck|paper|scaling|scaling-netns|time-to-accuracy ...``"""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ def make_parser() -> argparse.ArgumentParser:
     from .commbench import main as commbench
     from .commbench import netns as commbench_netns
     from .conceptmap import main as concept_map
+    from .paper import main as paper
     from .scaling import grid, netns
     from .tta import main as tta
 
@@ -30,6 +31,9 @@ def make_parser() -> argparse.ArgumentParser:
          "TensorBoard"),
         ("scaling", grid, grid.main, "scaling grid: strategies x models x worker counts -> report, plots, TensorBoard, "
                                      "cost model"),
+        ("paper", paper, paper.main, "Jäger et al. (2018) re-examined: centralized vs decentralized PS vs ring "
+                                     "allreduce on emulated hosts (throughput, speedup, time to quality) -> a verdict "
+                                     "per finding, figure, TensorBoard (root; docs/paper.md)"),
         ("gpucheck", gpucheck, gpucheck.main, "one GPU, one rank: trainer vs bare Horovod (NCCL) vs DDP (NCCL), "
                                               "LeNet-5/ResNet-18/LSTM -> one table (tools/gpu_check.sh)"),
         ("scaling-netns", netns, netns.main, "the scaling grid on emulated hosts (network namespaces, root) at given "
