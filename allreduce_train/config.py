@@ -35,6 +35,8 @@ def _f(default: Any, help: str, choices: tuple | None = None) -> Any:
     meta = {"help": help}
     if choices:
         meta["choices"] = choices
+    if isinstance(default, list):  # a repeatable flag (``--model-arg k=v``): a fresh list per config
+        return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
@@ -66,36 +68,76 @@ def _check_choices(section: Any) -> None:
 
 @dataclass
 class ModelConfig:
-    """Which network to train; models/ holds the definitions."""
+    """Which network to train: a name from models/, or your own code (docs/own_model.md)."""
 
-    model: str = _f("lenet5", "model name from the registry in models/ (see `models` subcommand)")
+    model: str = _f("lenet5", "a registered model (see the `models` subcommand), or MODULE:CALLABLE returning your "
+                              "own nn.Module, e.g. mypkg.net:build (docs/own_model.md)")
+    model_arg: list = _f([], "KEY=VALUE keyword argument for --model's or --task's callable (repeatable), "
+                             "e.g. --model-arg depth=4")
+    task: str = _f("", "MODULE:CALLABLE returning an allreduce_train.Task (model, data, loss, evaluation, state) "
+                       "for anything beyond classification; replaces --model and --dataset (docs/own_model.md)")
 
     def __post_init__(self) -> None:
         from models import MODELS
 
-        if self.model not in MODELS:
+        from .usercode import check_reference, is_reference, parse_kwargs
+
+        if self.task:
+            check_reference("--task", self.task)
+        elif is_reference(self.model):
+            check_reference("--model", self.model)
+        elif self.model not in MODELS:
             raise ConfigError(
-                f"--model: unknown model {self.model!r}; choose one of: {', '.join(sorted(MODELS))}"
+                f"--model: unknown model {self.model!r}; choose one of: {', '.join(sorted(MODELS))}, "
+                "or name your own as MODULE:CALLABLE (docs/own_model.md)"
             )
+        if self.model_arg and not (self.task or is_reference(self.model)):
+            raise ConfigError(f"--model-arg is for your own --model MODULE:CALLABLE or --task; --model {self.model} "
+                              "is registered: drop --model-arg")
+        parse_kwargs("--model-arg", self.model_arg)
+
+    @property
+    def label(self) -> str:
+        """The model's short name for run directories and logs (``mypkg.net:build`` -> ``net.build``)."""
+        from .usercode import is_reference, label
+
+        ref = self.task or self.model
+        return label(ref) if is_reference(ref) else ref
 
 
 @dataclass
 class DataConfig:
     """Dataset and batching. Batch sizes are per worker; the global batch is batch x workers."""
 
-    dataset: str = _f("fashion-mnist", "dataset to train on (ptb: Penn-Treebank-format text, language models)",
-                      DATASETS)
+    dataset: str = _f("fashion-mnist", "dataset to train on: " + " | ".join(DATASETS) + " (ptb: Penn-Treebank-format "
+                                       "text, language models), or MODULE:CALLABLE returning your own (train, eval) "
+                                       "map-style torch Datasets of (input, target) pairs (docs/own_model.md)")
+    dataset_arg: list = _f([], "KEY=VALUE keyword argument for --dataset's callable (repeatable)")
     data_dir: str = _f("", "directory with the dataset files, used as they are (default: fashion-mnist "
                            f"{DEFAULT_FASHION_MNIST_DIR}; ptb: an offline corpus built from Python's "
                            "documentation, NOT the real Penn Treebank, which you must supply)")
+    data_workers: int = _f(0, "background processes that load your own --dataset's batches (torch DataLoader; the "
+                              "batch order is the same for a given seed and worker count); 0 = load in the training "
+                              "process")
     batch_size: int = _f(64, "training batch size per worker")
     eval_batch_size: int = _f(1000, "evaluation batch size per worker")
     synthetic_samples: int = _f(6400, "samples in the synthetic dataset (fixed-shape random data, no I/O)")
 
     def __post_init__(self) -> None:
-        _check_choices(self)
+        from .usercode import check_reference, is_reference, parse_kwargs
+
+        if is_reference(self.dataset):
+            check_reference("--dataset", self.dataset)
+        elif self.dataset not in DATASETS:
+            raise ConfigError(f"--dataset: unknown value {self.dataset!r}; choose one of: {', '.join(DATASETS)}, "
+                              "or name your own as MODULE:CALLABLE (docs/own_model.md)")
+        if self.dataset_arg and not is_reference(self.dataset):
+            raise ConfigError(f"--dataset-arg is for your own --dataset MODULE:CALLABLE; drop it with --dataset "
+                              f"{self.dataset}")
+        parse_kwargs("--dataset-arg", self.dataset_arg)
         if not self.data_dir and self.dataset == "fashion-mnist":
             self.data_dir = DEFAULT_FASHION_MNIST_DIR
+        _check(self.data_workers >= 0, "data_workers", "must be >= 0", self.data_workers)
         _check(self.batch_size >= 1, "batch_size", "must be >= 1", self.batch_size)
         _check(self.eval_batch_size >= 1, "eval_batch_size", "must be >= 1", self.eval_batch_size)
         _check(self.synthetic_samples >= 1, "synthetic_samples", "must be >= 1", self.synthetic_samples)
@@ -188,7 +230,8 @@ class MPIConfig:
     """--allreduce-engine mpi: the ring of mpi4py messages from gradient hooks (distributed/ring.py)."""
 
     prefix: ClassVar[str] = "mpi"  # the flags: --mpi-bucket-bytes, --mpi-algorithm
-    bucket_bytes: int = _f(1 << 20, "gradients reduced together, started as soon as backward has produced them")
+    bucket_bytes: int = _f(1 << 20, "gradients reduced together (bytes on the wire), started as soon as backward has "
+                                     "produced them")
     algorithm: str = _f("ring", "ring = reduce-scatter + allgather of Isend/Irecv; iallreduce = MPI_Iallreduce per "
                                 "bucket (Open MPI's algorithm)", ("ring", "iallreduce"))
 
@@ -208,7 +251,8 @@ class PSConfig:
     servers: int = _f(0, "server ranks (0 = 1 with dedicated placement, every rank with colocated)")
     mode: str = _f("sync", "sync = average every worker's gradient, then update (allreduce's maths); "
                            "async = apply each worker's gradient as it arrives", ("sync", "async"))
-    bucket_bytes: int = _f(1 << 20, "gradients pushed in one message per server as soon as backward has produced them")
+    bucket_bytes: int = _f(1 << 20, "gradients pushed in one message per server (bytes on the wire, as "
+                                     "--mpi-bucket-bytes) as soon as backward has produced them")
     split_bytes: int = _f(1 << 16, "parameters larger than this are cut into chunks of at most this size, "
                                    "spread over the servers")
 
@@ -262,7 +306,7 @@ class TrainConfig:
         _check_choices(self)
 
 
-TARGET_RE = re.compile(r"^(eval/[a-z_]+)\s*(>=|<=)\s*([-+0-9.eE]+)$")
+TARGET_RE = re.compile(r"^(eval/[A-Za-z0-9_.]+)\s*(>=|<=)\s*([-+0-9.eE]+)$")
 
 
 def parse_target(text: str) -> tuple[str, str, float]:
@@ -342,9 +386,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             assert name not in seen, f"config field {name} appears in two sections"
             seen.add(name)
             typ = hints[f.name]
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
             kwargs: dict[str, Any] = {"dest": f"{section}.{f.name}", "default": None,
-                                      "help": f"{f.metadata['help']} (default: {f.default!r})"}
-            if typ is bool:
+                                      "help": f"{f.metadata['help']} (default: {default!r})"}
+            if typ is list:
+                group.add_argument(flag(name), action="append", metavar="KEY=VALUE", **kwargs)
+            elif typ is bool:
                 group.add_argument(flag(name), action=argparse.BooleanOptionalAction, **kwargs)
             else:
                 metavar = name.upper()
@@ -414,6 +461,10 @@ def build_config(args: argparse.Namespace) -> Config:
         hints = get_type_hints(cls)
         for name, v in values[section].items():
             want = hints[name]
+            if want is list and isinstance(v, dict):  # TOML: model_arg = {depth = 4}
+                v = [f"{k}={x!r}" for k, x in v.items()]
+            if want is list and not all(isinstance(x, str) for x in v if isinstance(v, list)):
+                raise ConfigError(f"{flag(key(cls, name))} must be a list of KEY=VALUE strings or a table (got {v!r})")
             if want is float and isinstance(v, int) and not isinstance(v, bool):
                 v = float(v)
             if not isinstance(v, want) or (want is int and isinstance(v, bool)):

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from .buffers import flatten, views
+
 
 class GradientExchange(ABC):
     name: str
@@ -71,13 +73,8 @@ class GradientExchange(ABC):
         flattened into one CPU tensor, summed, and cut back into the tensors' shapes, each on its
         tensor's device (CPU tensors: views of one buffer). ``name`` labels the collective where an
         engine names them (PowerSGD's ``SumTensors``)."""
-        flat = torch.cat([t.detach().reshape(-1).cpu() for t in tensors])
-        total = self.sum_over_workers(flat)  # communication: one sum of every tensor
-        out, off = [], 0
-        for t in tensors:
-            out.append(total[off:off + t.numel()].view_as(t).to(t.device))  # CPU: the view itself
-            off += t.numel()
-        return out
+        total = self.sum_over_workers(flatten([t.detach() for t in tensors], device="cpu"))  # communication
+        return [v.to(t.device) for v, t in zip(views(total, tensors), tensors)]  # CPU: the view itself
 
     def start_vote(self, flags: torch.Tensor) -> None:
         """Begin summing a few float64 flags over the workers without waiting (the trainer's per-step

@@ -23,6 +23,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from .buffers import flatten, unpack
 from .wirecost import compressible, powersgd_bytes_per_step as bytes_per_step
 
 __all__ = ["PowerSGD", "bytes_per_step", "compressible", "orthogonalize"]
@@ -86,14 +87,12 @@ class PowerSGD:
         for q in self.q:
             orthogonalize(q)
         ps = [_bmm(m, q) for m, q in zip(mats, self.q)]
-        plain = [torch.cat([grads[i].reshape(-1) for i in self.plain])] if self.plain else []
+        plain = [flatten([grads[i] for i in self.plain])] if self.plain else []
         # communication: the uncompressed tensors and the Ps, summed over the workers
         summed = sum_tensors([*plain, *ps], "powersgd.p")
         plain, ps = [t.div_(workers) for t in summed[:len(plain)]], summed[len(plain):]
-        off = 0
-        for i in self.plain:
-            grads[i].copy_(plain[0][off:off + grads[i].numel()].view_as(grads[i]))
-            off += grads[i].numel()
+        if self.plain:
+            unpack(plain[0], [grads[i] for i in self.plain])
         for p in ps:
             orthogonalize(p)
         # communication: the Qs, summed over the workers

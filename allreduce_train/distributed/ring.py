@@ -34,6 +34,7 @@ import torch
 from ..config import ExchangeConfig, MPIConfig
 from ..errors import ConfigError, UserError
 from .base import GradientExchange
+from .buffers import elements_in, pack, unpack
 from .compression import SIXTEEN_BIT, wire_dtype
 from .mpi import (MAX_BUCKETS, abort, allgather_pickle, bcast_pickle, end_sum, import_mpi, node_rank, poll, start_sum,
                   sum_now)
@@ -62,10 +63,7 @@ class _Bucket:
     def __init__(self, index: int, members: list[int], sizes: list[int], dtype: torch.dtype, rank: int,
                  size: int) -> None:
         self.index, self.members = index, members
-        self.offsets = [0]
-        for p in members:
-            self.offsets.append(self.offsets[-1] + sizes[p])
-        self.flat = torch.zeros(self.offsets[-1], dtype=dtype)
+        self.flat = torch.zeros(sum(sizes[p] for p in members), dtype=dtype)
         # the same memory, for MPI (numpy has no bfloat16: its bits travel as int16, MPI only moves them)
         self.arr = (self.flat.view(torch.int16) if dtype == torch.bfloat16 else self.flat).numpy()
         self.cut = chunk_bounds(len(self.flat), size)
@@ -146,8 +144,7 @@ class MPIRingAllreduce(GradientExchange):
             return
         self.params = params
         sizes = [p.numel() for p in params]
-        elem = torch.finfo(self.dtype).bits // 8
-        buckets = plan(sizes, 1, max(sizes), max(1, self.mpi.bucket_bytes // elem)).buckets
+        buckets = plan(sizes, 1, max(sizes), elements_in(self.mpi.bucket_bytes, self.dtype)).buckets
         if len(buckets) > MAX_BUCKETS:
             raise UserError(f"{len(buckets)} buckets are too many message tags; raise --mpi-bucket-bytes")
         self._buckets = [_Bucket(b, members, sizes, self.dtype, self.rank, self.size)
@@ -179,13 +176,8 @@ class MPIRingAllreduce(GradientExchange):
         self._advance()  # move the buckets in flight on between layers of backward
 
     def _start(self, bucket: _Bucket) -> None:
-        for p, lo, hi in zip(bucket.members, bucket.offsets, bucket.offsets[1:]):
-            g = self.params[p].grad
-            # A parameter that took no part in this step's loss sends zeros, as Horovod does.
-            if g is None:
-                bucket.flat[lo:hi].zero_()
-            else:
-                bucket.flat[lo:hi].copy_(g.reshape(-1))
+        # the copy in is the cast to the wire's dtype; a parameter outside this step's loss sends zeros
+        pack([self.params[p].grad for p in bucket.members], bucket.flat, [self.params[p].numel() for p in bucket.members])
         bucket.step = 0
         if self.algorithm == "iallreduce":
             # communication: the whole bucket, summed by MPI's own algorithm
@@ -284,11 +276,10 @@ class MPIRingAllreduce(GradientExchange):
                 avg = bucket.flat.float() if self.dtype != torch.float32 else bucket.flat
                 if self.divisor != 1:
                     avg.div_(self.divisor)
-                for p, lo, hi in zip(bucket.members, bucket.offsets, bucket.offsets[1:]):
-                    param = self.params[p]
-                    if param.grad is None:
-                        param.grad = torch.zeros_like(param)
-                    param.grad.view(-1).copy_(avg[lo:hi])
+                for p in bucket.members:
+                    if self.params[p].grad is None:
+                        self.params[p].grad = torch.zeros_like(self.params[p])
+                unpack(avg, [self.params[p].grad for p in bucket.members])
         self._reset_step()
 
     def worker_state(self) -> Any:

@@ -37,6 +37,7 @@ import torch
 from ...config import ExchangeConfig, PSConfig
 from ...errors import ConfigError, UserError
 from ..base import GradientExchange
+from ..buffers import elements_in, pack, unpack
 from ..compression import wire_dtype
 from ..mpi import (MAX_BUCKETS, abort, allgather_pickle, bcast_pickle, end_sum, import_mpi, node_rank, poll, start_sum,
                    sum_now)
@@ -125,7 +126,9 @@ class ParameterServer(GradientExchange):
     def _start(self, payload: dict[str, Any]) -> None:
         x, ps = self.xcfg, self.pcfg
         sizes = [p.numel() for p in payload["params"]]
-        self.layout = plan(sizes, len(self.server_ranks), max(1, ps.split_bytes // ELEM), max(1, ps.bucket_bytes // ELEM))
+        # bytes on the wire, as every engine counts them: with 16-bit pushes a bucket holds twice the elements
+        self.layout = plan(sizes, len(self.server_ranks), elements_in(ps.split_bytes, self.wire),
+                           elements_in(ps.bucket_bytes, self.wire))
         if len(self.layout.buckets) > MAX_BUCKETS:
             raise UserError(f"{len(self.layout.buckets)} buckets are too many message tags; raise --ps-bucket-bytes")
         sync_clip = self.clip if ps.mode == "sync" else 0.0
@@ -211,16 +214,11 @@ class ParameterServer(GradientExchange):
         for s in lay.servers_of(b):
             raw, head, data = self._out[(b, s)]
             head[0], head[1] = lr, self._version[(b, s)]
-            views = [self._grad(p)[lo:hi] for p, lo, hi in lay.segments[(b, s)]]
-            if self.wire != torch.float32:  # the cast to 16 bits, segment by segment into the message
-                off = 0
-                for v in views:
-                    data[off:off + len(v)].copy_(v)
-                    off += len(v)
-            elif views[0].device.type == "cpu":
-                torch.cat(views, out=data)
-            else:
-                data.copy_(torch.cat(views))
+            segments = [self._grad(p)[lo:hi] for p, lo, hi in lay.segments[(b, s)]]
+            if self.wire == torch.float32 and segments[0].device.type == "cpu":
+                torch.cat(segments, out=data)
+            else:  # 16 bits: packing is the cast; a GPU's gradients: the copy to the host
+                pack(segments, data)
             dest = self.server_ranks[s]
             # communication: the reply's receive is posted before the push that causes it
             self._reqs.append(self.pull.Irecv([self._in[(b, s)][0], MPI.BYTE], source=dest, tag=b))
@@ -256,10 +254,7 @@ class ParameterServer(GradientExchange):
     def apply(self, optimizer) -> None:
         with torch.no_grad():
             for key, ranges in self.layout.segments.items():
-                data, off = self._in[key][2], 0
-                for p, lo, hi in ranges:
-                    self._flat[p][lo:hi].copy_(data[off:off + hi - lo])
-                    off += hi - lo
+                unpack(self._in[key][2], [self._flat[p][lo:hi] for p, lo, hi in ranges])
         self._reset_step()
 
     def fetch_momentum(self) -> dict[int, dict[str, torch.Tensor]]:
@@ -292,12 +287,10 @@ class ParameterServer(GradientExchange):
         bufs = [torch.zeros_like(f) for f in self._flat]
         master = [torch.zeros_like(f) for f in self._flat]
         for s in range(lay.num_servers):
-            data, off, half = inbox[s][2], 0, totals[s]
-            for b in range(len(lay.buckets)):
-                for p, lo, hi in lay.segments.get((b, s), ()):
-                    bufs[p][lo:hi].copy_(data[off:off + hi - lo])
-                    master[p][lo:hi].copy_(data[half + off:half + off + hi - lo])
-                    off += hi - lo
+            data, half = inbox[s][2], totals[s]
+            ranges = [r for b in range(len(lay.buckets)) for r in lay.segments.get((b, s), ())]
+            unpack(data[:half], [bufs[p][lo:hi] for p, lo, hi in ranges])  # momentum, then the master parameters
+            unpack(data[half:], [master[p][lo:hi] for p, lo, hi in ranges])
         if not any(m[1][0] for m in inbox):
             return {}, master  # no momentum (momentum 0, or no step taken yet)
         return ({i: {"momentum_buffer": buf.view_as(self.params[i]).to(self.params[i].device)}

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..buffers import element_size, pack
 from ..mpi import poll
 from .sharding import Layout
 
@@ -20,13 +21,13 @@ from .sharding import Layout
 HEADER_BYTES = 16  # two float64. Push: (lr, server version the gradient was computed from); reply: (version, staleness)
 TAG_DONE = 32766  # worker -> server: this worker has finished
 TAG_STATE = 32765  # worker -> server: send me your optimizer state (checkpoint); the reply uses the same tag
-ELEM = 4  # bytes per float32 element
+ELEM = 4  # bytes per float32 element: the servers' parameters and momentum (ps_server_bytes)
 
 
 def message(numel: int, dtype: torch.dtype = torch.float32) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
     """One contiguous buffer for MPI: the raw bytes, the 2-float64 header, the payload (float32, or the
     16-bit wire dtype of ``--compression``)."""
-    raw = np.zeros(HEADER_BYTES + torch.finfo(dtype).bits // 8 * numel, dtype=np.uint8)
+    raw = np.zeros(HEADER_BYTES + element_size(dtype) * numel, dtype=np.uint8)
     return raw, raw[:HEADER_BYTES].view(np.float64), torch.from_numpy(raw[HEADER_BYTES:]).view(dtype)
 
 
@@ -191,12 +192,9 @@ class Server:
     def _send_state(self, dest: int) -> None:
         self._wait_sends("state")
         raw, head, data = self.state_out
-        off, half = 0, len(data) // 2
-        for b in self.buckets:
-            n, buf = len(self.param[b]), self.momentum[b]
-            data[off:off + n].copy_(buf) if buf is not None else data[off:off + n].zero_()
-            data[half + off:half + off + n].copy_(self.param[b])
-            off += n
+        half, sizes = len(data) // 2, [len(self.param[b]) for b in self.buckets]
+        pack([self.momentum[b] for b in self.buckets], data[:half], sizes)  # no momentum yet: zeros
+        pack([self.param[b] for b in self.buckets], data[half:])
         head[0] = float(any(self.momentum[b] is not None for b in self.buckets))
         self.out_reqs["state"] = [self.pull.Isend([raw, self.MPI.BYTE], dest=dest, tag=TAG_STATE)]
 

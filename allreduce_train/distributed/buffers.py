@@ -1,0 +1,67 @@
+"""Flat buffers: many tensors laid end to end in one, and back. Every engine and wire format packs
+gradients (or parameters, or factors) this way before a collective and unpacks after it; the
+offsets are the cumulative element counts, and a copy between dtypes is the cast (16 bits on the
+wire: packing narrows, unpacking widens). One element-size rule goes with them: bucket sizes
+(``--mpi-bucket-bytes``, ``--ps-bucket-bytes``, ``--torch-bucket-bytes``) count bytes on the wire.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch
+
+
+def element_size(dtype: torch.dtype) -> int:
+    """Bytes per element of ``dtype`` on the wire (4 for float32, 2 for float16 and bfloat16)."""
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def elements_in(nbytes: int, dtype: torch.dtype) -> int:
+    """How many elements of ``dtype`` a bucket of ``nbytes`` bytes on the wire holds (at least one)."""
+    return max(1, nbytes // element_size(dtype))
+
+
+def offsets(sizes: Iterable[int]) -> list[int]:
+    """Where each of tensors of ``sizes`` elements starts in the flat buffer, and its end: len + 1 entries."""
+    out = [0]
+    for n in sizes:
+        out.append(out[-1] + n)
+    return out
+
+
+def pack(tensors: Sequence[torch.Tensor | None], out: torch.Tensor, sizes: Sequence[int] | None = None) -> torch.Tensor:
+    """Copy ``tensors`` end to end into the flat ``out`` (cast to its dtype); a None (a parameter
+    outside this step's loss) packs ``sizes[i]`` zeros, as Horovod sends for it. Returns ``out``."""
+    off = 0
+    for i, t in enumerate(tensors):
+        n = sizes[i] if t is None else t.numel()  # type: ignore[index]
+        if t is None:
+            out[off:off + n].zero_()
+        else:
+            out[off:off + n].copy_(t.reshape(-1))
+        off += n
+    return out
+
+
+def flatten(tensors: Sequence[torch.Tensor], dtype: torch.dtype | None = None,
+            device: torch.device | str | None = None) -> torch.Tensor:
+    """A new flat buffer holding ``tensors`` end to end (in ``dtype``, on ``device``; by default the first's)."""
+    first = tensors[0]
+    out = torch.empty(sum(t.numel() for t in tensors), dtype=dtype or first.dtype, device=device or first.device)
+    return pack(tensors, out)
+
+
+def views(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The segments of ``flat`` shaped as ``like``'s tensors (views: no copy)."""
+    cut = offsets(t.numel() for t in like)
+    return [flat[lo:hi].view_as(t) for t, lo, hi in zip(like, cut, cut[1:])]
+
+
+def unpack(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
+    """Copy the segments of ``flat`` back into ``tensors`` (widened or narrowed to their dtype)."""
+    off = 0
+    for t in tensors:
+        n = t.numel()
+        t.view(-1).copy_(flat[off:off + n])
+        off += n
