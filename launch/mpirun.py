@@ -32,7 +32,8 @@ from typing import Any
 
 # EXIT_DIR_ENV: where every rank records its exit code as it exits (allreduce_train/errors.py record_exit)
 from .bound import GRACE_PERIOD, exit_dir, run_bounded, why
-from .exitcodes import EXIT_DIR_ENV, EXIT_INTERRUPTED, NOT_RESTARTED
+from .elastic import PROBE_TIMEOUT, Elastic, ElasticError, host_arg, parse_host_list, read_hostfile
+from .exitcodes import EXIT_DIR_ENV, EXIT_INTERRUPTED, EXIT_STALLED, NOT_RESTARTED
 
 # Forwarded to every rank when set here (plus every HOROVOD_* and NCCL_* variable).
 FORWARD_VARS = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "HWLOC_COMPONENTS",
@@ -105,8 +106,8 @@ class LaunchSpec:
     trainer_args: list[str] = field(default_factory=list)
     python: str = sys.executable
     mpirun: str = "mpirun"
-    # Hosts that are not real (the lab's emulated cluster) instead of -H/--hostfile: an object with
-    # exec_prefix() (where mpirun runs), host_list(np), mca() and env() (what every rank gets).
+    # Hosts that are not real (the lab's emulated cluster): an object with exec_prefix() (where mpirun
+    # runs), host_list(np) (-H unless ``hosts`` names some of them), mca() and env() (what every rank gets).
     cluster: Any = None
     allreduce_rules: str = ""  # an Open MPI coll/tuned rules file for every rank (RING_RULES); empty: Open MPI's
 
@@ -126,8 +127,6 @@ def build_command(spec: LaunchSpec, environ: dict[str, str] | None = None, is_ro
     if spec.hosts and spec.hostfile:
         raise ValueError("give either -H or --hostfile, not both")
     cluster = spec.cluster
-    if cluster and (spec.hosts or spec.hostfile):
-        raise ValueError("give either --emulate-hosts or -H/--hostfile, not both")
     # mpirun runs inside the emulated cluster's head namespace, where the switch is
     cmd = [*cluster.exec_prefix()] if cluster else []
     if "HWLOC_COMPONENTS" not in environ:
@@ -138,8 +137,8 @@ def build_command(spec: LaunchSpec, environ: dict[str, str] | None = None, is_ro
     if is_root:
         cmd.append("--allow-run-as-root")  # Open MPI refuses root otherwise
     cmd += ["-np", str(spec.np)]
-    if spec.hosts or cluster:
-        cmd += ["-H", cluster.host_list(spec.np) if cluster else spec.hosts]
+    if spec.hosts or cluster:  # an emulated cluster's hosts by name after an elastic restart, else spread evenly
+        cmd += ["-H", spec.hosts or cluster.host_list(spec.np)]
     if spec.hostfile:
         cmd += ["--hostfile", spec.hostfile]
     if spec.oversubscribe:
@@ -187,6 +186,17 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-restarts", type=int, default=0, metavar="N",
                    help="relaunch a failed job (a rank killed, a stall, a rank preempted) up to N times with "
                         "--resume auto (default: 0); pin the run with the trainer's --name")
+    e = p.add_argument_group("elastic restarts (docs/faults.md)")
+    e.add_argument("--min-np", type=int, default=0, metavar="M",
+                   help="with --max-restarts and -H/--hostfile: before a restart, ask every host to answer (a "
+                        "bounded ssh probe in batch mode through mpirun's own plm_rsh_agent) and continue on those "
+                        "that do, with up to -np ranks, as long as M fit; fewer: exit 69 (default: no probe)")
+    e.add_argument("--host-discovery-script", default="", metavar="PATH",
+                   help="instead of -H/--hostfile: an executable that prints the hosts available now, one "
+                        "host:slots line each (as horovodrun's); run before the first attempt and before each "
+                        "restart (--min-np defaults to -np)")
+    e.add_argument("--probe-timeout", type=float, default=PROBE_TIMEOUT, metavar="SECONDS",
+                   help=f"how long one host has to answer the probe (default: {PROBE_TIMEOUT:g})")
     p.add_argument("--grace-period", type=float, default=GRACE_PERIOD, metavar="SECONDS",
                    help="once a rank has failed or a stop was asked for (SIGTERM, Ctrl-C), the time mpirun has to "
                         "end the job before the launcher kills it, e.g. when it waits for a host it cannot "
@@ -197,13 +207,14 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 # Flags that moved to the lab with the emulated hosts: one line says where (``python -m lab.emulation``).
-MOVED_TO_LAB = ("--emulate-hosts", "--link-rate", "--min-np")
+MOVED_TO_LAB = ("--emulate-hosts", "--link-rate")
 
 
 def main(argv: list[str] | None = None, emulation: Any = None) -> int:
-    """``python -m launch``. ``emulation``: the lab's emulated hosts plug in here (lab/emulation/__main__.py):
-    an object with ``add_arguments(parser)``, ``cluster(args)`` (the cluster, or None; ValueError for a bad
-    flag), ``unavailable_reason()``, and ``run(spec, cmd, env, args)`` (the exit code)."""
+    """``python -m launch``. ``emulation``: the lab's emulated hosts plug in here (lab/emulation/__main__.py) as
+    a transport: an object with ``add_arguments(parser)``, ``cluster(args)`` (the cluster, or None; ValueError
+    for a bad flag), ``unavailable_reason()``, ``default_timeout`` and ``run(cluster, job)``, which builds the
+    hosts, returns ``job(between)`` (``between()``: what to clear on the hosts before a restart) and removes them."""
     parser = make_parser()
     if emulation:
         emulation.add_arguments(parser)
@@ -227,6 +238,7 @@ def main(argv: list[str] | None = None, emulation: Any = None) -> int:
             raise ValueError(f"--grace-period must be > 0 (got {args.grace_period:g})")
         if args.max_restarts and args.module == TRAINER:
             trainer_args = pinned_name(trainer_args)
+        check_host_flags(args, cluster)
         multi_host = bool(args.hosts or args.hostfile or cluster)
         mpi_allreduce = args.mpi_allreduce or ("ring" if multi_host else "auto")
         spec = LaunchSpec(np=args.np, hosts=args.hosts, hostfile=args.hostfile, oversubscribe=args.oversubscribe,
@@ -246,6 +258,15 @@ def main(argv: list[str] | None = None, emulation: Any = None) -> int:
         env = dict(os.environ)
         env.pop(EXIT_DIR_ENV, None)
         cmd = build_command(spec, environ=env)  # sets HWLOC_COMPONENTS=-gl in the line unless env has it
+        elastic = make_elastic(args, spec, cmd)
+        if elastic and elastic.script:  # the discovery script names the first attempt's hosts too
+            hosts, np = elastic.first(env)
+            if np < elastic.min_np:
+                print(f"launch: elastic: {np} rank(s) fit on the hosts --host-discovery-script gives "
+                      f"({host_arg(hosts) or 'none'}), fewer than --min-np {elastic.min_np}", file=sys.stderr)
+                return EXIT_STALLED
+            spec = dataclasses.replace(spec, np=np, hosts=host_arg(hosts))
+            cmd = build_command(spec, environ=env)
     except ValueError as e:
         print(f"launch: error: {e}", file=sys.stderr)
         return 2
@@ -268,16 +289,59 @@ def main(argv: list[str] | None = None, emulation: Any = None) -> int:
         # Under mpirun every rank writes into a pipe, so the trainer cannot see that a person is
         # watching; tell it, so rank 0 draws its progress bar.
         env["ALLREDUCE_TRAIN_PROGRESS"] = "1"
+    timeout = args.timeout or (emulation.default_timeout if spec.cluster else 0)
     with exit_dir(env):  # see run_bounded
         cmd = build_command(spec, environ=env)
         print("+ " + shlex.join(cmd), flush=True)
+
+        def job(between=None) -> int:
+            return supervise(spec, cmd, env, timeout, args.max_restarts, grace=args.grace_period, elastic=elastic,
+                             between=between)
+
         if spec.cluster:
-            return emulation.run(spec, cmd, env, args)
+            return emulation.run(spec.cluster, job)
         try:
-            return supervise(spec, cmd, env, args.timeout, args.max_restarts, grace=args.grace_period)
+            return job()
         except KeyboardInterrupt:
             print("launch: interrupted", file=sys.stderr)
             return EXIT_INTERRUPTED
+
+
+def check_host_flags(args: argparse.Namespace, cluster: Any) -> None:
+    """ValueError naming the flag when the hosts' flags (-H, --hostfile, the emulated cluster,
+    --min-np, --host-discovery-script, --probe-timeout) do not go together."""
+    if args.min_np < 0 or args.min_np > args.np:
+        raise ValueError(f"--min-np must be between 0 and -np {args.np} (got {args.min_np})")
+    if args.min_np and not args.max_restarts:
+        raise ValueError("--min-np acts when the job restarts: give --max-restarts too")
+    if args.probe_timeout <= 0:
+        raise ValueError(f"--probe-timeout must be > 0 (got {args.probe_timeout:g})")
+    if args.host_discovery_script and (args.hosts or args.hostfile or cluster):
+        raise ValueError("--host-discovery-script gives the hosts: leave out -H/--hostfile/--emulate-hosts")
+    if cluster and (args.hosts or args.hostfile):
+        raise ValueError("give either --emulate-hosts or -H/--hostfile, not both")
+    if args.min_np and not (args.hosts or args.hostfile or args.host_discovery_script or cluster):
+        raise ValueError("--min-np needs the hosts to ask: give -H, --hostfile or --host-discovery-script")
+
+
+def make_elastic(args: argparse.Namespace, spec: LaunchSpec, cmd: list[str]) -> Elastic | None:
+    """The elastic step for ``--min-np`` / ``--host-discovery-script`` (None without them)."""
+    if not (args.min_np or args.host_discovery_script):
+        return None
+    if args.host_discovery_script:
+        hosts = []
+    elif spec.cluster:
+        hosts = parse_host_list(spec.cluster.host_list(spec.np))
+    elif spec.hostfile:
+        hosts = read_hostfile(spec.hostfile)
+    else:
+        hosts = parse_host_list(spec.hosts)
+    # the agent is looked up in the -mca pairs of the mpirun line itself: the probe goes where mpirun goes
+    mca = [(cmd[i + 1], cmd[i + 2]) for i in range(len(cmd) - 2) if cmd[i] == "-mca"]
+    return Elastic(np=spec.np, min_np=args.min_np or spec.np, hosts=hosts, script=args.host_discovery_script,
+                   oversubscribe=spec.oversubscribe, mca=mca,
+                   exec_prefix=list(spec.cluster.exec_prefix()) if spec.cluster else [],
+                   probe_timeout=args.probe_timeout)
 
 
 def usable_cores() -> int:
@@ -317,14 +381,17 @@ def resuming(args: list[str]) -> list[str]:
 
 
 def supervise(spec: LaunchSpec, cmd: list[str], env: dict[str, str], timeout: float, max_restarts: int,
-              shrink=None, grace: float = GRACE_PERIOD) -> int:
+              grace: float = GRACE_PERIOD, elastic: Elastic | None = None, between=None) -> int:
     """Run the job; relaunch it with ``--resume auto`` after a failure, up to ``max_restarts`` times.
 
     Not restarted: success, usage errors, divergence (each would fail the same way again), the
     launcher's own --timeout, and a stop signal sent to this launcher (the whole job is being
-    preempted: exit 75 and let the scheduler requeue it). ``shrink(spec, rc) -> spec | None``:
-    the emulated cluster's elastic step (None ends the job).
+    preempted: exit 75 and let the scheduler requeue it). ``elastic``: before a restart, the hosts
+    that answer and the ranks that fit on them (launch/elastic.py); fewer than --min-np: exit 69.
+    ``between()``: the transport's cleanup before a restart (an emulated cluster ends what the
+    failed attempt left on its hosts).
     """
+    given = spec  # the user's hosts (or hostfile): used again while every host answers
     for attempt in range(max_restarts + 1):
         stops: list[str] = []
         rc = run_bounded(cmd, env, timeout, stops, grace=grace, np=spec.np)
@@ -333,10 +400,21 @@ def supervise(spec: LaunchSpec, cmd: list[str], env: dict[str, str], timeout: fl
         print(f"launch: the job ended with exit {rc} ({why(rc)}); restart {attempt + 1} of {max_restarts} "
               "with --resume auto", file=sys.stderr, flush=True)
         spec = dataclasses.replace(spec, trainer_args=resuming(spec.trainer_args))
-        if shrink is not None:
-            spec = shrink(spec, rc)
-            if spec is None:
-                return rc
+        if between is not None:
+            between()
+        if elastic is not None:
+            try:
+                placed = elastic.step(env, spec.np, lambda line: print(line, file=sys.stderr, flush=True))
+            except ElasticError as e:
+                print(f"launch: error: {e}", file=sys.stderr, flush=True)
+                return 2
+            if placed is None:
+                return EXIT_STALLED
+            hosts, np = placed
+            if hosts == elastic.hosts:
+                spec = dataclasses.replace(spec, np=np, hosts=given.hosts, hostfile=given.hostfile)
+            else:
+                spec = dataclasses.replace(spec, np=np, hosts=host_arg(hosts), hostfile="")
         cmd = build_command(spec, environ=env)
         print("+ " + shlex.join(cmd), flush=True)
     return rc

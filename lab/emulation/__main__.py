@@ -6,27 +6,29 @@
 Every flag of ``python -m launch`` works here, and the job runs through the launcher's own code
 (launch/mpirun.py ``main``, with this module plugged in as its ``emulation``): N network namespaces
 joined by rate-limited links stand in for the hosts, and Open MPI reaches them through an agent that
-replaces ssh (netns.py, rsh_netns.sh). Only the transport to the hosts changes. ``--min-np`` adds the
-elastic step: hosts that were lost get no ranks on the restart.
+replaces ssh (netns.py, rsh_netns.sh). Only the transport to the hosts changes: ``--min-np`` is the
+launcher's own elastic step (launch/elastic.py), whose probe reaches these hosts through the same
+agent (a host whose namespace is gone or whose link is down does not answer, as over ssh).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
+from typing import Callable
 
 from launch import mpirun
 from launch.bound import GRACE_PERIOD, run_bounded
-from launch.mpirun import LaunchSpec, supervise
 
-from .netns import ClusterError, ClusterSpec, EmulatedCluster, stop_inside, unavailable_reason, unreachable
+from .netns import ClusterError, ClusterSpec, EmulatedCluster, stop_inside, unavailable_reason
 
 EMULATED_TIMEOUT = 3600.0  # seconds; an emulated cluster is never left running unattended
 
 
 class Emulation:
-    """The launcher's plug-in (``launch.mpirun.main(emulation=...)``)."""
+    """The launcher's plug-in (``launch.mpirun.main(emulation=...)``): the emulated hosts as a transport."""
+
+    default_timeout = EMULATED_TIMEOUT
 
     @staticmethod
     def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,61 +40,31 @@ class Emulation:
                        help="run on N emulated hosts (network namespaces on this machine, needs root) instead of -H")
         g.add_argument("--link-rate", default="1gbit",
                        help="each host's link rate per direction, e.g. 1gbit, 100mbit, none")
-        g.add_argument("--min-np", type=int, default=0, metavar="N",
-                       help="with --max-restarts: when hosts are lost, restart on the remaining ones as long as at "
-                            "least N ranks fit (elastic shrink; default: never shrink)")
 
     @staticmethod
     def cluster(args: argparse.Namespace) -> ClusterSpec:
-        if args.min_np < 0:
-            raise ValueError(f"--min-np must be >= 0 (got {args.min_np})")
-        if args.min_np and not args.max_restarts:
-            raise ValueError("--min-np shrinks the emulated cluster on restart: give --max-restarts too")
         return ClusterSpec(hosts=args.emulate_hosts, link_rate=args.link_rate)
 
     unavailable_reason = staticmethod(unavailable_reason)
 
     @staticmethod
-    def run(spec: LaunchSpec, cmd: list[str], env: dict[str, str], args: argparse.Namespace) -> int:
-        return run_emulated(spec.cluster, cmd, env, args.timeout or EMULATED_TIMEOUT, spec=spec,
-                            max_restarts=args.max_restarts, min_np=args.min_np, grace=args.grace_period)
+    def run(cluster: ClusterSpec, job: Callable) -> int:
+        return run_emulated(cluster, job=job)
 
 
-def run_emulated(cluster: ClusterSpec, cmd: list[str], env: dict[str, str], timeout: float,
-                 spec: LaunchSpec | None = None, max_restarts: int = 0, min_np: int = 0,
-                 grace: float = GRACE_PERIOD) -> int:
+def run_emulated(cluster: ClusterSpec, cmd: list[str] | None = None, env: dict[str, str] | None = None,
+                 timeout: float = EMULATED_TIMEOUT, grace: float = GRACE_PERIOD, job: Callable | None = None) -> int:
     """Build the emulated cluster, run the job in it, and remove the cluster however the job ended.
 
-    With ``max_restarts``, a failed job is relaunched; hosts that cannot be reached (namespace gone,
-    link down) get no ranks, and with ``min_np`` the job shrinks onto the remaining hosts (elastic,
-    Horovod-style, through a restart from the checkpoint instead of Gloo's rendezvous).
+    ``job(between)``: the launcher's run (its restarts and elastic step included); ``between()`` ends
+    what a failed attempt left on the hosts (a daemon and its rank on a cut-off host, which mpirun
+    could not reach) before the next one. Without ``job``: ``cmd`` once, within the launcher's bound.
     """
-
-    def shrink(job: LaunchSpec, rc: int) -> LaunchSpec | None:
-        em = job.cluster
-        # what mpirun could not end (a daemon and its rank on a cut-off host) goes before the next attempt
-        stop_inside(em.namespaces)
-        gone = unreachable(em) & set(em.live_hosts)
-        if not gone:
-            return job
-        names = ", ".join(em.hostname(i) for i in sorted(gone))
-        live = len(em.live_hosts) - len(gone)
-        np = job.np * live // len(em.live_hosts)  # the same ranks per host as before
-        if not min_np or live == 0 or np < min_np:
-            print(f"launch: host(s) {names} lost; {np} ranks would remain, " +
-                  (f"fewer than --min-np {min_np}" if min_np else "and without --min-np the job does not shrink") +
-                  "; not restarting", file=sys.stderr, flush=True)
-            return None
-        print(f"launch: elastic: host(s) {names} lost; continuing on {live} host(s): world size {job.np} -> {np} "
-              "(the global batch is workers x --batch-size, and with --scale-lr the LR follows the workers: "
-              "the trainer prints both)", file=sys.stderr, flush=True)
-        return dataclasses.replace(job, np=np, cluster=dataclasses.replace(em, lost=em.lost | gone))
-
     try:
         with EmulatedCluster(cluster, log=lambda msg: print(msg, flush=True)):
-            if spec is None:
-                return run_bounded(cmd, env, timeout, grace=grace)
-            return supervise(spec, cmd, env, timeout, max_restarts, shrink, grace)
+            if job is not None:
+                return job(lambda: stop_inside(cluster.namespaces))
+            return run_bounded(cmd, env, timeout, grace=grace)
     except ClusterError as e:
         print(f"launch: error: {e}", file=sys.stderr)
         return 2

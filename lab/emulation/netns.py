@@ -99,7 +99,6 @@ class ClusterSpec:
     hosts: int = 2
     link_rate: str = "1gbit"
     prefix: str = ""  # default: art-<pid>-<n>
-    lost: frozenset[int] = frozenset()  # hosts (1-based) that disappeared: no ranks go there (elastic restart)
 
     def __post_init__(self):
         if not 1 <= self.hosts <= MAX_HOSTS:
@@ -135,17 +134,12 @@ class ClusterSpec:
     def namespaces(self) -> list[str]:
         return [self.head] + [self.netns(i) for i in range(1, self.hosts + 1)]
 
-    @property
-    def live_hosts(self) -> list[int]:
-        return [i for i in range(1, self.hosts + 1) if i not in self.lost]
-
     def host_list(self, np: int) -> str:
         """``-H`` for ``np`` ranks spread evenly, the first hosts taking one extra when it does not divide."""
-        live = self.live_hosts
-        if np < len(live):
-            raise ValueError(f"-np {np} is fewer than --emulate-hosts {len(live)}: every emulated host needs a rank")
-        q, r = divmod(np, len(live))
-        return ",".join(f"{self.hostname(i)}:{q + (1 if n < r else 0)}" for n, i in enumerate(live))
+        if np < self.hosts:
+            raise ValueError(f"-np {np} is fewer than --emulate-hosts {self.hosts}: every emulated host needs a rank")
+        q, r = divmod(np, self.hosts)
+        return ",".join(f"{self.hostname(i)}:{q + (1 if i <= r else 0)}" for i in range(1, self.hosts + 1))
 
     def setup_commands(self) -> list[list[str]]:
         """The ip/tc commands that build the cluster, in order."""
@@ -304,24 +298,6 @@ def stop_inside(names: list[str], grace: float = 5.0) -> list[int]:
     that mpirun could not end left on its hosts. Returns the PIDs that survived."""
     inodes = {ino for ino in map(_ns_inode, names) if ino is not None}
     return stop_processes(lambda: _holders(inodes), grace)
-
-
-def unreachable(spec: ClusterSpec) -> set[int]:
-    """The hosts (1-based) the switch cannot reach: the namespace is gone, or the host's link is down at
-    either end (``ip netns exec <ns> ip link set emu0 down``: a pulled cable)."""
-    lost = set()
-    for i in range(1, spec.hosts + 1):
-        if not os.path.exists(f"/run/netns/{spec.netns(i)}"):
-            lost.add(i)
-            continue
-        proc = _run(["ip", "-n", spec.netns(i), "-j", "link", "show", "dev", HOST_IFACE], check=False)
-        try:
-            flags = json.loads(proc.stdout)[0]["flags"]
-        except (ValueError, IndexError, KeyError):
-            flags = []  # no such link: nothing reaches the host
-        if "UP" not in flags or "LOWER_UP" not in flags:  # LOWER_UP: carrier, i.e. the switch's end is up too
-            lost.add(i)
-    return lost
 
 
 def remove(names: list[str], grace: float = 5.0, retry: str | None = None) -> None:

@@ -20,4 +20,16 @@ if [ ! -e "/run/netns/$ns" ]; then
     echo "rsh_netns.sh: no emulated host $host (namespace $ns does not exist)" >&2
     exit 255
 fi
+# As ssh cannot reach a host whose cable is pulled, neither can this agent: the host's link must be up
+# at both ends (UP: the host's end; LOWER_UP: carrier, i.e. the switch's end is up too). The launcher's
+# elastic probe (launch/elastic.py) and mpirun both come through here.
+flags=$(ip -n "$ns" -o link show dev emu0 2>/dev/null | sed -n 's/^[^<]*<\([^>]*\)>.*/,\1,/p')
+case $flags in
+    *,UP,*) case $flags in *,LOWER_UP,*) ;; *) flags= ;; esac ;;
+    *) flags= ;;
+esac
+if [ -z "$flags" ]; then
+    echo "rsh_netns.sh: connect to host $host: its link is down (namespace $ns)" >&2
+    exit 255
+fi
 exec ip netns exec "$ns" unshare --uts -- sh -c 'hostname "$0" && exec sh -c "$*"' "$host" "$@"

@@ -116,7 +116,7 @@ def test_the_trainer_and_every_launcher_read_one_exit_code_table():
 
 
 def test_the_emulation_flags_that_moved_to_the_lab_say_where_in_one_line():
-    for flag in ("--emulate-hosts", "--link-rate", "--min-np"):
+    for flag in ("--emulate-hosts", "--link-rate"):
         bad = subprocess.run([sys.executable, "-m", "launch", "-np", "2", flag, "1", "--dry-run", "--"],
                              cwd=ROOT, capture_output=True, text=True)
         assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
