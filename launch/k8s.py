@@ -14,9 +14,20 @@ the line names no hosts. Pods that run ranks run sshd (the launcher's mpirun rea
 it) as the image's non-root user. The trainer gets ``--expect-hosts N`` (N pods run ranks): a job
 whose ranks all landed on fewer pods stops at start with one line instead of finishing "Complete".
 
-The two APIs place the ranks alike: ``--workers N`` pods, ``--slots-per-worker`` ranks in each. An
-MPIJob's launcher pod runs only mpirun; a TrainJob's launcher is also the first of the N pods
-(``runLauncherAsNode``: Trainer gives ``resourcesPerNode`` to the launcher and to the nodes alike).
+The two APIs place the ranks alike: ``--workers N`` pods run ranks, ``--slots-per-worker`` in each,
+and no pod holds a rank's resources without running ranks. An MPIJob has N worker pods and a small
+launcher pod that runs only mpirun. A TrainJob's launcher is one of the N pods (``runLauncherAsNode``:
+Trainer gives ``resourcesPerNode`` to the launcher and to the nodes alike) beside N-1 node pods;
+Trainer always starts at least one node pod (``max(numNodes-1, 1)``), so a TrainJob needs N >= 2
+(``--workers 1``: one line says to use ``--api mpijob``). The operator writes the hostfile in the
+order :func:`hostfile` gives (Trainer: the node pods first, the launcher last, as DNS names) and
+mpirun's ``-map-by slot`` fills the pods in that order: :func:`placement` says which ranks run
+where, and the manifest's header prints it. Rank 0 runs in the first node pod, not the launcher.
+
+What every job naming a ClusterTrainingRuntime shares is in the runtime (the image of the node
+pods, the pull policy, the Jobs' backoffLimit: Trainer v2.3's runtimePatches cannot change them);
+what is the job's own goes into the TrainJob (the launcher's line, counts, resources, environment,
+the pods' terminationGracePeriodSeconds, placement and volumes through ``runtimePatches``).
 
 Preemption: Kubernetes sends SIGTERM to every container of a pod it evicts and SIGKILL after
 ``terminationGracePeriodSeconds``. The entrypoints in deploy/ turn SIGTERM into the trainer's
@@ -59,6 +70,16 @@ TRAINER_API = "trainer.kubeflow.org"
 ANCESTOR_LABEL = f"{TRAINER_API}/trainjob-ancestor-step"  # marks the Job that takes the TrainJob's trainer fields
 NODE = "node"  # Trainer's name for the trainer container and for the Job of the nodes
 APIS = ("trainjob", "mpijob")
+# Trainer runtimes say which framework they serve (kubeflow/trainer v2.3.0 manifests/base/runtimes/*.yaml)
+FRAMEWORK_LABEL = f"{TRAINER_API}/framework"
+FRAMEWORK = "horovod"
+# The operators set these in the launcher (Open MPI's hostfile, ssh options, FQDN host names, slots):
+# Trainer's webhook refuses them in trainer.env (kubeflow/trainer v2.3.0 pkg/constants/constants.go
+# MPIReservedEnvNames, checked in pkg/runtime/framework/plugins/mpi/mpi.go Validate); mpi-operator
+# v0.8.0 appends its own after the user's (pkg/controller/mpi_job_controller.go), which wins.
+MPI_RESERVED_ENV = ("OMPI_MCA_orte_default_hostfile", "OMPI_MCA_plm_rsh_args", "OMPI_MCA_orte_keep_fqdn_hostnames",
+                    "OMPI_MCA_orte_set_default_slots")
+OMPI_ENV_PREFIX = "OMPI_MCA_"
 
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")  # RFC 1035, what pod hostnames must be
 QUANTITY = re.compile(r"^([0-9]+(\.[0-9]+)?|\.[0-9]+)(m|[KMGTPE]i?|[kMGTPE])?$")
@@ -102,6 +123,7 @@ class K8sSpec:
     grace_seconds: int = 120
     backoff_limit: int = 3
     clean_pod_policy: str = "Running"
+    ttl_seconds: int = 86400  # MPIJob: deleted with its pods a day after it finished (logs readable until then)
 
     @property
     def np(self) -> int:
@@ -120,6 +142,10 @@ class K8sSpec:
             raise ValueError(f"--api {self.api!r}: choose one of {', '.join(APIS)}")
         if self.workers < 1:
             raise ValueError(f"--workers must be >= 1 (got {self.workers})")
+        if self.api == "trainjob" and self.workers < 2:
+            raise ValueError("--workers 1 with --api trainjob: Trainer v2.3 starts max(numNodes-1, 1) node pods beside "
+                             "the launcher, so one more pod would hold a worker's resources idle; use --api mpijob for "
+                             "one pod, or --workers 2 or more")
         if self.slots_per_worker < 1:
             raise ValueError(f"--slots-per-worker must be >= 1 (got {self.slots_per_worker})")
         if self.gpus < 0:
@@ -140,6 +166,13 @@ class K8sSpec:
         for name in self.env:
             if not ENV_NAME.match(name):
                 raise ValueError(f"--env {name!r}: variable names are letters, digits and '_'")
+            if name in MPI_RESERVED_ENV:
+                raise ValueError(f"--env {name}: reserved, the operator sets it (Trainer refuses it, mpi-operator "
+                                 "overrides it); leave it out, or pass other Open MPI parameters with --mca KEY VALUE")
+        for key, _ in self.mca:
+            if OMPI_ENV_PREFIX + key in MPI_RESERVED_ENV:
+                raise ValueError(f"--mca {key}: reserved, the operator sets it for the hostfile it writes "
+                                 f"({OMPI_ENV_PREFIX}{key}); leave it out")
         for key, value in self.node_selector.items():
             if not LABEL_KEY.match(key) or not LABEL_VALUE.match(value):
                 raise ValueError(f"--node-selector {key}={value}: not a label key and value (e.g. "
@@ -157,6 +190,8 @@ class K8sSpec:
             raise ValueError(f"--backoff-limit must be >= 0 (got {self.backoff_limit})")
         if self.clean_pod_policy not in CLEAN_POD_POLICIES:
             raise ValueError(f"--clean-pod-policy {self.clean_pod_policy!r}: choose one of {', '.join(CLEAN_POD_POLICIES)}")
+        if self.ttl_seconds < 0:
+            raise ValueError(f"--ttl-after-finished must be >= 0 seconds (got {self.ttl_seconds})")
 
 
 def parse_toleration(text: str) -> dict:
@@ -190,6 +225,36 @@ def rank_args(spec: K8sSpec) -> list[str]:
     if spec.data_pvc:
         head += ["--data-dir", spec.data_dir]
     return [*head, *spec.trainer_args]
+
+
+def hostfile(spec: K8sSpec) -> list[str]:
+    """The hostfile the operator writes for this job, in its order (the launcher reads it through
+    OMPI_MCA_orte_default_hostfile, which the operator sets).
+
+    Trainer v2.3.0 (pkg/runtime/framework/plugins/mpi/mpi.go buildHostFileConfigMap) lists the pods
+    of the runtime's replicatedJobs in their order, "node" then "launcher" here as in upstream's
+    runtimes, each pod as ``<trainjob>-<replicated job>-<job index>-<pod index>.<trainjob>``
+    (plugins/jobset/jobset.go IdentifyPodNetwork) with ``slots=numProcPerNode``. mpi-operator v0.8.0
+    (pkg/controller/mpi_job_controller.go newConfigMap) lists the workers as
+    ``<mpijob>-worker-<i>.<mpijob>.<namespace>.svc slots=slotsPerWorker``; its launcher runs no ranks.
+    """
+    slots = spec.slots_per_worker
+    if spec.api == "mpijob":
+        namespace = spec.namespace or "default"
+        return [f"{spec.name}-worker-{i}.{spec.name}.{namespace}.svc slots={slots}" for i in range(spec.workers)]
+    nodes = [f"{spec.name}-{NODE}-0-{i}.{spec.name} slots={slots}" for i in range(spec.workers - 1)]
+    return [*nodes, f"{spec.name}-launcher-0-0.{spec.name} slots={slots}"]
+
+
+def placement(spec: K8sSpec) -> list[tuple[str, range]]:
+    """Which ranks run on which host: mpirun's ``-map-by slot`` (launch.mpirun.build_command) fills
+    the hostfile's hosts in order, each up to its slots, and -np is the sum of the slots."""
+    out, first = [], 0
+    for line in hostfile(spec):
+        host, slots = line.split(" slots=")
+        out.append((host, range(first, first + int(slots))))
+        first += int(slots)
+    return out
 
 
 def mpirun_command(spec: K8sSpec) -> list[str]:
@@ -320,7 +385,8 @@ def mpijob(spec: K8sSpec) -> dict:
         "metadata": _metadata(spec, spec.name, "job"),
         "spec": {
             "slotsPerWorker": spec.slots_per_worker,
-            "runPolicy": {"cleanPodPolicy": spec.clean_pod_policy, "backoffLimit": spec.backoff_limit},
+            "runPolicy": {"cleanPodPolicy": spec.clean_pod_policy, "backoffLimit": spec.backoff_limit,
+                          "ttlSecondsAfterFinished": spec.ttl_seconds},
             "mpiImplementation": "OpenMPI",
             "launcherCreationPolicy": "WaitForWorkersReady",
             "sshAuthMountPath": SSH_DIR,
@@ -350,12 +416,14 @@ def _restart_policy(spec: K8sSpec, container: str, no_retry: bool) -> dict:
 
 def training_runtime(spec: K8sSpec) -> dict:
     """The ClusterTrainingRuntime: Open MPI started by Trainer's MPI plugin (ssh keys, hostfile), a
-    launcher that is also the first node, nodes that run sshd. What differs from job to job is in
-    the TrainJob (the trainer's command, counts, resources, environment, runtimePatches)."""
+    launcher that is also a node, nodes that run sshd. It holds only what every job naming it
+    shares (the node pods' image and pull policy, the Jobs' backoffLimit and failure rules: Trainer
+    v2.3's runtimePatches cannot set them); what differs from job to job is in the TrainJob (the
+    trainer's command, counts, resources, environment, and through runtimePatches the pods'
+    terminationGracePeriodSeconds, placement, volumes and labels)."""
     node_pod = {
         "spec": {
             "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": spec.grace_seconds,
             "securityContext": _pod_security(),
             "containers": [{**_sshd_container(spec, NODE, {}), "volumeMounts": [SHM_MOUNT]}],
             "volumes": [SHM_VOLUME],
@@ -364,7 +432,6 @@ def training_runtime(spec: K8sSpec) -> dict:
     launcher_pod = {
         "spec": {
             "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": spec.grace_seconds,
             "securityContext": _pod_security(),
             "containers": [{
                 "name": NODE,  # Trainer gives the TrainJob's image, command, args, env, resources to this container
@@ -377,7 +444,7 @@ def training_runtime(spec: K8sSpec) -> dict:
             "volumes": [SHM_VOLUME],
         },
     }
-    meta = {"name": spec.runtime, "labels": _labels(spec, "runtime", instance=spec.runtime)}
+    meta = {"name": spec.runtime, "labels": {**_labels(spec, "runtime", instance=spec.runtime), FRAMEWORK_LABEL: FRAMEWORK}}
     return {
         "apiVersion": f"{TRAINER_API}/v1alpha1",
         "kind": "ClusterTrainingRuntime",
@@ -410,7 +477,8 @@ def trainjob(spec: K8sSpec) -> dict:
     """The TrainJob: the launcher's line and the pods' counts and resources in ``trainer``; the
     placement, volumes and labels of this job's pods as a patch of the shared runtime."""
     volumes, mounts = _rank_volumes(spec)
-    pod_patch = {**_placement(spec)}
+    # the grace period is the job's: its launcher's bound (ALLREDUCE_TRAIN_GRACE_PERIOD) is derived from it
+    pod_patch = {"terminationGracePeriodSeconds": spec.grace_seconds, **_placement(spec)}
     if volumes:
         pod_patch["volumes"] = volumes
         pod_patch["containers"] = [{"name": NODE, "volumeMounts": mounts}]
@@ -435,7 +503,7 @@ def trainjob(spec: K8sSpec) -> dict:
                 "manager": f"{APP}/launch-k8s",  # who owns the patch (Kueue, for one, adds its own)
                 "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
                     {"name": rjob, "template": {"spec": {"template": {
-                        "metadata": {"labels": _labels(spec, component)}, **({"spec": pod_patch} if pod_patch else {})}}}}
+                        "metadata": {"labels": _labels(spec, component)}, "spec": pod_patch}}}}
                     for rjob, component in components.items()]}}},
             }],
         },
@@ -587,7 +655,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--image-pull-secret", action="append", default=[], metavar="SECRET",
                    help="Secret with the registry's credentials, for every pod (repeatable)")
     p.add_argument("--workers", type=int, default=d.workers,
-                   help=f"pods that run ranks (a TrainJob's launcher is the first of them) (default: {d.workers})")
+                   help="pods that run ranks: an MPIJob's workers (its launcher runs only mpirun); a TrainJob's "
+                        f"launcher and N-1 nodes, N >= 2 (default: {d.workers})")
     p.add_argument("--slots-per-worker", type=int, default=None,
                    help="ranks per worker pod (default: --gpus when set, else 1); ranks = workers x slots")
     p.add_argument("--cpu", default=d.cpu, help=f"CPU per worker pod, request = limit (default: {d.cpu})")
@@ -604,7 +673,8 @@ def make_parser() -> argparse.ArgumentParser:
                    help="extra Open MPI parameter, e.g. --mca btl_tcp_if_include eth0 (repeatable)")
     add_mpi_allreduce_arg(p, d.mpi_allreduce, d.mpi_allreduce, where="the image's ")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
-                   help="environment variable for every pod (repeatable); HOROVOD_*/NCCL_* are forwarded to the ranks")
+                   help="environment variable for every pod (repeatable); HOROVOD_*/NCCL_* are forwarded to the ranks; "
+                        "not the operators' own: " + ", ".join(MPI_RESERVED_ENV))
     p.add_argument("--runs-pvc", default="", metavar="CLAIM",
                    help="PersistentVolumeClaim for runs/ (logs, checkpoints); without one, runs stay in rank 0's pod")
     p.add_argument("--runs-pvc-size", default="", metavar="SIZE",
@@ -617,11 +687,16 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--tensorboard", action="store_true",
                    help="add a TensorBoard Deployment and ClusterIP Service reading the runs volume")
     p.add_argument("--grace-period", type=int, default=d.grace_seconds, metavar="SECONDS",
-                   help=f"terminationGracePeriodSeconds: time for one step + a checkpoint after SIGTERM (default: {d.grace_seconds})")
+                   help="terminationGracePeriodSeconds of this job's pods (a TrainJob's runtimePatches): time for one "
+                        f"step + a checkpoint after SIGTERM (default: {d.grace_seconds})")
     p.add_argument("--backoff-limit", type=int, default=d.backoff_limit,
                    help="launcher restarts after a failure before the job fails; a TrainJob's preemptions (exit 75, "
-                        f"eviction) do not count, an MPIJob's do (default: {d.backoff_limit})")
+                        "eviction) do not count, an MPIJob's do; a TrainJob's is its runtime's, shared by every job "
+                        f"naming it (default: {d.backoff_limit})")
     p.add_argument("--clean-pod-policy", default=d.clean_pod_policy, help="MPIJob: None, Running or All (default: Running)")
+    p.add_argument("--ttl-after-finished", type=int, default=d.ttl_seconds, metavar="SECONDS",
+                   help="MPIJob: runPolicy.ttlSecondsAfterFinished, the job and its pods (and the launcher's log) are "
+                        f"deleted this long after it finished (default: {d.ttl_seconds}, a day)")
     p.add_argument("--no-resume", action="store_true", help="do not add `--name NAME --resume auto` to the trainer arguments")
     p.add_argument("-o", "--output", default="", help="write the manifest to this file instead of stdout")
     p.add_argument("trainer_args", nargs=argparse.REMAINDER, help="arguments for the trainer, after --")
@@ -661,14 +736,19 @@ def spec_from_args(args: argparse.Namespace) -> K8sSpec:
                    runs_pvc_size=args.runs_pvc_size, storage_class=args.storage_class, data_pvc=args.data_pvc,
                    data_dir=args.data_dir, tensorboard=args.tensorboard,
                    grace_seconds=args.grace_period, backoff_limit=args.backoff_limit,
-                   clean_pod_policy=args.clean_pod_policy)
+                   clean_pod_policy=args.clean_pod_policy, ttl_seconds=args.ttl_after_finished)
 
 
 def render(spec: K8sSpec, argv: list[str]) -> str:
     spec.validate()
     header = ["Rendered by: python -m launch k8s " + shlex.join(argv),
               f"The launcher runs ({spec.np} ranks: {spec.workers} pods x {spec.slots_per_worker} per pod):",
-              "+ " + shlex.join(mpirun_command(spec))]
+              "+ " + shlex.join(mpirun_command(spec)),
+              "The operator's hostfile, in its order; ranks by mpirun's -map-by slot:"]
+    for host, ranks in placement(spec):
+        where = " (the launcher: mpirun and ranks)" if host.startswith(f"{spec.name}-launcher-") else ""
+        header.append(f"  {host}: rank{'s' if len(ranks) > 1 else ''} "
+                      f"{ranks[0] if len(ranks) == 1 else f'{ranks[0]}-{ranks[-1]}'}{where}")
     return to_yaml(manifests(spec), header)
 
 

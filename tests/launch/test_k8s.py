@@ -145,8 +145,11 @@ def check_mpijob(job: dict) -> None:
 
 # -- Kubeflow Trainer's TrainJob + ClusterTrainingRuntime v1alpha1 -----------------------------
 
+# kubeflow/trainer v2.3.0 pkg/constants/constants.go: MPIReservedEnvNames (OpenMPIEnvHostFileLocation,
+# OpenMPIEnvKeyRSHArgs, OpenMPIEnvKeepFQDNHostNames, OpenMPIEnvDefaultSlots), refused in trainer.env by
+# pkg/runtime/framework/plugins/mpi/mpi.go Validate
 MPI_RESERVED_ENV = {"OMPI_MCA_orte_default_hostfile", "OMPI_MCA_plm_rsh_args", "OMPI_MCA_orte_keep_fqdn_hostnames",
-                    "OMPI_MCA_orte_set_default_slots"}  # Trainer's constants.MPIReservedEnvNames
+                    "OMPI_MCA_orte_set_default_slots"}
 
 
 def check_trainjob(runtime: dict, job: dict) -> None:
@@ -198,6 +201,150 @@ def test_the_model_check_catches_unknown_fields_and_missing_names():
         check_model({"spec": {"containers": [{"image": "i"}]}}, "V1PodTemplateSpec")
     with pytest.raises(ValidationError, match="containerPort"):
         check_model({"spec": {"containers": [{"name": "a", "ports": [{"containerPort": "22"}]}]}}, "V1PodTemplateSpec")
+
+
+# -- what the operators make of the manifests (their Go code, as read) --------------------------
+
+def trainer_pods(runtime: dict, job: dict) -> list[dict]:
+    """The pods Kubeflow Trainer v2.3.0 starts for ``job`` on its MPI ``runtime``, in the runtime's
+    order of replicated Jobs, each as {"name", "dns", "resources": gets resourcesPerNode, "node":
+    listed in the hostfile}. The rules, each from the file it is read in:
+    - pkg/runtime/framework/plugins/mpi/mpi.go EnforceMLPolicy: the "node" Job runs
+      max(numNodes-1, 1) pods with runLauncherAsNode, else numNodes;
+    - pkg/runtime/core/trainingruntime.go: the trainer's ancestor Job (the launcher) runs the
+      runtime's mlPolicy.numNodes pods and gets resourcesPerNode; with runLauncherAsNode the "node"
+      Job gets them too (plugins/jobset/builder.go Trainer sets the ancestor's replicas to 1);
+    - pkg/runtime/framework/plugins/jobset/jobset.go IdentifyPodNetwork: a pod's name is
+      <trainjob>-<replicated job>-<job index>-<pod index>, its DNS name that .<subdomain> (the
+      TrainJob's name unless the runtime's network names one);
+    - pkg/runtime/framework/plugins/mpi/mpi.go isNode: the launcher (with runLauncherAsNode) and
+      the "node" Job's pods are the hostfile's hosts."""
+    spec = runtime["spec"]
+    as_node = spec["mlPolicy"]["mpi"].get("runLauncherAsNode", False)
+    num_nodes = job["spec"]["trainer"].get("numNodes", spec["mlPolicy"].get("numNodes", 1))
+    name = job["metadata"]["name"]
+    subdomain = spec["template"]["spec"].get("network", {}).get("subdomain", name)
+    pods = []
+    for rjob in spec["template"]["spec"]["replicatedJobs"]:
+        trainer = rjob["template"].get("metadata", {}).get("labels", {}).get(k8s.ANCESTOR_LABEL) == "trainer"
+        if rjob["name"] == "node":
+            count = max(num_nodes - 1, 1) if as_node else num_nodes
+        elif trainer:
+            count = spec["mlPolicy"].get("numNodes", 1)
+        else:
+            count = rjob["template"]["spec"].get("parallelism", 1)
+        replicas = 1 if trainer else rjob.get("replicas", 1)
+        for r in range(replicas):
+            for i in range(count):
+                pod = f"{name}-{rjob['name']}-{r}-{i}"
+                pods.append({"name": pod, "dns": f"{pod}.{subdomain}",
+                             "resources": trainer or (as_node and rjob["name"] == "node"),
+                             "node": rjob["name"] == "node" or (as_node and rjob["name"] == "launcher")})
+    return pods
+
+
+def trainer_hostfile(runtime: dict, job: dict) -> list[str]:
+    """Trainer v2.3.0's hostfile (pkg/runtime/framework/plugins/mpi/mpi.go buildHostFileConfigMap):
+    each host pod's DNS name in order, slots = numProcPerNode (the TrainJob's, else the runtime's)."""
+    slots = job["spec"]["trainer"].get("numProcPerNode", runtime["spec"]["mlPolicy"]["mpi"].get("numProcPerNode", 1))
+    return [f"{p['dns']} slots={slots}" for p in trainer_pods(runtime, job) if p["node"]]
+
+
+def mpi_operator_hostfile(job: dict) -> list[str]:
+    """mpi-operator v0.8.0's hostfile (pkg/controller/mpi_job_controller.go newConfigMap): the
+    launcher first only with runLauncherAsWorker, then each worker as
+    <mpijob>-worker-<i>.<mpijob>.<namespace>.svc, slots = slotsPerWorker."""
+    spec, name = job["spec"], job["metadata"]["name"]
+    namespace = job["metadata"].get("namespace", "default")
+    slots = spec.get("slotsPerWorker", 1)
+    hosts = [f"{name}-launcher"] if spec.get("runLauncherAsWorker") else []
+    hosts += [f"{name}-worker-{i}" for i in range(spec["mpiReplicaSpecs"]["Worker"]["replicas"])]
+    return [f"{h}.{name}.{namespace}.svc slots={slots}" for h in hosts]
+
+
+def np_of(args: list[str]) -> int:
+    return int(args[args.index("-np") + 1])
+
+
+@pytest.mark.parametrize("workers, slots", [(2, 1), (3, 2), (5, 1)])
+def test_trainjob_every_pod_trainer_starts_runs_ranks_in_the_hostfiles_node_first_order(workers, slots):
+    runtime, job = rendered("--name", "lm", "--workers", str(workers), "--slots-per-worker", str(slots))
+    pods = trainer_pods(runtime, job)
+    assert len(pods) == workers and all(p["resources"] and p["node"] for p in pods)  # no idle pod
+    hosts = trainer_hostfile(runtime, job)
+    spec = k8s.K8sSpec(name="lm", workers=workers, slots_per_worker=slots)
+    assert k8s.hostfile(spec) == hosts  # the order the launch module (and the pod check) assumes
+    assert hosts[0].startswith("lm-node-0-0.lm ") and hosts[-1] == f"lm-launcher-0-0.lm slots={slots}"
+    args = job["spec"]["trainer"]["args"]
+    assert np_of(args) == workers * slots and "slot" == args[args.index("-map-by") + 1]
+    # -map-by slot fills the hosts in the hostfile's order: rank 0 in the first node pod, the launcher's last
+    assert k8s.placement(spec)[0] == ("lm-node-0-0.lm", range(0, slots))
+    assert k8s.placement(spec)[-1] == ("lm-launcher-0-0.lm", range((workers - 1) * slots, workers * slots))
+    assert args[args.index("--expect-hosts") + 1] == str(workers)
+
+
+def test_trainjob_with_one_worker_is_refused_because_trainer_would_start_an_idle_pod():
+    out = render("--workers", "1")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    assert "--workers 1" in out.stderr and "--api mpijob" in out.stderr
+    # why: numNodes 1 still gives a node pod beside the launcher, both with resourcesPerNode,
+    # and -np = one pod's slots leaves one of them without a rank
+    runtime, job = rendered("--workers", "2")
+    job["spec"]["trainer"]["numNodes"] = 1
+    assert sum(p["resources"] for p in trainer_pods(runtime, job)) == 2
+    mpi = by_kind(rendered("--api", "mpijob", "--workers", "1"), "MPIJob")
+    assert mpi["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 1
+
+
+@pytest.mark.parametrize("workers, slots", [(1, 1), (3, 2)])
+def test_mpijob_workers_are_the_hostfile_and_the_launcher_runs_only_mpirun(workers, slots):
+    job = by_kind(rendered("--api", "mpijob", "--name", "lm", "--namespace", "ml", "--workers", str(workers),
+                           "--slots-per-worker", str(slots)), "MPIJob")
+    assert "runLauncherAsWorker" not in job["spec"]
+    hosts = mpi_operator_hostfile(job)
+    assert k8s.hostfile(k8s.K8sSpec(api="mpijob", name="lm", namespace="ml", workers=workers,
+                                    slots_per_worker=slots)) == hosts
+    assert len(hosts) == workers and np_of(launcher_container(job)["args"]) == workers * slots
+    # the launcher holds no worker's resources: a small request of its own, no GPU
+    launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+    worker = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    assert launcher["resources"]["requests"]["cpu"] == "250m" != worker["resources"]["requests"]["cpu"]
+
+
+@pytest.mark.parametrize("api", ["trainjob", "mpijob"])
+@pytest.mark.parametrize("name", sorted(MPI_RESERVED_ENV))
+def test_the_operators_reserved_env_names_are_refused_with_one_line(api, name):
+    assert set(k8s.MPI_RESERVED_ENV) == MPI_RESERVED_ENV
+    out = render("--api", api, "--env", f"{name}=x")
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and out.stdout == "" and len(lines) == 1 and f"--env {name}" in lines[0], out.stderr
+    key = name.removeprefix("OMPI_MCA_")
+    out = render("--api", api, "--mca", key, "x")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and f"--mca {key}" in out.stderr
+
+
+def test_per_job_values_are_in_the_trainjob_and_jobs_share_one_runtime():
+    # Trainer v2.3.0 pkg/apis/trainer/v1alpha1/trainjob_types.go PodSpecPatch: terminationGracePeriodSeconds
+    # is patchable per TrainJob (merged in pkg/runtime/core/trainingruntime.go mergeRuntimePatches)
+    short = rendered("--name", "a", "--grace-period", "60", "--", "--epochs", "1")
+    long = rendered("--name", "b", "--grace-period", "600", "--", "--model", "resnet18")
+    assert short[0] == long[0]  # the same ClusterTrainingRuntime: applying one job does not change the other's
+    for (runtime, job), grace in ((short, 60), (long, 600)):
+        check_trainjob(runtime, job)
+        patched = {r["name"]: r["template"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+                   for r in job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]}
+        assert patched == {"node": grace, "launcher": grace}
+        env = {e["name"]: e["value"] for e in job["spec"]["trainer"]["env"]}
+        assert int(env["ALLREDUCE_TRAIN_GRACE_PERIOD"]) < grace  # the launcher's bound ends before the pod's SIGKILL
+    assert short[0]["metadata"]["labels"]["trainer.kubeflow.org/framework"] == k8s.FRAMEWORK
+
+
+def test_mpijob_is_deleted_a_while_after_it_finished():
+    job = by_kind(rendered("--api", "mpijob"), "MPIJob")
+    assert job["spec"]["runPolicy"]["ttlSecondsAfterFinished"] == 86400
+    job = by_kind(rendered("--api", "mpijob", "--ttl-after-finished", "600"), "MPIJob")
+    check_mpijob(job)
+    assert job["spec"]["runPolicy"]["ttlSecondsAfterFinished"] == 600
 
 
 # -- python -m launch k8s ----------------------------------------------------------------------
@@ -346,8 +493,11 @@ def test_trainjob_replaces_preempted_pods_without_counting_them_and_stops_on_bad
     runtime, job = rendered("--grace-period", "300", "--backoff-limit", "5", "--", "--epochs", "1")
     check_trainjob(runtime, job)
     rjobs = {r["name"]: r["template"]["spec"] for r in runtime["spec"]["template"]["spec"]["replicatedJobs"]}
+    grace = {r["name"]: r["template"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+             for r in job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]}
+    assert grace == {"node": 300, "launcher": 300}  # the job's own, in its runtimePatches
     for name, spec in rjobs.items():
-        assert spec["backoffLimit"] == 5 and spec["template"]["spec"]["terminationGracePeriodSeconds"] == 300
+        assert spec["backoffLimit"] == 5 and "terminationGracePeriodSeconds" not in spec["template"]["spec"]
         rules = spec["podFailurePolicy"]["rules"]
         # exit 75 (the trainer after SIGUSR1; a worker entrypoint after SIGTERM) and an eviction: a new pod, not a failure
         assert {"action": "Ignore", "onExitCodes": {"containerName": "node", "operator": "In", "values": [75]}} in rules
@@ -426,6 +576,7 @@ def test_tensorboard_listens_on_the_pod_and_the_service_stays_in_the_cluster():
     (["--affinity", "{nodeAffinity"], "--affinity"),
     (["--data-pvc", "ptb", "--data-dir", "data"], "--data-dir"),
     (["--image-pull-secret", "Reg_Cred"], "--image-pull-secret"),
+    (["--api", "mpijob", "--ttl-after-finished", "-1"], "--ttl-after-finished"),
 ])
 def test_bad_options_give_one_line_naming_the_flag(argv, names):
     out = render(*argv)
@@ -552,3 +703,20 @@ def test_worker_entrypoint_asks_its_ranks_to_checkpoint_before_sshd_stops(tmp_pa
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_launcher_entrypoint_waits_for_the_hostfiles_names_and_gives_up_with_one_line(tmp_path):
+    # mpi-operator v0.8.0 build/base/entrypoint.sh resolves every hostfile name before mpirun: ssh's
+    # ConnectionAttempts (the operators' OMPI_MCA_plm_rsh_args) does not retry a failed lookup
+    hostfile = tmp_path / "hostfile"
+    mark = tmp_path / "ran"
+    cmd = [str(ROOT / "deploy" / "launcher-entrypoint.sh"), "touch", str(mark)]
+    env = {**os.environ, "OMPI_MCA_orte_default_hostfile": str(hostfile), "ALLREDUCE_TRAIN_RESOLVE_TIMEOUT": "2"}
+    hostfile.write_text("localhost slots=2\nnode-0.no-such-job.invalid slots=2\n")
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 69 and not mark.exists()
+    (line,) = out.stderr.strip().splitlines()
+    assert "node-0.no-such-job.invalid" in line and "2 s" in line
+    hostfile.write_text("localhost slots=2\n")
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and mark.exists(), out.stderr
