@@ -103,6 +103,7 @@ class LaunchSpec:
     mca: list[tuple[str, str]] = field(default_factory=list)  # extra -mca key value pairs
     module: str = TRAINER  # every rank runs ``python -m module *module_args *trainer_args``
     module_args: list[str] = field(default_factory=lambda: ["train"])
+    script: str = ""  # a user's script instead: every rank runs ``python script *trainer_args``
     trainer_args: list[str] = field(default_factory=list)
     python: str = sys.executable
     mpirun: str = "mpirun"
@@ -144,14 +145,13 @@ def build_command(spec: LaunchSpec, environ: dict[str, str] | None = None, is_ro
     if spec.oversubscribe:
         cmd.append("--oversubscribe")
     cmd += ["-bind-to", "none", "-map-by", "slot"]
-    cmd += ["-mca", "pml", "ob1"]
-    if cluster:
-        mine = {key for key, _ in spec.mca}
-        for key, value in cluster.mca():  # includes btl tcp,self; a key the user gives is the user's
-            if key not in mine:
-                cmd += ["-mca", key, value]
-    else:
-        cmd += ["-mca", "btl", "^openib"]
+    # A key the user gives is the user's: Open MPI refuses a parameter listed twice on the line
+    # (e.g. --mca btl tcp,self beside the default btl ^openib, or the emulated cluster's own).
+    mine = {key for key, _ in spec.mca}
+    defaults = [("pml", "ob1"), *(cluster.mca() if cluster else [("btl", "^openib")])]  # cluster: btl tcp,self
+    for key, value in defaults:
+        if key not in mine:
+            cmd += ["-mca", key, value]
     for key, value in [*allreduce_mca(spec.allreduce_rules, spec.mca), *spec.mca]:
         cmd += ["-mca", key, value]
     extra_env = cluster.env() if cluster else {}
@@ -160,7 +160,8 @@ def build_command(spec: LaunchSpec, environ: dict[str, str] | None = None, is_ro
             cmd += ["-x", name]
     for name, value in extra_env.items():
         cmd += ["-x", f"{name}={value}"]
-    cmd += [spec.python, "-m", spec.module, *spec.module_args, *spec.trainer_args]
+    program = [spec.script] if spec.script else ["-m", spec.module, *spec.module_args]
+    cmd += [spec.python, *program, *spec.trainer_args]
     return cmd
 
 
@@ -181,6 +182,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=0, metavar="SECONDS",
                    help="stop the job after this long (default: none)")
     p.add_argument("--command", default="train", help="allreduce_train subcommand to run on every rank (default: train)")
+    p.add_argument("--script", default="", metavar="FILE.py",
+                   help="run your own script on every rank (`python FILE.py ARGS`; allreduce_train.fit or init "
+                        "inside, docs/own_model.md) instead of the trainer; ARGS after `--`")
     p.add_argument("--module", default=TRAINER,
                    help="run `python -m MODULE ARGS` on every rank instead of the trainer (experiments' rank programs)")
     p.add_argument("--max-restarts", type=int, default=0, metavar="N",
@@ -236,13 +240,17 @@ def main(argv: list[str] | None = None, emulation: Any = None) -> int:
             raise ValueError("--max-restarts must be >= 0")
         if args.grace_period <= 0:
             raise ValueError(f"--grace-period must be > 0 (got {args.grace_period:g})")
+        if args.script and args.module != TRAINER:
+            raise ValueError("--script and --module both name what every rank runs: give one")
+        if args.script and not os.path.isfile(args.script):
+            raise ValueError(f"--script {args.script}: file not found")
         if args.max_restarts and args.module == TRAINER:
             trainer_args = pinned_name(trainer_args)
         check_host_flags(args, cluster)
         multi_host = bool(args.hosts or args.hostfile or cluster)
         mpi_allreduce = args.mpi_allreduce or ("ring" if multi_host else "auto")
         spec = LaunchSpec(np=args.np, hosts=args.hosts, hostfile=args.hostfile, oversubscribe=args.oversubscribe,
-                          mca=[tuple(kv) for kv in args.mca], module=args.module,
+                          mca=[tuple(kv) for kv in args.mca], module=args.module, script=args.script,
                           module_args=[args.command] if args.module == TRAINER else [], trainer_args=trainer_args,
                           cluster=cluster, allreduce_rules=ring_rules(mpi_allreduce))
         if spec.hostfile and not os.path.isfile(spec.hostfile):

@@ -194,3 +194,11 @@ def test_open_mpi_reads_the_ring_rules_and_uses_the_ring_for_large_messages_on_3
     assert rules["small"] == auto["small"], (rules, auto)
     if np == 4:  # on 3 ranks Open MPI's choice for 4 KiB adds in the ring's order anyway
         assert auto["small"] != ring["small"], (auto, ring)
+
+
+def test_a_users_mca_key_replaces_the_launchers_default_instead_of_listing_it_twice():
+    # Open MPI refuses a parameter given twice ("MCA parameters can only be listed once")
+    cmd = build_command(LaunchSpec(np=2, hosts="a:1,b:1", mca=[("btl", "tcp,self"), ("pml", "ucx")]), environ={},
+                        is_root=False)
+    pairs = [(cmd[i + 1], cmd[i + 2]) for i in range(len(cmd) - 2) if cmd[i] == "-mca"]
+    assert [p for p in pairs if p[0] in ("btl", "pml")] == [("btl", "tcp,self"), ("pml", "ucx")]

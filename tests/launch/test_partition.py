@@ -121,7 +121,7 @@ def test_with_min_np_a_cut_host_is_left_out_and_the_job_ends_bit_identical_to_a_
         job.kill_leftovers()
     err, out = "".join(job.err), "".join(job.out)
     assert rc == 0, job.text()
-    assert "exit 69 (stalled); restart 1 of 1" in err and "continuing on 1 host(s): world size 2 -> 1" in err, err
+    assert "exit 69 (stalled); restart 1 of 1" in err and "continuing on 1 host(s) (h1:1): world size 2 -> 1" in err, err
     start = torch.load(resumed_from, weights_only=True)["step"]
     assert [int(n) for n in re.findall(r", from step (\d+)", out)][-1] == start, (start, job.text())
     assert not any(n.startswith(prefix + "-") for n in netns.list_namespaces())
