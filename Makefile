@@ -35,6 +35,7 @@ help:
 	@echo "make time-to-accuracy wall time/steps/epochs to test accuracy 0.89 (LeNet-5) and a perplexity (LSTM) per method, 1/2/4 workers (~30 min)"
 	@echo "make concept-map  the cost model's map: fastest concept per step (fp32/fp16/PowerSGD/local SGD) by model, link, N=4..256 -> runs/concept-map/<time>/ (MEASURED=<scaling-netns results.json>, IMAGES=docs/img)"
 	@echo "make commbench    gradient exchange alone: Horovod, raw MPI, PS, $(NP) workers -> runs/commbench/<time>/"
+	@echo "make image        build deploy/Dockerfile: VARIANT=cpu|gpu, BASE=IMAGE|local (mmdebstrap, no registry), docker/podman/buildah (docs/kubernetes.md)"
 	@echo "make clean        remove runs/ and caches (keeps .venv and the Horovod wheel cache)"
 
 install: $(STAMP)
@@ -149,6 +150,14 @@ tensorboard: install
 IMAGES ?=
 tb-check: install
 	$(PY) -m lab.tbcheck $(RUN) $(if $(IMAGES),--images $(IMAGES)) $(ARGS)
+
+# The Kubernetes image (docs/kubernetes.md): docker or podman where its service answers, else buildah
+# (chroot isolation, vfs storage); BASE=local: the Debian base from mmdebstrap. Not part of make test
+# (minutes); tests/launch/test_image.py checks its plan (DRY=1: print the commands, run none).
+VARIANT ?= cpu
+image:
+	bash tools/image.sh --variant $(VARIANT) $(if $(BASE),--base $(BASE)) $(if $(TAG),--tag $(TAG)) \
+		$(if $(ENGINE),--engine $(ENGINE)) $(if $(CUDA),--cuda $(CUDA)) $(if $(DRY),--dry-run)
 
 clean:
 	rm -rf runs .pytest_cache
