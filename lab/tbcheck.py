@@ -13,7 +13,12 @@ is loaded as ``make tensorboard`` prints it (smoothing 0 in the URL), and the ch
   under the chart's tag, and for at least one run (no empty chart), and a run that has a figure
   for one model has it for every model (a concept missing from a chart means failed jobs);
 - the lines of a chart have distinct colours (TensorBoard has 7 and repeats them from the 8th
-  run on), and the smoothing is 0.
+  run on), and the smoothing is 0;
+- no line is cut: every point a chart draws lies inside the chart's y (and x) domain as the page
+  scaled it. (TensorBoard's "Ignore outliers in chart scaling", ticked by default, leaves the
+  lowest and highest value of a few-point chart outside it; ``make tensorboard``'s server starts
+  with it unticked, lab/common/tbview.py. ``--stock`` checks a plain ``tensorboard`` instead,
+  which shows the cut lines: the check fails there.)
 
 A screenshot of the tab is saved (``--screenshot``); ``--images DIR`` also redraws the grid's
 ``scaling.png`` there (the two figures of docs/scaling.md).
@@ -53,12 +58,26 @@ PAGE_STATE = f"""(() => {{
   const box = named('tf-multi-checkbox')[0];
   const colors = {{}};
   for (const r of dash._selectedRuns || []) colors[r] = box && box.coloring ? box.coloring.getColor(r) : '';
+  // the chart a card drew: its axes' domains and every point of every line it plotted
+  const drawn = (card) => {{
+    const out = [], walk = (root) => {{ for (const el of root.querySelectorAll('*')) {{
+      out.push(el); if (el.shadowRoot) walk(el.shadowRoot); }} }};
+    walk(card.shadowRoot || card);
+    const v = out.find(e => e.tagName.toLowerCase() === 'vz-line-chart2' && e._chart);
+    if (!v) return {{ y: null, x: null, series: [] }};
+    const ch = v._chart;
+    return {{ y: ch.yScale.domain(), x: ch.xScale.domain(),
+             series: (ch.datasets || []).map(d => ({{ name: (d.metadata() || {{}}).name || '',
+               points: d.data().map(p => [p.step, p.scalar]) }})) }};
+  }};
   return {{
     selected: dash._selectedRuns || [], smoothing: dash._smoothingWeight, colors: colors,
+    ignoreOutliers: dash._ignoreYOutliers,
     loading: named('tf-line-chart-data-loader').some(l => l.dataLoading),
     charts: named('tf-custom-scalar-multi-line-chart-card').map(c => ({{
       title: c.title, runs: c.runs || [], regexes: c.tagRegexes || [], lines: c._seriesNames || [],
-      matches: ((c.shadowRoot ? c.shadowRoot.textContent : '').match(/Matches \\((\\d+)\\)/) || [])[1] }})),
+      matches: ((c.shadowRoot ? c.shadowRoot.textContent : '').match(/Matches \\((\\d+)\\)/) || [])[1],
+      ...drawn(c) }})),
   }};
 }})()"""
 
@@ -89,10 +108,10 @@ def run_dirs(logdir: str) -> set[str]:
 class TensorBoard:
     """TensorBoard serving ``logdir`` on 127.0.0.1:``port`` until :meth:`close`."""
 
-    def __init__(self, logdir: str, port: int, timeout: float = 180.0) -> None:
+    def __init__(self, logdir: str, port: int, timeout: float = 180.0, stock: bool = False) -> None:
         self.port, self.logdir = port, logdir
         self.log = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(tbview.command(logdir, port), stdout=self.log, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(tbview.command(logdir, port, stock), stdout=self.log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL)
         want = run_dirs(logdir)
         deadline = time.monotonic() + timeout
@@ -175,6 +194,29 @@ def run_of_line(line: str) -> str:
     return m.group(1) if m else line
 
 
+def cut_points(card: dict[str, Any], rel: float = 1e-6) -> list[str]:
+    """The points of a drawn chart that lie outside its axes' domains (drawn off the plot), one line each:
+    "<line>: step <x> value <y> outside y [lo, hi]". A chart with lines but no domain is reported too."""
+    series = [s for s in card.get("series") or [] if s.get("points")]
+    if not series:
+        return []
+    y, x = card.get("y"), card.get("x")
+    if not y or not x:
+        return ["no axes found for its lines (the page did not draw the chart)"]
+    out = []
+    for axis, (lo, hi), idx in (("y", y, 1), ("x", x, 0)):
+        tol = rel * max(abs(lo), abs(hi), 1e-12)
+        for s in series:
+            for p in s["points"]:
+                v = p[idx]
+                if v is None or (isinstance(v, float) and v != v):
+                    continue  # TensorBoard draws NaN as a marker of its own, not on the line
+                if not lo - tol <= v <= hi + tol:
+                    out.append(f"{s['name'] or '?'}: step {p[0]:g} value {p[1]:.4g} outside {axis} "
+                               f"[{lo:.4g}, {hi:.4g}]")
+    return out
+
+
 def verify(exp: dict[str, Any], page: dict[str, Any]) -> list[str]:
     """Every way the page differs from what it should show, one line each (empty: it passed)."""
     problems = []
@@ -210,6 +252,10 @@ def verify(exp: dict[str, Any], page: dict[str, Any]) -> list[str]:
         shared = [runs for c, runs in colors.items() if c and len(runs) > 1]
         if shared:
             problems.append(f"chart {name}: runs share a colour: {'; '.join(', '.join(r) for r in shared)}")
+        cut = cut_points(card)
+        if cut:
+            problems.append(f"chart {name}: {len(cut)} point(s) cut off (drawn outside the plot): "
+                            + "; ".join(cut[:4]) + (" ..." if len(cut) > 4 else ""))
         missing = sorted(by_figure.get(chart["figure"], set()) - set(chart["runs"]))
         if missing:
             problems.append(f"chart {name}: no data for {', '.join(missing)} (their jobs failed or did not run?)")
@@ -217,27 +263,28 @@ def verify(exp: dict[str, Any], page: dict[str, Any]) -> list[str]:
 
 
 def summary(exp: dict[str, Any], page: dict[str, Any]) -> str:
-    lines = [f"{len(exp['runs'])} runs, ticked by default: {len(page['selected'])}; smoothing {page['smoothing']}"]
+    lines = [f"{len(exp['runs'])} runs, ticked by default: {len(page['selected'])}; smoothing {page['smoothing']}; "
+             f"ignore outliers in chart scaling: {page.get('ignoreOutliers')}"]
     cards = {c["title"]: c for c in page["charts"]}
     for chart in exp["charts"]:
         card = cards.get(chart["title"], {"lines": []})
         drawn = sorted({run_of_line(line) for line in card["lines"]})
-        lines.append(f"  {chart['category']} / {chart['title']}: {len(drawn)} line(s): {', '.join(drawn) or '-'}")
+        y = card.get("y")
+        span = f"; y [{y[0]:.4g}, {y[1]:.4g}]" if y else ""
+        lines.append(f"  {chart['category']} / {chart['title']}: {len(drawn)} line(s): {', '.join(drawn) or '-'}{span}")
     return "\n".join(lines)
 
 
-def check(logdir: str, screenshot: str = "", port: int = 0) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
-    """Serve ``logdir``, load it in Chromium, compare page and API: (problems, expected, page)."""
+def check(logdir: str, screenshot: str = "", port: int = 0,
+          stock: bool = False) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
+    """Serve ``logdir`` (``stock``: with a plain ``tensorboard``), load it in Chromium, compare page and
+    API: (problems, expected, page)."""
     port = port or free_port()
-    with TensorBoard(logdir, port) as tb:
+    with TensorBoard(logdir, port, stock=stock) as tb:
         exp = expected(tb)
         with Browser() as browser:
             page = page_state(browser, port, len(exp["charts"]))
-            if screenshot:
-                # TensorBoard's "Ignore outliers in chart scaling" (on by default, kept in the
-                # browser's storage) cuts the top of a two-point line: off for the picture
-                browser.evaluate(f"(() => {{ const d = {_DEEP}.find(e => e.tagName.toLowerCase() === "
-                                 "'tf-custom-scalar-dashboard'); d._ignoreYOutliers = false; return true; })()")
+            if screenshot:  # what a user sees at first open, every category in view
                 # TensorBoard scrolls inside its page: a viewport tall enough for every category
                 categories = len({c["category"] for c in exp["charts"]})
                 browser.resize(1500, min(6000, 160 + 680 * max(1, categories)))
@@ -273,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
                                                     "tensorboard_custom_scalars.png)")
     p.add_argument("--images", default="", help="write tensorboard_custom_scalars.png and scaling.png (redrawn from "
                                                 "the grid's results.json) to this directory, e.g. docs/img")
+    p.add_argument("--stock", action="store_true",
+                   help="serve with a plain `tensorboard` (its own defaults: outliers ignored in chart scaling) "
+                        "instead of make tensorboard's server")
     args = p.parse_args(argv)
     path = args.path or tiny_grid(args.out or os.path.join("runs", "tb-check", time.strftime("%Y%m%d-%H%M%S")))
     logdir = comparison_of(path)
@@ -284,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     shot = os.path.join(args.images, "tensorboard_custom_scalars.png") if args.images else (
         args.screenshot or os.path.join(grid, "tensorboard_custom_scalars.png"))
     try:
-        problems, exp, page = check(logdir, shot)
+        problems, exp, page = check(logdir, shot, stock=args.stock)
     except (CheckError, BrowserError, OSError) as e:
         print(f"tb-check: error: {e}", file=sys.stderr)
         return 2
@@ -303,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.copy(os.path.join(grid, "scaling.png"), os.path.join(args.images, "scaling.png"))
     for line in problems:
         print(f"tb-check: FAIL: {line}", file=sys.stderr)
-    print("tb-check: " + ("FAILED" if problems else "ok: every chart shows every run with data, all ticked by default"))
+    print("tb-check: " + ("FAILED" if problems else "ok: every chart shows every run with data, all ticked by default, "
+                                                "no line cut"))
     return 1 if problems else 0
 
 

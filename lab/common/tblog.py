@@ -76,11 +76,21 @@ def clear_events(logdir: str) -> None:
             os.rmdir(root)
 
 
+# Said in every comparison's notes: a plain `tensorboard` opens with the outlier scaling that cuts lines.
+SCALING_NOTE = ("Opened with a plain `tensorboard`, untick \"Ignore outliers in chart scaling\" (left): ticked, it "
+                "scales each chart to the values between their 5th and 95th percentiles and leaves the lowest and "
+                "highest point of a few-point line off the plot. `make tensorboard` starts with it unticked.")
+
+
 def write_comparison(logdir: str, series: Series, categories: Iterable[tuple[str, list[tuple[str, str]]]],
                      text: str = "") -> dict[str, dict[str, list]]:
     """One TensorBoard run per key of ``series`` under ``logdir``, with the layout (in the first
-    run: TensorBoard merges the layouts of all runs) and an optional text (``comparison/notes``).
-    Returns the layout written."""
+    run: TensorBoard merges the layouts of all runs) and a text (``comparison/notes``: ``text`` and
+    :data:`SCALING_NOTE`). Returns the layout written.
+
+    The layout has no y range (TensorBoard's layout.proto has none): the lines stay whole because
+    ``make tensorboard`` (lab/common/tbview.py) serves the page with outlier scaling off, and
+    ``make tb-check`` fails when a chart draws a point outside its plot."""
     from torch.utils.tensorboard import SummaryWriter
 
     lay = layout(series, categories)
@@ -93,8 +103,7 @@ def write_comparison(logdir: str, series: Series, categories: Iterable[tuple[str
         if i == 0:
             if lay:
                 w.add_custom_scalars(lay)
-            if text:
-                w.add_text("comparison/notes", text)
+            w.add_text("comparison/notes", f"{text}\n\n{SCALING_NOTE}" if text else SCALING_NOTE)
         w.close()
     return lay
 

@@ -8,13 +8,23 @@ The latest comparison is the newest ``tensorboard/`` directory (by its event fil
 runs in ``runs/``. TensorBoard listens on 127.0.0.1 only. The URL opens the Custom Scalars tab
 with smoothing 0 (TensorBoard keeps the smoothing in the URL fragment; its default, 0.6, bends
 a curve of two or three points away from the measured values).
+
+TensorBoard runs in this process, with its own web assets but for one script in its page
+(:data:`DEFAULTS_SCRIPT`): "Ignore outliers in chart scaling" starts unticked. TensorBoard keeps that
+setting in the browser's storage (the URL cannot carry it) and ticks it by default; ticked, it
+scales a chart's y axis to the values between their 5th and 95th percentiles, and a comparison
+line of two to four points has its lowest and highest value outside that range: they leave the
+plot. A user who ticks the box keeps it ticked (the script only fills in a setting never made).
+The Custom Scalars layout has no field for a y range (layout.proto: a title and tag regexes).
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
+import zipfile
 
 from .tblog import COMPARISON_DIR
 
@@ -53,10 +63,54 @@ def url(port: int, tab: str = "custom_scalars") -> str:
     return f"http://127.0.0.1:{port}/#{tab}&_smoothingWeight=0"
 
 
-def command(logdir: str, port: int) -> list[str]:
-    """The TensorBoard command line: the venv's tensorboard, loopback only."""
-    exe = os.path.join(os.path.dirname(sys.executable), "tensorboard")
-    return [exe, "--logdir", logdir, "--host", "127.0.0.1", "--port", str(port)]
+# Loaded first by TensorBoard's page (index.html): the outlier setting unticked unless the user chose.
+DEFAULTS_JS = "allreduce-train-defaults.js"
+DEFAULTS_SCRIPT = """// allreduce_train (lab/common/tbview.py): "Ignore outliers in chart scaling" starts unticked, so a
+// comparison line of a few points stays inside its chart; a choice made in the page is kept.
+(function () {
+  try {
+    if (window.localStorage.getItem("_ignoreYOutliers") === null) {
+      window.localStorage.setItem("_ignoreYOutliers", "false");
+    }
+  } catch (e) { /* no storage: TensorBoard's own default */ }
+})();
+"""
+
+
+def command(logdir: str, port: int, stock: bool = False) -> list[str]:
+    """The TensorBoard command line, loopback only: this module's server (``stock``: the venv's plain
+    ``tensorboard``, with TensorBoard's own defaults in the page)."""
+    if stock:
+        exe = os.path.join(os.path.dirname(sys.executable), "tensorboard")
+        return [exe, "--logdir", logdir, "--host", "127.0.0.1", "--port", str(port)]
+    return [sys.executable, "-m", "lab.common.tbview", "--serve", logdir, "--port", str(port)]
+
+
+def patched_assets(original: bytes) -> bytes:
+    """TensorBoard's web assets (a zip) with :data:`DEFAULTS_SCRIPT` added and loaded first by index.html."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(original)) as src, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as dst:
+        for info in src.infolist():
+            data = src.read(info.filename)
+            if info.filename == "index.html":
+                html = data.decode("utf-8")
+                if "<head>" not in html:
+                    raise RuntimeError("TensorBoard's index.html has no <head>: cannot add the defaults script")
+                data = html.replace("<head>", f'<head><script src="{DEFAULTS_JS}"></script>', 1).encode("utf-8")
+            dst.writestr(info, data)
+        dst.writestr(DEFAULTS_JS, DEFAULTS_SCRIPT)
+    return out.getvalue()
+
+
+def serve(logdir: str, port: int) -> int:
+    """TensorBoard on 127.0.0.1:``port`` in this process with the patched assets, until it is stopped."""
+    from tensorboard import assets, program
+
+    with assets.get_default_assets_zip_provider()() as fh:
+        data = patched_assets(fh.read())
+    tb = program.TensorBoard(assets_zip_provider=lambda: io.BytesIO(data))
+    tb.configure(argv=[None, "--logdir", logdir, "--host", "127.0.0.1", "--port", str(port)])
+    return tb.main()
 
 
 def check_port(port: int) -> str:
@@ -76,11 +130,17 @@ def main(argv: list[str] | None = None) -> int:
                                                          "else runs/)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"(default: {DEFAULT_PORT}; 6006 is refused)")
     p.add_argument("--root", default="runs", help="where to look for the latest comparison (default: runs)")
+    p.add_argument("--serve", action="store_true", help="serve LOGDIR and print nothing else (tb-check's server)")
     args = p.parse_args(argv)
     why = check_port(args.port)
     if why:
         print(f"tensorboard: error: {why}", file=sys.stderr)
         return 2
+    if args.serve:
+        if not os.path.isdir(args.logdir):
+            print(f"tensorboard: error: --serve {args.logdir or '(none)'}: give the logdir to serve", file=sys.stderr)
+            return 2
+        return serve(args.logdir, args.port)
     logdir, tab = args.logdir, "custom_scalars"
     if logdir and not os.path.isdir(logdir):
         print(f"tensorboard: error: {logdir}: no such directory; give a logdir, e.g. RUN=runs/scaling/<time>/tensorboard",
@@ -98,9 +158,12 @@ def main(argv: list[str] | None = None) -> int:
     for sub, what in (("hparams", "every job in the HParams tab"), ("jobs", "every job's own run")):
         if tab == "custom_scalars" and os.path.isdir(os.path.join(parent, sub)):
             print(f"  {what}: make tensorboard RUN={os.path.join(parent, sub)}", flush=True)
-    cmd = command(logdir, args.port)
-    print("+ " + " ".join(cmd), flush=True)
-    os.execv(cmd[0], cmd)  # the server in this process: Ctrl-C ends it
+    print(f"+ tensorboard --logdir {logdir} --host 127.0.0.1 --port {args.port} (in this process; "
+          '"Ignore outliers in chart scaling" starts unticked)', flush=True)
+    try:
+        return serve(logdir, args.port)
+    except KeyboardInterrupt:  # Ctrl-C ends the server
+        return 0
 
 
 if __name__ == "__main__":

@@ -155,7 +155,7 @@ def test_tensorboard_refuses_port_6006_in_one_line_and_serves_the_latest_compari
         os.utime(run / "events.out.tfevents.1.x", (1000 + i, 1000 + i))
     assert tbview.latest_comparison(str(tmp_path)) == str(tmp_path / "scaling" / "new" / "tensorboard")
     assert tbview.url(6007) == "http://127.0.0.1:6007/#custom_scalars&_smoothingWeight=0"
-    assert tbview.command("x", 6007)[-4:] == ["--host", "127.0.0.1", "--port", "6007"]
+    assert tbview.command("x", 6007, stock=True)[-4:] == ["--host", "127.0.0.1", "--port", "6007"]
 
 
 def test_netns_grid_runs_one_two_and_four_hosts_by_default():
