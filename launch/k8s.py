@@ -20,9 +20,10 @@ launcher pod that runs only mpirun. A TrainJob's launcher is one of the N pods (
 Trainer gives ``resourcesPerNode`` to the launcher and to the nodes alike) beside N-1 node pods;
 Trainer always starts at least one node pod (``max(numNodes-1, 1)``), so a TrainJob needs N >= 2
 (``--workers 1``: one line says to use ``--api mpijob``). The operator writes the hostfile in the
-order :func:`hostfile` gives (Trainer: the node pods first, the launcher last, as DNS names) and
-mpirun's ``-map-by slot`` fills the pods in that order: :func:`placement` says which ranks run
-where, and the manifest's header prints it. Rank 0 runs in the first node pod, not the launcher.
+order :func:`hostfile` gives (Trainer: the node pods first, the launcher last, as DNS names);
+mpirun's ``-map-by slot`` fills the pods in Open MPI's order, which puts mpirun's own pod first
+when the hostfile lists it: :func:`placement` says which ranks run where, and the manifest's
+header prints it. In a TrainJob rank 0 runs in the launcher pod, in an MPIJob in the first worker.
 
 What every job naming a ClusterTrainingRuntime shares is in the runtime (the image of the node
 pods, the pull policy, the Jobs' backoffLimit: Trainer v2.3's runtimePatches cannot change them);
@@ -248,10 +249,16 @@ def hostfile(spec: K8sSpec) -> list[str]:
 
 def placement(spec: K8sSpec) -> list[tuple[str, range]]:
     """Which ranks run on which host: mpirun's ``-map-by slot`` (launch.mpirun.build_command) fills
-    the hostfile's hosts in order, each up to its slots, and -np is the sum of the slots."""
+    the hosts, each up to its slots (-np is the sum of the slots), in Open MPI's order: the node
+    mpirun runs on first when the hostfile lists it (Open MPI 4.1
+    orte/mca/rmaps/base/rmaps_base_support_fns.c, orte_rmaps_base_get_target_nodes: "if the hnp was
+    allocated, include it"; a hostfile name is mpirun's own when it resolves to one of the pod's
+    addresses), then the others in the hostfile's order. A TrainJob's launcher is listed last and
+    still gets rank 0 (tools/k8s_pod_check.sh LAYOUT=trainjob shows it)."""
+    hosts = [line.split(" slots=") for line in hostfile(spec)]
+    own = [h for h in hosts if h[0].startswith(f"{spec.name}-launcher")]
     out, first = [], 0
-    for line in hostfile(spec):
-        host, slots = line.split(" slots=")
+    for host, slots in own + [h for h in hosts if h not in own]:
         out.append((host, range(first, first + int(slots))))
         first += int(slots)
     return out
@@ -744,7 +751,7 @@ def render(spec: K8sSpec, argv: list[str]) -> str:
     header = ["Rendered by: python -m launch k8s " + shlex.join(argv),
               f"The launcher runs ({spec.np} ranks: {spec.workers} pods x {spec.slots_per_worker} per pod):",
               "+ " + shlex.join(mpirun_command(spec)),
-              "The operator's hostfile, in its order; ranks by mpirun's -map-by slot:"]
+              "Ranks by host (mpirun -map-by slot; Open MPI maps the launcher's own pod first):"]
     for host, ranks in placement(spec):
         where = " (the launcher: mpirun and ranks)" if host.startswith(f"{spec.name}-launcher-") else ""
         header.append(f"  {host}: rank{'s' if len(ranks) > 1 else ''} "
