@@ -195,21 +195,57 @@ class ExchangeConfig:
         _check(self.stall_timeout >= 0, "stall_timeout", "must be >= 0 (0 = off)", self.stall_timeout)
         _check(self.average_every >= 0, "average_every", "must be >= 0 (0 = off)", self.average_every)
         _check(self.average_warmup_steps >= 0, "average_warmup_steps", "must be >= 0", self.average_warmup_steps)
-        if self.average_every and self.strategy == "ps":
-            raise ConfigError("--average-every is local SGD over an allreduce (workers average parameters with each "
-                              "other); --strategy ps keeps one copy on the servers: use --strategy allreduce")
-        if self.average_every and self.reduce_op != "average":
-            raise ConfigError("--average-every with --reduce-op adasum: local SGD averages; use --reduce-op average")
         _check(self.powersgd_rank >= 1, "powersgd_rank", "must be >= 1", self.powersgd_rank)
-        if self.compression == "powersgd" and (self.strategy == "ps" or self.average_every
-                                               or self.reduce_op != "average"):
-            raise ConfigError("--compression powersgd runs over an allreduce of gradients every step: not with "
-                              "--strategy ps, --average-every or --reduce-op adasum; use --compression fp16 or none")
-        if self.strategy == "none" and (self.average_every or self.compression != "none"):
-            raise ConfigError("--strategy none exchanges nothing: drop --average-every and --compression, or use "
-                              "--strategy allreduce")
-        if self.average_warmup_steps and not self.average_every:
-            raise ConfigError("--average-warmup-steps without --average-every: set --average-every H (local SGD)")
+        check_combination(self)
+
+    @property
+    def engine(self) -> str:
+        """The engine that sums: horovod or mpi (allreduce), ps, or none."""
+        return self.allreduce_engine if self.strategy == "allreduce" else self.strategy
+
+
+# The one table of combinations. distributed/ composes three kinds of thing -- an engine sums
+# (horovod, mpi, ps; none sums nothing), a wire format says what travels (--compression),
+# a schedule says when (synchronous; --average-every: local SGD) -- and
+# these rows are every combination that does not exist, each with the one line a user gets,
+# checked before any process group forms (every rank fails alike). First match wins.
+# A row: (refused when, the line; both functions of the exchange section and, for the rows that
+# need it, --mpi-algorithm, which is None while the exchange section alone is checked).
+SIXTEEN_BIT = ("fp16", "bf16")
+COMBINATIONS: tuple[tuple[Any, Any], ...] = (
+    (lambda x, alg: x.average_every and x.strategy == "ps",
+     lambda x: "--average-every is local SGD over an allreduce (workers average parameters with each other); "
+               "--strategy ps keeps one copy on the servers: use --strategy allreduce"),
+    (lambda x, alg: x.average_every and x.reduce_op != "average",
+     lambda x: "--average-every with --reduce-op adasum: local SGD averages; use --reduce-op average"),
+    (lambda x, alg: x.compression == "powersgd" and (x.strategy == "ps" or x.average_every
+                                                     or x.reduce_op != "average"),
+     lambda x: "--compression powersgd runs over an allreduce of gradients every step: not with --strategy ps, "
+               "--average-every or --reduce-op adasum; use --compression fp16 or none"),
+    (lambda x, alg: x.strategy == "none" and (x.average_every or x.compression != "none"),
+     lambda x: "--strategy none exchanges nothing: drop --average-every and --compression, or use --strategy "
+               "allreduce"),
+    (lambda x, alg: x.average_warmup_steps and not x.average_every,
+     lambda x: "--average-warmup-steps without --average-every: set --average-every H (local SGD)"),
+    (lambda x, alg: x.engine == "horovod" and x.compression == "bf16",
+     lambda x: "--compression bf16: Horovod 0.28.1's PyTorch binding has no bfloat16 allreduce; use "
+               "--allreduce-engine mpi (it sums bfloat16 itself) or --compression fp16"),
+    (lambda x, alg: x.engine == "mpi" and x.reduce_op != "average",
+     lambda x: f"--reduce-op adasum is Horovod's; --allreduce-engine {x.engine} averages (use --reduce-op average, "
+               "or --allreduce-engine horovod)"),
+    (lambda x, alg: x.engine == "ps" and x.reduce_op != "average",
+     lambda x: "--reduce-op adasum is an allreduce option; --strategy ps averages (use --reduce-op average)"),
+    (lambda x, alg: x.engine == "mpi" and alg == "iallreduce" and x.compression in SIXTEEN_BIT,
+     lambda x: f"--compression {x.compression} with --mpi-algorithm iallreduce: MPI has no 16-bit float sum; use "
+               "--mpi-algorithm ring (it sums 16-bit floats itself) or --compression none"),
+)
+
+
+def check_combination(x: "ExchangeConfig", mpi_algorithm: str | None = None) -> None:
+    """Refuse what :data:`COMBINATIONS` refuses, with its line (:class:`ConfigError`)."""
+    for refused, line in COMBINATIONS:
+        if refused(x, mpi_algorithm):
+            raise ConfigError(line(x))
 
 
 @dataclass
@@ -365,6 +401,9 @@ class Config:
     ps: PSConfig = field(default_factory=PSConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     run: RunConfig = field(default_factory=RunConfig)
+
+    def __post_init__(self) -> None:
+        check_combination(self.exchange, self.mpi.algorithm)  # the table's rows that read the engine's section
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)

@@ -21,10 +21,11 @@ from typing import Any, Callable
 import torch
 
 from . import checkpoint, preempt, watchdog
+from .checkpoint import WorkerState
 from .config import Config, parse_slow_rank
 from .devices import pick_device
 from .distributed.base import GradientExchange
-from .distributed.localsgd import LocalSGD
+from .distributed import make_schedule
 from .errors import ConfigError, Diverged, Preempted
 from .metrics import Throughput, TimeToTarget
 from .run_logger import NullLogger
@@ -73,8 +74,8 @@ class Trainer:
         self.task = make_task(cfg)  # classification or language model: data, loss, evaluation
         slow = parse_slow_rank(cfg.train.debug_slow_rank) if cfg.train.debug_slow_rank else (-1, 1.0)
         self.slow_factor = slow[1] if slow[0] == exchange.rank else 1.0  # --debug-slow-rank on this rank
-        x = cfg.exchange
-        self.local_sgd = LocalSGD(x.average_every, x.average_warmup_steps, exchange) if x.average_every else None
+        # the schedule (synchronous, local SGD, DiLoCo) with its wire format, over the engine: wraps every step
+        self.schedule = make_schedule(cfg.exchange, exchange)
 
     # ---------------------------------------------------------------- set-up
     def build(self) -> Setup:
@@ -132,8 +133,7 @@ class Trainer:
         not finite.
         """
         began = time.perf_counter()
-        if self.local_sgd:  # local SGD: does this step's gradient travel?
-            self.local_sgd.begin(step)
+        self.schedule.begin(step)  # e.g. local SGD: does this step's gradient travel?
         optimizer.zero_grad()
         rows, loss_sum = len(inputs) // k, None
         for j in range(k):
@@ -157,7 +157,7 @@ class Trainer:
             after_backward()
         t0 = time.perf_counter()  # the wait starts: whatever follows is exchange, not this rank's compute
         watchdog.note(step, watchdog.EXCHANGING)
-        self.ex.synchronize()
+        self.schedule.synchronize()  # the engine's gradient sums (and a wire format's own: PowerSGD's)
         stops, losses = self.ex.end_vote().tolist()
         wait = time.perf_counter() - t0
         if not math.isfinite(losses):
@@ -167,9 +167,7 @@ class Trainer:
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.cfg.optim.grad_clip)
             if not torch.isfinite(norm):
                 raise Diverged(step, "the gradient norm", norm.item())
-        self.ex.apply(optimizer)
-        if self.local_sgd:  # local SGD: the parameters averaged at the end of a period
-            self.local_sgd.end(model, step)
+        self.schedule.apply(optimizer, model, step)  # the update (local SGD, DiLoCo: and the period's average)
         return loss_sum, wait, stops > 0
 
     @torch.no_grad()
@@ -189,13 +187,13 @@ class Trainer:
                 raise Diverged(step, f"parameter {name}", p[~torch.isfinite(p)].flatten()[0].item())
         # communication: every worker's RNG and task state (an LSTM's hidden state), so that a resumed
         # run continues bit-exactly mid-epoch (dropout masks, the text's state)
-        mine = {"rng": torch.get_rng_state(), "task": self.task.state_dict()}
-        if self.local_sgd:  # each worker's own parameters and momentum between averagings
-            mine["local_sgd"] = self.local_sgd.state_dict(model, optimizer)
-        mine["exchange"] = self.ex.worker_state()  # e.g. PowerSGD's error feedback and Qs
-        if torch.cuda.is_available():
-            mine["cuda_rng"] = torch.cuda.get_rng_state()
-        workers = self.ex.gather_from_workers(mine)
+        sch = self.schedule
+        mine = WorkerState(torch.get_rng_state(), self.task.state_dict(),
+                           exchange=sch.wire.state_dict(),  # e.g. PowerSGD's error feedback and Qs
+                           # local SGD, DiLoCo: each worker's own parameters and momentum between averagings
+                           schedule={sch.state_key: sch.state_dict(model, optimizer)} if sch.state_key else {},
+                           cuda_rng=torch.cuda.get_rng_state() if torch.cuda.is_available() else None)
+        workers = self.ex.gather_from_workers(mine.to_dict())
         if self.ex.is_main:
             state = {"model": self.ex.model_state_dict(model), "optimizer": optimizer.state_dict(), "step": step,
                      "config": self.cfg.to_dict(), "workers": workers}
@@ -218,19 +216,19 @@ class Trainer:
         """Train from ``s.start_step`` to the end of the schedule (or ``--exit-after-steps``)."""
         cfg, ex = self.cfg, self.ex
         model, device = s.model, s.device
-        optimizer = ex.prepare(model, s.optimizer)
+        optimizer = self.schedule.prepare(model, s.optimizer)  # communication: rank 0's state to every worker
         step = ex.broadcast_object(s.start_step)  # communication: the resumed step, from rank 0
         resumed = ex.broadcast_object(s.worker_states)  # communication: each worker's saved RNG and task state
         task_state = None
         if resumed and len(resumed) == ex.num_workers:
-            mine = resumed[ex.worker_index]
-            torch.set_rng_state(mine["rng"])
-            if "cuda_rng" in mine and device.type == "cuda":
-                torch.cuda.set_rng_state(mine["cuda_rng"])
-            task_state = mine["task"]
-            if self.local_sgd and "local_sgd" in mine:
-                self.local_sgd.load_state_dict(mine["local_sgd"], model, optimizer)
-            self.ex.load_worker_state(mine.get("exchange"))
+            mine = WorkerState.from_dict(resumed[ex.worker_index], cfg.run.resume)
+            torch.set_rng_state(mine.rng)
+            if mine.cuda_rng is not None and device.type == "cuda":
+                torch.cuda.set_rng_state(mine.cuda_rng)
+            task_state = mine.task
+            if self.schedule.state_key in mine.schedule:
+                self.schedule.load_state_dict(mine.schedule[self.schedule.state_key], model, optimizer)
+            self.schedule.wire.load_state_dict(mine.exchange)
         elif resumed:  # another worker count (an elastic restart): per-worker state does not carry over
             old, new, spe = len(resumed), ex.num_workers, s.batches.steps_per_epoch
             log.message(f"elastic: resumed with {new} workers from a checkpoint of {old}: global batch "
@@ -359,6 +357,7 @@ class Trainer:
             **{key.split("/")[1]: v for key, v in words_per_sec(self.task, perf["samples_per_sec"]).items()},
             "final": {"train_loss": train_loss, **{key.replace("/", "_"): v for key, v in last_eval.items()}},
             **ex.describe(),
+            **self.schedule.describe(),
         }
 
     def report(self, result: dict[str, Any], log: NullLogger) -> None:

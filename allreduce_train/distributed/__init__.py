@@ -1,7 +1,15 @@
-"""Gradient exchange strategies behind one small interface (see :mod:`.base`).
+"""Distribution, by role:
 
-Nothing here imports horovod or mpi4py at module import time, so configuration can be validated
-(and errors reported) before any process group forms.
+* engines -- the collective primitives behind one small interface (:mod:`.base`): Horovod
+  (:mod:`.horovod`), the mpi4py ring (:mod:`.ring`), the parameter server (:mod:`.ps`), and one process or ``--strategy none`` (:mod:`.local`);
+* wire formats -- what of a gradient travels (:mod:`.wire`: float32, 16 bits, PowerSGD);
+* schedules -- when the workers agree (:mod:`.schedules`: synchronous, :mod:`.localsgd`);
+* plumbing, once -- flat buffers (:mod:`.buffers`), MPI helpers (:mod:`.mpi`), bytes on the wire
+  (:mod:`.wirecost`, torch-free, which the lab's cost model imports too).
+
+Which engine runs which wire format and schedule is one table in :mod:`allreduce_train.config`.
+Nothing here imports horovod, mpi4py or torch.distributed at module import time, so configuration
+can be validated (and errors reported) before any process group forms.
 """
 
 from __future__ import annotations
@@ -11,30 +19,49 @@ from typing import TYPE_CHECKING
 from ..config import STRATEGIES
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config import Config, ExchangeConfig
     from .base import GradientExchange
+    from .schedules import Sync
 
-__all__ = ["STRATEGIES", "create_exchange"]
+__all__ = ["STRATEGIES", "create_exchange", "make_schedule"]
 
 
 def create_exchange(cfg: "Config") -> "GradientExchange":
-    """Initialise the communication backend of ``cfg.exchange.strategy`` and return the exchange.
+    """Initialise the communication backend of ``cfg.exchange.strategy`` and return the engine.
 
-    Each engine gets the settings every exchange shares (``cfg.exchange``) and its own section only."""
+    Each engine gets the settings every exchange shares (``cfg.exchange``), its own section only,
+    and the dtype its gradient sum runs in (the wire format's, :mod:`.wire`); the layers above it
+    come from :func:`make_schedule`."""
+    from .compression import wire_dtype
+
+    wire = wire_dtype(cfg.exchange.compression)
     if cfg.exchange.strategy == "allreduce" and cfg.exchange.allreduce_engine == "mpi":
         from .ring import MPIRingAllreduce
 
-        return MPIRingAllreduce(cfg.exchange, cfg.mpi)
+        return MPIRingAllreduce(cfg.exchange, cfg.mpi, wire=wire)
     if cfg.exchange.strategy == "allreduce":
         from .horovod import HorovodAllreduce
 
-        return HorovodAllreduce(cfg.exchange, cfg.horovod)
+        return HorovodAllreduce(cfg.exchange, cfg.horovod, wire=wire)
     if cfg.exchange.strategy == "ps":
         from .ps import ParameterServer
 
-        return ParameterServer(cfg.exchange, cfg.ps, grad_clip=cfg.optim.grad_clip)
+        return ParameterServer(cfg.exchange, cfg.ps, grad_clip=cfg.optim.grad_clip, wire=wire)
     if cfg.exchange.strategy == "none":  # every rank alone: the no-exchange bound (docs/performance.md)
         from .local import NoExchange
 
         return NoExchange(cfg.exchange.stall_timeout)
     raise ValueError(f"unknown strategy {cfg.exchange.strategy!r}")
+
+
+def make_schedule(x: "ExchangeConfig", ex: "GradientExchange") -> "Sync":
+    """The schedule of ``--average-every`` / ``--diloco-every`` over ``ex``, with ``--compression``'s wire format."""
+    from .schedules import Sync
+    from .wire import make_wire
+
+    wire = make_wire(x.compression, x.powersgd_rank)
+    if x.average_every:
+        from .localsgd import LocalSGD
+
+        return LocalSGD(ex, wire, x.average_every, x.average_warmup_steps)
+    return Sync(ex, wire)

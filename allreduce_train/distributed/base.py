@@ -1,10 +1,14 @@
-"""The gradient-exchange interface that the trainer talks to.
+"""The engine interface: the collective primitives that every layer above is built from.
 
-A strategy owns everything that crosses process boundaries: forming the process group, making
-the initial parameters identical on every worker, moving gradients, and the few collectives the
-trainer needs for metrics. The trainer loop, data, logging and checkpoints are shared by all
-strategies. Ranks that only serve (a parameter server's dedicated servers) report
-``is_worker == False`` and spend the run in :meth:`serve`.
+An engine (Horovod, the mpi4py ring, torch.distributed, the parameter server) owns everything
+that crosses process boundaries: forming the process group, making the initial state identical on
+every worker (:meth:`prepare`), the gradient sum started from backward's hooks (:meth:`set_exchanging`,
+:meth:`synchronize`), a grouped sum of any tensors (:meth:`sum_tensors`), broadcast, the step's
+vote and abort. It knows no concept: wire formats (:mod:`.wire`: 16 bits, PowerSGD) and schedules
+(:mod:`.schedules`: synchronous, local SGD, DiLoCo) are layers over these primitives, and which
+combinations exist is one table in :mod:`allreduce_train.config`. The trainer loop, data, logging
+and checkpoints are shared by all engines. Ranks that only serve (a parameter server's dedicated
+servers) report ``is_worker == False`` and spend the run in :meth:`serve`.
 """
 
 from __future__ import annotations
@@ -48,17 +52,21 @@ class GradientExchange(ABC):
         return {}
 
     @abstractmethod
-    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        """Make the model and optimizer state identical to the main rank's; return the optimizer to step."""
+    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                every_step: bool = True) -> torch.optim.Optimizer:
+        """Make the model and optimizer state identical to the main rank's and set up the gradient sum;
+        return the optimizer to step. ``every_step=False``: a schedule will turn the gradient sum on
+        for some steps only (:meth:`set_exchanging`), or never (a wire format that sums after backward)."""
 
     @abstractmethod
     def synchronize(self) -> None:
         """Block until this step's gradients are exchanged (averaged over workers) and in ``.grad``."""
 
     def set_exchanging(self, on: bool) -> None:
-        """Local SGD (:mod:`.localsgd`): whether this step's gradients travel; off, :meth:`synchronize`
-        leaves each worker its own gradient. Called before the step's backward."""
-        raise NotImplementedError(f"{self.name} has no local SGD")
+        """Whether this step's gradients are summed (Fabric's backward sync control); off,
+        :meth:`synchronize` leaves each worker its own gradient. Called before the step's backward,
+        only by schedules that prepared with ``every_step=False``."""
+        raise NotImplementedError(f"{self.name} sums every step's gradients (config's table refuses the rest)")
 
     @abstractmethod
     def apply(self, optimizer: torch.optim.Optimizer) -> None:
@@ -69,10 +77,10 @@ class GradientExchange(ABC):
         """Element-wise sum of a small CPU tensor over all workers (for global metrics)."""
 
     def sum_tensors(self, tensors: list[torch.Tensor], name: str = "") -> list[torch.Tensor]:
-        """Element-wise sums over the workers of several tensors in one :meth:`sum_over_workers`:
-        flattened into one CPU tensor, summed, and cut back into the tensors' shapes, each on its
-        tensor's device (CPU tensors: views of one buffer). ``name`` labels the collective where an
-        engine names them (PowerSGD's ``SumTensors``)."""
+        """The grouped sum: element-wise sums over the workers of several float32 tensors, each on
+        its tensor's device. Here in one :meth:`sum_over_workers` of a flat CPU buffer (CPU tensors
+        get views of it); engines with a grouped collective of their own override it. ``name``
+        labels the collective where an engine names them."""
         total = self.sum_over_workers(flatten([t.detach() for t in tensors], device="cpu"))  # communication
         return [v.to(t.device) for v, t in zip(views(total, tensors), tensors)]  # CPU: the view itself
 
@@ -97,13 +105,6 @@ class GradientExchange(ABC):
         """Collective over the workers: each worker's ``obj``, by worker index (checkpoints keep
         every worker's RNG and task state)."""
         return self.allgather_object(obj)
-
-    def worker_state(self) -> Any:
-        """This worker's exchange state for the checkpoint (PowerSGD's error feedback and Qs), or None."""
-        return None
-
-    def load_worker_state(self, state: Any) -> None:
-        """Resume from :meth:`worker_state` (after :meth:`prepare`)."""
 
     def model_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The model's state for a checkpoint, on the main rank (the parameter server's float32 master

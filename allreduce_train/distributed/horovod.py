@@ -12,10 +12,9 @@ import torch
 
 from .. import watchdog
 from ..config import ExchangeConfig, HorovodConfig
-from ..errors import ConfigError, UserError
+from ..errors import UserError
 from .base import GradientExchange
 from .mpi import abort
-from .powersgd import PowerSGD
 
 
 POLL_S = 1e-4  # sleep between polls of an in-flight allreduce: ~1 % of a LeNet-5 step
@@ -170,11 +169,10 @@ class HorovodAllreduce(GradientExchange):
 
     name = "allreduce"
 
-    def __init__(self, cfg: ExchangeConfig, horovod: HorovodConfig) -> None:
-        if cfg.compression == "bf16":  # before any process group forms: every rank fails alike
-            raise ConfigError("--compression bf16: Horovod 0.28.1's PyTorch binding has no bfloat16 allreduce; "
-                              "use --allreduce-engine mpi (it sums bfloat16 itself) or --compression fp16")
-        self.cfg = cfg
+    def __init__(self, cfg: ExchangeConfig, horovod: HorovodConfig, wire: torch.dtype = torch.float32) -> None:
+        """``wire``: the dtype gradients are summed in (the wire format's: float32 or float16, which
+        Horovod's Compression.fp16 sends; config's table refuses bfloat16, which 0.28.1 cannot sum)."""
+        self.cfg, self.wire = cfg, wire
         self.hvd = hvd = _import_horovod()
         self._rendezvous = gloo_under_mpirun(os.environ) if wants_gloo(horovod, os.environ) else None
         check_horovod_env(os.environ)
@@ -215,17 +213,14 @@ class HorovodAllreduce(GradientExchange):
         self.rank, self.size = hvd.rank(), hvd.size()
         self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
         self._optimizer = None
-        self._local_params: list[torch.Tensor] | None = None  # local SGD: the gradients synchronize() averages
-        self._powersgd: PowerSGD | None = None
+        self._local_params: list[torch.Tensor] | None = None  # every_step=False: the gradients synchronize() sums
         self._exchanging = True
 
     def describe(self) -> dict[str, Any]:
         return {
             "allreduce_engine": "horovod",
-            "compression": self.cfg.compression,
             "backward_passes_per_step": self.cfg.backward_passes_per_step,
             "reduce_op": self.cfg.reduce_op,
-            "average_every": self.cfg.average_every,
             "horovod_controller": "mpi" if self.hvd.mpi_enabled() else "gloo",
             "horovod_cycle_time_ms": _cycle_ms(os.environ),
             "horovod_fusion_threshold": os.environ.get("HOROVOD_FUSION_THRESHOLD", "default"),
@@ -233,26 +228,24 @@ class HorovodAllreduce(GradientExchange):
             "horovod_exchange_at_one_rank": self._exchange_alone,
         }
 
-    def prepare(self, model, optimizer):
+    def prepare(self, model, optimizer, every_step: bool = True):
         if self.size == 1 and not self._exchange_alone:
             # The average over one worker is its own gradient: skip Horovod's hooks, copies and
             # background-thread round trips altogether (no fp16 round trip either: nothing is sent).
             return optimizer
         hvd = self.hvd
-        compression = hvd.Compression.fp16 if self.cfg.compression == "fp16" else hvd.Compression.none
+        compression = hvd.Compression.fp16 if self.wire == torch.float16 else hvd.Compression.none
         op = hvd.Adasum if self.cfg.reduce_op == "adasum" else hvd.Average
-        if self.cfg.average_every or self.cfg.compression == "powersgd":
-            # Local SGD and PowerSGD: no DistributedOptimizer, whose backward hooks would send every
-            # step's gradients; synchronize() averages a synchronous step's in one grouped allreduce,
-            # or PowerSGD's factors in two.
+        if not every_step:
+            # A schedule that skips steps (local SGD, DiLoCo) or a wire format that sums after backward
+            # (PowerSGD): no DistributedOptimizer, whose backward hooks would send every step's
+            # gradients; synchronize() averages an exchanging step's in one grouped allreduce.
             # communication: rank 0's optimizer state (resumed runs only, as below), then its parameters
             if hvd.broadcast_object(bool(optimizer.state_dict()["state"]), root_rank=0, name="has_optimizer_state"):
                 hvd.broadcast_optimizer_state(optimizer, root_rank=0)
             hvd.broadcast_parameters(model.state_dict(), root_rank=0)
             self._local_params = [p for p in model.parameters() if p.requires_grad]
             self._compression = compression
-            if self.cfg.compression == "powersgd":
-                self._powersgd = PowerSGD(self._local_params, self.cfg.powersgd_rank)
             return optimizer
         # communication: wraps step() so gradients are allreduced from backward hooks.
         wrapped = hvd.DistributedOptimizer(
@@ -285,9 +278,6 @@ class HorovodAllreduce(GradientExchange):
         self._exchanging = on
 
     def synchronize(self) -> None:
-        if self._powersgd is not None:
-            self._powersgd.average(self._grouped_sum, self.size)
-            return
         if self._local_params is not None:
             if self._exchanging:
                 self._average_local_grads()
@@ -309,29 +299,24 @@ class HorovodAllreduce(GradientExchange):
         self._optimizer.synchronize()  # communication: wait for the in-flight allreduces
 
     def _average_local_grads(self) -> None:
-        """A local-SGD synchronous step: every gradient averaged, as the DistributedOptimizer would."""
+        """An exchanging step without the DistributedOptimizer: every gradient averaged, as it would."""
         params = self._local_params
         for p in params:
             if p.grad is None:  # outside this step's loss: zeros, as Horovod sends for it
                 p.grad = torch.zeros_like(p)
         wire = [self._compression.compress(p.grad) for p in params]
         # communication: the step's gradients, one grouped (fused) allreduce
-        handle = self.hvd.grouped_allreduce_async([t for t, _ in wire], op=self.hvd.Average, name="local_sgd.grads")
+        handle = self.hvd.grouped_allreduce_async([t for t, _ in wire], op=self.hvd.Average, name="grads")
         for p, out, (_, ctx) in zip(params, self._wait(handle), wire):
             p.grad.copy_(self._compression.decompress(out, ctx))
 
-    def _grouped_sum(self, tensors: list[torch.Tensor], name: str) -> list[torch.Tensor]:
-        """PowerSGD's sums as Horovod does them: one grouped allreduce, on the tensors' device (not
+    def sum_tensors(self, tensors: list[torch.Tensor], name: str = "") -> list[torch.Tensor]:
+        """The grouped sum as Horovod does it: one grouped (fused) allreduce, on the tensors' device (not
         the base's flatten -> :meth:`sum_over_workers` -> unflatten on the CPU)."""
-        # communication: PowerSGD's factors (or uncompressed tensors), one grouped allreduce
-        return self._wait(self.hvd.grouped_allreduce_async(tensors, op=self.hvd.Sum, name=name))
-
-    def worker_state(self) -> Any:
-        return self._powersgd.state_dict() if self._powersgd is not None else None
-
-    def load_worker_state(self, state: Any) -> None:
-        if self._powersgd is not None and state is not None:
-            self._powersgd.load_state_dict(state)
+        if self.size == 1 and not self._exchange_alone:
+            return [t.clone() for t in tensors]  # nothing to add (callers divide the result in place)
+        # communication: e.g. PowerSGD's factors, local SGD's parameters, DiLoCo's deltas
+        return self._wait(self.hvd.grouped_allreduce_async(tensors, op=self.hvd.Sum, name=name or "sum_tensors"))
 
     def apply(self, optimizer) -> None:
         if self._optimizer is None:

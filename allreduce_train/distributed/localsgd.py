@@ -13,6 +13,10 @@ engine's ordinary path). ``--average-warmup-steps W`` makes the first W steps sy
 
 Between averagings the workers hold different parameters and momentum, so a checkpoint keeps every
 worker's own (:meth:`LocalSGD.state_dict`); where a period stands follows from the step.
+
+A schedule (:mod:`.schedules`): it asks the engine for a gradient sum only on synchronous steps
+(``set_exchanging``) and averages the parameters through its grouped ``sum_tensors``; no engine
+knows about it. The gradients of a synchronous step travel in the wire format (``--compression``).
 """
 
 from __future__ import annotations
@@ -22,28 +26,37 @@ from typing import Any
 import torch
 
 from .base import GradientExchange
+from .schedules import Sync
+from .wire import WireFormat
 from .wirecost import localsgd_bytes_per_step as bytes_per_step
 
 __all__ = ["LocalSGD", "bytes_per_step"]
 
 
-class LocalSGD:
-    """The trainer's side of ``--average-every``: which steps exchange, and the parameter average."""
+class LocalSGD(Sync):
+    """``--average-every H``: which steps exchange, and the parameter average at a period's end."""
 
-    def __init__(self, every: int, warmup: int, exchange: GradientExchange) -> None:
-        self.every, self.warmup, self.ex = every, warmup, exchange
+    state_key = "local_sgd"
+
+    def __init__(self, ex: GradientExchange, wire: WireFormat, every: int, warmup: int = 0) -> None:
+        super().__init__(ex, wire)
+        self.every, self.warmup = every, warmup
+
+    @property
+    def every_step(self) -> bool:
+        return False
 
     def synchronous(self, step: int) -> bool:
         """Whether step ``step`` (1-based) averages the gradients: warm-up steps and each period's last."""
         return step <= self.warmup or (step - self.warmup) % self.every == 0
 
-    def begin(self, step: int) -> None:
-        """Before step ``step``'s backward: tell the engine whether its gradients travel."""
-        self.ex.set_exchanging(self.synchronous(step))
+    def exchanging(self, step: int) -> bool:
+        return self.synchronous(step)
 
     @torch.no_grad()
-    def end(self, model: torch.nn.Module, step: int) -> None:
-        """After step ``step``'s update: at the end of a period past the warm-up, average the parameters."""
+    def apply(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, step: int) -> None:
+        """The update; at the end of a period past the warm-up, the parameters averaged."""
+        self.ex.apply(optimizer)
         if self.every == 1 or step <= self.warmup or not self.synchronous(step):
             return
         params = list(model.parameters())
@@ -62,3 +75,6 @@ class LocalSGD:
         for p, saved in zip(model.parameters(), state["params"]):
             p.copy_(saved)
         optimizer.load_state_dict(state["optimizer"])
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.wire.describe(), "average_every": self.every}

@@ -13,8 +13,9 @@ backward has produced all of it, and is reduced by a ring of non-blocking point-
 Every rank sends and receives 2(N-1)/N of the bucket, the bandwidth-optimal figure of Patarasuk &
 Yuan that Horovod's (and Baidu's) ring reaches. ``--mpi-algorithm iallreduce`` hands each bucket
 to MPI_Iallreduce instead (Open MPI picks its own algorithm). The sum is divided by N (Horovod's
-Average); clipping stays in the trainer (after the exchange, on the averaged gradient) and
-``--compression fp16`` (or ``bf16``) sends and sums 16-bit floats, as Horovod's fp16 compression does.
+Average); clipping stays in the trainer (after the exchange, on the averaged gradient). The bucket's
+flat buffer is in the wire format's dtype (``wire``): with 16 bits the ring sends and sums 16-bit
+floats, as Horovod's fp16 compression does.
 
 There is no background thread: messages advance whenever this rank's Python runs the exchange --
 in every gradient hook, and in :meth:`synchronize` until every bucket is done, which sleeps between
@@ -32,24 +33,12 @@ import numpy as np
 import torch
 
 from ..config import ExchangeConfig, MPIConfig
-from ..errors import ConfigError, UserError
+from ..errors import UserError
 from .base import GradientExchange
 from .buffers import elements_in, pack, unpack
-from .compression import SIXTEEN_BIT, wire_dtype
 from .mpi import (MAX_BUCKETS, abort, allgather_pickle, bcast_pickle, end_sum, import_mpi, node_rank, poll, start_sum,
                   sum_now)
-from .powersgd import PowerSGD
 from .ps.sharding import plan
-
-
-def check_config(x: ExchangeConfig, mpi: MPIConfig) -> None:
-    """What ``--allreduce-engine mpi`` cannot do, checked before MPI starts (every rank fails alike)."""
-    if x.reduce_op != "average":
-        raise ConfigError("--reduce-op adasum is Horovod's; --allreduce-engine mpi averages "
-                          "(use --reduce-op average, or --allreduce-engine horovod)")
-    if x.compression in SIXTEEN_BIT and mpi.algorithm == "iallreduce":
-        raise ConfigError(f"--compression {x.compression} with --mpi-algorithm iallreduce: MPI has no 16-bit float "
-                          "sum; use --mpi-algorithm ring (it sums 16-bit floats itself) or --compression none")
 
 
 def chunk_bounds(numel: int, n: int) -> list[int]:
@@ -87,10 +76,11 @@ class MPIRingAllreduce(GradientExchange):
 
     name = "allreduce"
 
-    def __init__(self, x: ExchangeConfig, mpi: MPIConfig, average: bool = True) -> None:
-        """``average=False``: leave the sum (commbench checks it exactly on integer inputs)."""
-        check_config(x, mpi)
-        self.cfg, self.mpi = x, mpi
+    def __init__(self, x: ExchangeConfig, mpi: MPIConfig, average: bool = True,
+                 wire: torch.dtype = torch.float32) -> None:
+        """``average=False``: leave the sum (commbench checks it exactly on integer inputs); ``wire``:
+        the dtype the gradients are summed in (the wire format's)."""
+        self.cfg, self.mpi_cfg = x, mpi
         # As with Horovod: a rank waiting inside MPI yields its core (docs/performance.md).
         os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
         self.MPI = MPI = import_mpi()
@@ -103,25 +93,24 @@ class MPIRingAllreduce(GradientExchange):
         self.comm = world.Dup()
         self.timeout = x.stall_timeout  # 0: wait forever (the watchdog is off too)
         self.algorithm = mpi.algorithm
-        self.dtype = wire_dtype(x.compression)  # the bucket's buffer: the copy in is the cast (compression.py)
+        self.dtype = wire  # the bucket's buffer: the copy in is the cast (compression.py)
         self.divisor = self.size if average else 1
         self._hooks: list[Any] = []
         self._buckets: list[_Bucket] = []
-        self._exchanging = True  # local SGD turns it off for its local steps
-        self._powersgd: PowerSGD | None = None
+        self._exchanging = True  # a schedule turns it off for its local steps
         self._closed = False
 
     # ------------------------------------------------------------ set-up
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"allreduce_engine": "mpi", "mpi_algorithm": self.algorithm,
-                               "mpi_bucket_bytes": self.mpi.bucket_bytes, "compression": self.cfg.compression,
+                               "mpi_bucket_bytes": self.mpi_cfg.bucket_bytes,
                                "backward_passes_per_step": self.cfg.backward_passes_per_step,
-                               "reduce_op": self.cfg.reduce_op, "average_every": self.cfg.average_every}
+                               "reduce_op": self.cfg.reduce_op}
         if self._buckets:
             out["mpi_buckets"] = len(self._buckets)
         return out
 
-    def prepare(self, model, optimizer):
+    def prepare(self, model, optimizer, every_step: bool = True):
         if self.size == 1:
             return optimizer  # the average over one worker is its own gradient: nothing to send
         # communication: rank 0's parameters, buffers and optimizer state (fresh, or from a checkpoint)
@@ -130,11 +119,7 @@ class MPIRingAllreduce(GradientExchange):
         if not self.is_main:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
-        params = [p for p in model.parameters() if p.requires_grad]
-        if self.cfg.compression == "powersgd":  # no hooks: synchronize() sends the factors after backward
-            self._powersgd = PowerSGD(params, self.cfg.powersgd_rank)
-        else:
-            self.attach(params)
+        self.attach([p for p in model.parameters() if p.requires_grad])  # hooks honour set_exchanging
         return optimizer
 
     def attach(self, params: list[torch.Tensor]) -> None:
@@ -144,7 +129,7 @@ class MPIRingAllreduce(GradientExchange):
             return
         self.params = params
         sizes = [p.numel() for p in params]
-        buckets = plan(sizes, 1, max(sizes), elements_in(self.mpi.bucket_bytes, self.dtype)).buckets
+        buckets = plan(sizes, 1, max(sizes), elements_in(self.mpi_cfg.bucket_bytes, self.dtype)).buckets
         if len(buckets) > MAX_BUCKETS:
             raise UserError(f"{len(buckets)} buckets are too many message tags; raise --mpi-bucket-bytes")
         self._buckets = [_Bucket(b, members, sizes, self.dtype, self.rank, self.size)
@@ -168,7 +153,7 @@ class MPIRingAllreduce(GradientExchange):
 
     def _grad_ready(self, b: int) -> None:
         if not self._exchanging:
-            return  # a local step (local SGD): nothing leaves
+            return  # a step without the gradient sum (a schedule's local step, PowerSGD): nothing leaves
         self._missing[b] -= 1
         while self._next < len(self._buckets) and self._missing[self._next] <= 0:
             self._start(self._buckets[self._next])
@@ -255,9 +240,6 @@ class MPIRingAllreduce(GradientExchange):
         return self._ring_done(bucket) and self.MPI.Request.Testall(bucket.sends)
 
     def synchronize(self) -> None:
-        if self._powersgd is not None:
-            self._powersgd.average(self.sum_tensors, self.size)  # communication: MPI_Iallreduce of the factors
-            return
         if not self._buckets:  # one worker: nothing to exchange
             return
         if not self._exchanging:  # a local step: each worker keeps its own gradient
@@ -281,13 +263,6 @@ class MPIRingAllreduce(GradientExchange):
                         self.params[p].grad = torch.zeros_like(self.params[p])
                 unpack(avg, [self.params[p].grad for p in bucket.members])
         self._reset_step()
-
-    def worker_state(self) -> Any:
-        return self._powersgd.state_dict() if self._powersgd is not None else None
-
-    def load_worker_state(self, state: Any) -> None:
-        if self._powersgd is not None and state is not None:
-            self._powersgd.load_state_dict(state)
 
     def apply(self, optimizer) -> None:
         optimizer.step()

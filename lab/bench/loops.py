@@ -109,7 +109,7 @@ def trainer_grads(args: argparse.Namespace) -> tuple[dict[str, torch.Tensor], in
     try:
         trainer = Trainer(cfg, ex, run_dir="")
         s = trainer.build()
-        opt = ex.prepare(s.model, s.optimizer)
+        opt = trainer.schedule.prepare(s.model, s.optimizer)
         x, y = next(s.batches.batches(0))
         trainer.train_step(s.model, opt, x, y, k=1)  # the optimizer step leaves the averaged .grad in place
         return grads_of(s.model), ex.rank

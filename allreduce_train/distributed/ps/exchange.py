@@ -25,6 +25,14 @@ Failure is bounded: every wait polls with a deadline (``--stall-timeout`` second
 and then raises :class:`~allreduce_train.errors.Stalled`, which the command line turns into the
 stall watchdog's report and exit 69 (the watchdog thread ends a wait that never returns to Python
 the same way); a rank that dies makes mpirun end the job by itself.
+
+As an engine, the PS is one whose sum happens on the servers, and the sum is not all they do: they
+also apply SGD and answer with parameters. So a wire format cannot be a layer over it the way it is
+over an allreduce engine: with 16 bits the pushes are rounded gradients, but the pulls are rounded
+*parameters*, and the servers must keep float32 master parameters and momentum (a 16-bit master
+would lose every update smaller than its rounding). The PS therefore takes the wire dtype as its
+message dtype (``wire``) and owns both casts; PowerSGD, local SGD and DiLoCo, which need the
+workers to hold the parameters, are refused by config's table.
 """
 
 from __future__ import annotations
@@ -38,17 +46,10 @@ from ...config import ExchangeConfig, PSConfig
 from ...errors import ConfigError, UserError
 from ..base import GradientExchange
 from ..buffers import elements_in, pack, unpack
-from ..compression import wire_dtype
 from ..mpi import (MAX_BUCKETS, abort, allgather_pickle, bcast_pickle, end_sum, import_mpi, node_rank, poll, start_sum,
                    sum_now)
 from .server import ELEM, TAG_DONE, TAG_STATE, Server, message
 from .sharding import plan
-
-
-def check_config(x: ExchangeConfig) -> None:
-    """What ``--strategy ps`` cannot do, checked before MPI starts (every rank fails alike)."""
-    if x.reduce_op != "average":
-        raise ConfigError("--reduce-op adasum is an allreduce option; --strategy ps averages (use --reduce-op average)")
 
 
 class ParameterServer(GradientExchange):
@@ -56,9 +57,10 @@ class ParameterServer(GradientExchange):
 
     name = "ps"
 
-    def __init__(self, x: ExchangeConfig, ps: PSConfig, grad_clip: float = 0.0) -> None:
-        """``grad_clip``: ``--grad-clip``, which the servers apply (sync) or each worker before it pushes (async)."""
-        check_config(x)
+    def __init__(self, x: ExchangeConfig, ps: PSConfig, grad_clip: float = 0.0,
+                 wire: torch.dtype = torch.float32) -> None:
+        """``grad_clip``: ``--grad-clip``, which the servers apply (sync) or each worker before it pushes
+        (async); ``wire``: the dtype of pushes and pulls (the module docstring says why it is the engine's)."""
         self.xcfg, self.pcfg = x, ps
         self.MPI = MPI = import_mpi()
         world = self.world = MPI.COMM_WORLD
@@ -88,7 +90,7 @@ class ParameterServer(GradientExchange):
         # Clipping: sync clips the averaged gradient on the servers (see server.Server); async clips each
         # worker's own gradient, which needs its whole norm first, so all pushes wait for synchronize().
         self.clip = grad_clip
-        self.wire = wire_dtype(x.compression)  # pushes and pulls (compression.py says where the casts go)
+        self.wire = wire  # pushes and pulls (compression.py says where the casts go)
         self._clip_local = grad_clip if ps.mode == "async" else 0.0
         self._window = [0, 0, 0, 0]  # since the last stats(): steps, staleness sum, count, max
 
@@ -150,7 +152,7 @@ class ParameterServer(GradientExchange):
         poll(lambda: server.finished, self.xcfg.stall_timeout, "pushes from the workers", server.progress)
         server.flush()
 
-    def prepare(self, model, optimizer):
+    def prepare(self, model, optimizer, every_step: bool = True):
         if type(optimizer) is not torch.optim.SGD or len(optimizer.param_groups) != 1:
             raise UserError("--strategy ps runs torch.optim.SGD with one parameter group on the servers")
         params = list(model.parameters())
@@ -331,8 +333,7 @@ class ParameterServer(GradientExchange):
     def describe(self) -> dict[str, Any]:
         ps = self.pcfg
         out: dict[str, Any] = {"ps_servers": len(self.server_ranks), "ps_placement": ps.placement, "ps_mode": ps.mode,
-                               "ps_bucket_bytes": ps.bucket_bytes, "ps_split_bytes": ps.split_bytes,
-                               "compression": self.xcfg.compression}
+                               "ps_bucket_bytes": ps.bucket_bytes, "ps_split_bytes": ps.split_bytes}
         if self._started:
             out["ps_buckets"] = len(self.layout.buckets)
             out["ps_server_bytes"] = [ELEM * n for n in self.layout.server_numel()]
