@@ -49,7 +49,7 @@ def fail(msg: str) -> int:
 
 
 def default_run_name(cfg, world: int) -> str:
-    return f"{cfg.model.model}-{cfg.exchange.strategy}-np{world}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return f"{cfg.model.label}-{cfg.exchange.strategy}-np{world}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -63,13 +63,20 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg = build_config(args)
     except UserError as e:
         return fail_before_init(str(e))
+    return run_job(cfg)[0]
 
+
+def run_job(cfg, task=None) -> tuple[int, dict | None]:
+    """One training job on this rank, from forming the process group to leaving it: (exit code,
+    the run's result on a worker that finished, else None). ``task``: a user's Task object
+    (:func:`allreduce_train.fit`); else the configuration names the task. Faults end as the
+    command line's do: one line from the lowest failing rank, or the whole job aborted."""
     from .distributed import create_exchange
 
     try:
         ex = create_exchange(cfg)
     except UserError as e:
-        return fail_before_init(str(e))
+        return fail_before_init(str(e)), None
 
     from .trainer import Trainer, config_text
     from .run_logger import RunLogger
@@ -81,7 +88,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             # Every rank must agree on the run directory; rank 0's clock names it.
             name = ex.broadcast_object(cfg.run.name or default_run_name(cfg, ex.size))  # communication
             run_dir = os.path.join(cfg.run.run_dir, name)
-            trainer = Trainer(cfg, ex, run_dir)
+            trainer = Trainer(cfg, ex, run_dir, task)
             err = None
             try:
                 if ex.is_main:
@@ -103,7 +110,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             if errors:
                 if ex.is_main:
                     fail(errors[0])
-                return EXIT_USAGE
+                return EXIT_USAGE, None
 
             if cfg.exchange.stall_timeout:
                 held.watchdog = Watchdog(ex.rank, ex.size, cfg.exchange.stall_timeout, compare=ex.is_worker, hosts=hosts)
@@ -111,7 +118,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                 held.watchdog.start(ex.broadcast_object(held.watchdog.address() if ex.is_main else None))
             if not ex.is_worker:
                 ex.serve()
-                return 0
+                return 0, None
             if ex.is_main:
                 held.log = RunLogger(run_dir, setup.total_steps, setup.start_step, cfg.run.tensorboard, cfg.run.progress)
                 held.log.text("config", config_text(cfg))
@@ -121,11 +128,11 @@ def cmd_train(args: argparse.Namespace) -> int:
                 held.log.close()  # the progress bar ends before the line below (closing twice is harmless)
                 if ex.is_main:
                     print(f"allreduce_train: {'error: ' if isinstance(e, Diverged) else ''}{e}", file=sys.stderr, flush=True)
-                return EXIT_DIVERGED if isinstance(e, Diverged) else EXIT_PREEMPTED
+                return (EXIT_DIVERGED if isinstance(e, Diverged) else EXIT_PREEMPTED), None
             result["run_dir"] = run_dir
             result["hosts"] = hosts
             trainer.report(result, held.log)
-            return 0
+            return 0, {**result, "is_main": ex.is_main}
     except KeyboardInterrupt:
         record_exit(ex.rank, EXIT_INTERRUPTED)
         ex.abort(EXIT_INTERRUPTED)
@@ -143,7 +150,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             traceback.print_exc()
         record_exit(ex.rank, EXIT_ERROR)
         ex.abort(EXIT_ERROR)
-    return 1
+    return 1, None
 
 
 class _Held:

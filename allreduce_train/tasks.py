@@ -48,7 +48,7 @@ class Task(Protocol):
     def build_model(self) -> torch.nn.Module:
         ...
 
-    def start_epoch(self) -> None:
+    def start_epoch(self, epoch: int) -> None:
         """Called before every epoch's first step (a language model restarts its state)."""
         ...
 
@@ -87,7 +87,7 @@ class ClassifyTask:
         if cfg.data.dataset == "synthetic":
             train_set, test_set = synthetic(spec.input_shape, spec.num_classes, cfg.data.synthetic_samples,
                                             cfg.train.seed)
-        elif cfg.data.dataset == "fashion-mnist" and spec.input_shape == (1, 28, 28):
+        elif cfg.data.dataset == "fashion-mnist" and spec.input_shape in ((1, 28, 28), ()):  # (): your own model
             train_set, test_set = fashion_mnist(cfg.data.data_dir)
         else:
             raise ConfigError(f"--model {spec.name} expects input {spec.input_shape}, --dataset {cfg.data.dataset} "
@@ -105,9 +105,20 @@ class ClassifyTask:
         return batches, eval_shard(test_set, rank, num_shards)
 
     def build_model(self) -> torch.nn.Module:
-        return self.spec.build()
+        model = self.spec.build()
+        if not isinstance(model, torch.nn.Module):
+            raise ConfigError(f"--model {self.spec.name} returned a {type(model).__name__}; return a torch.nn.Module")
+        return model
 
-    def start_epoch(self) -> None:
+    def check(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Your own model's output on one batch fits the cross-entropy loss (before any rank trains)."""
+        if self.spec.input_shape:  # a registered model: its input shape is known to fit
+            return
+        from .usertask import Task as OwnTask, TaskAdapter
+
+        TaskAdapter(OwnTask(), f"--model {self.spec.name}", self.cfg).check(model, x, y)
+
+    def start_epoch(self, epoch: int) -> None:
         pass
 
     def state_dict(self) -> dict[str, Any]:
@@ -181,7 +192,7 @@ class LanguageModelTask:
     def build_model(self) -> torch.nn.Module:
         return self.spec.build(vocab_size=self.vocab_size)
 
-    def start_epoch(self) -> None:
+    def start_epoch(self, epoch: int) -> None:
         self.hidden = {}  # the text starts over: so does the state
 
     def state_dict(self) -> dict[str, Any]:
@@ -226,6 +237,46 @@ class LanguageModelTask:
         return {"eval/loss": loss, "eval/perplexity": math.exp(min(loss, 700.0))}  # exp overflows past ~709
 
 
-def make_task(cfg: Config) -> Task:
-    spec = MODELS[cfg.model.model]
-    return LanguageModelTask(cfg, spec) if spec.task == "lm" else ClassifyTask(cfg, spec)
+def make_task(cfg: Config, own: Any = None) -> Task:
+    """The task of this run: a built-in one for a registered model, else the user's
+    (``--task``, ``--model``/``--dataset MODULE:CALLABLE``, or ``own``: a :class:`~.usertask.Task`
+    handed to :func:`allreduce_train.fit`). A user's code is imported and called here, on every rank
+    alike; what fails becomes one :class:`ConfigError` line."""
+    from . import usercode
+    from .usertask import Task as OwnTask, TaskAdapter
+
+    m = cfg.model
+    if own is not None:
+        return TaskAdapter(own, "fit()", cfg)
+    if m.task:
+        kwargs = usercode.parse_kwargs("--model-arg", m.model_arg)
+        made = usercode.call("--task", m.task, usercode.resolve("--task", m.task), **kwargs)
+        if not isinstance(made, OwnTask):
+            raise ConfigError(f"--task {m.task} returned a {type(made).__name__}; return an allreduce_train.Task "
+                              "(subclass it, docs/own_model.md)")
+        return TaskAdapter(made, f"--task {m.task}", cfg)
+    own_model = usercode.is_reference(m.model)
+    own_data = usercode.is_reference(cfg.data.dataset)
+    if not own_model and not own_data:
+        spec = MODELS[m.model]
+        return LanguageModelTask(cfg, spec) if spec.task == "lm" else ClassifyTask(cfg, spec)
+    if own_model:
+        ref, kwargs = m.model, usercode.parse_kwargs("--model-arg", m.model_arg)
+        fn = usercode.resolve("--model", ref)
+        spec = ModelSpec(name=ref, build=lambda: usercode.call("--model", ref, fn, **kwargs), input_shape=(),
+                         num_classes=0, description="your own model")
+    else:
+        spec = MODELS[m.model]
+        if spec.task == "lm":
+            raise ConfigError(f"--model {m.model} is a language model over a token stream (--dataset ptb); with your "
+                              "own --dataset use your own --task (docs/own_model.md)")
+    if not own_data:
+        if cfg.data.dataset != "fashion-mnist":
+            raise ConfigError(f"--model {m.model} with --dataset {cfg.data.dataset}: your own model trains on "
+                              "fashion-mnist or your own --dataset MODULE:CALLABLE (synthetic data needs a registered "
+                              "model's input shape)")
+        return ClassifyTask(cfg, spec)
+    ref, dkwargs = cfg.data.dataset, usercode.parse_kwargs("--dataset-arg", cfg.data.dataset_arg)
+    data_fn = usercode.resolve("--dataset", ref)
+    task = OwnTask(model=spec.build, data=lambda: usercode.call("--dataset", ref, data_fn, **dkwargs))
+    return TaskAdapter(task, f"--model {m.model} --dataset {ref}", cfg)

@@ -69,9 +69,12 @@ class Trainer:
     """Builds a run (:meth:`build`), trains it (:meth:`run`) and reports it (:meth:`report`) through
     any :class:`GradientExchange`; ranks that only serve never get here (cli.cmd_train)."""
 
-    def __init__(self, cfg: Config, exchange: GradientExchange, run_dir: str) -> None:
+    def __init__(self, cfg: Config, exchange: GradientExchange, run_dir: str, task: Any = None) -> None:
+        """``task``: a user's :class:`~.usertask.Task` object (:func:`allreduce_train.fit`); else the
+        configuration names the task (a registered model, or the user's code by reference)."""
         self.cfg, self.ex, self.run_dir = cfg, exchange, run_dir
-        self.task = make_task(cfg)  # classification or language model: data, loss, evaluation
+        self.own_task = task
+        self.task: Any = None  # made in build(): a user's code fails there, as a set-up error of every rank
         slow = parse_slow_rank(cfg.train.debug_slow_rank) if cfg.train.debug_slow_rank else (-1, 1.0)
         self.slow_factor = slow[1] if slow[0] == exchange.rank else 1.0  # --debug-slow-rank on this rank
         # the schedule (synchronous, local SGD, DiLoCo) with its wire format, over the engine: wraps every step
@@ -95,10 +98,16 @@ class Trainer:
                   "they stay as they are", flush=True)
         torch.manual_seed(cfg.train.seed)  # same seed everywhere: identical initial parameters
 
+        # classification, language model or the user's own: data, loss, evaluation
+        self.task = make_task(cfg, self.own_task)
         batches, eval_set = self.task.data(ex.worker_index, ex.num_workers)
         total = cfg.train.steps or cfg.train.epochs * batches.steps_per_epoch
 
         model = self.task.build_model().to(device)
+        check = getattr(self.task, "check", None)
+        if check is not None:  # your own model and loss: one batch through both before any rank trains
+            x, y = batches.sample_batch()
+            check(model, x.to(device), y.to(device))
         # Identical parameters came from the common seed; dropout masks must differ between workers.
         torch.manual_seed(cfg.train.seed + 1_000_003 * (ex.worker_index + 1))
         optimizer = torch.optim.SGD(model.parameters(), lr=lr_at(0, cfg, ex.num_workers, batches.steps_per_epoch),
@@ -259,7 +268,7 @@ class Trainer:
         model.train()
         while step < stop_at:
             epoch, in_epoch = divmod(step, spe)
-            self.task.start_epoch()
+            self.task.start_epoch(epoch)
             if task_state is not None and in_epoch:  # resumed mid-epoch: the state of the saved step
                 self.task.load_state_dict(task_state, device)
             task_state = None

@@ -52,6 +52,22 @@ def run_single(args: list[str], timeout: float = 240) -> subprocess.CompletedPro
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
+# The short synthetic run that tests/mpi's shared jobs (tests/mpi/conftest.py) and the tests set against
+# them run: no warm-up or LR scaling, so one process at the double batch runs the workers' schedule;
+# an evaluation every 10 steps and a checkpoint every 7 (neither changes where training ends); 2,050
+# samples, so that the 205 evaluation samples do not split evenly over 2 ranks.
+SHARED_RUN = ["--dataset", "synthetic", "--synthetic-samples", "2050", "--no-progress", "--log-every", "5",
+              "--warmup-steps", "0", "--no-scale-lr", "--lr", "0.05", "--steps", "20", "--eval-every", "10",
+              "--checkpoint-every", "7"]
+
+
+def run_args(run_dir, name: str, *extra: str) -> list[str]:
+    """The trainer flags that put run NAME in RUN_DIR and dump every rank's end parameters beside it
+    (NAME-RANK.pt)."""
+    return ["--run-dir", str(run_dir), "--name", name, "--dump-params", str(Path(run_dir) / f"{name}-{{rank}}.pt"),
+            *extra]
+
+
 def check(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
     return proc
@@ -188,3 +204,116 @@ def parse(argv):
     from allreduce_train.config import build_config
 
     return build_config(make_parser().parse_args(["train", *argv]))
+
+
+# ------------------------------------------------------------------ a user's own package (docs/own_model.md)
+
+USER_PACKAGE = {
+    "__init__.py": "",
+    "net.py": '''
+import torch.nn as nn
+
+
+def build(hidden=32, classes=10):
+    """An MLP over 28x28 inputs (dropout: the workers' masks must differ, and resume must restore them)."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, hidden), nn.ReLU(), nn.Dropout(0.1), nn.Linear(hidden, classes))
+
+
+def wrong_type():
+    return "not a module"
+
+
+def raises():
+    raise RuntimeError("the user's model failed to build")
+
+
+def bad_output(classes=10):
+    return nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, 3), nn.Unflatten(1, (1, 3)))
+
+NOT_CALLABLE = 3
+''',
+    "data.py": '''
+import torch
+from torch.utils.data import Dataset
+
+
+class Lazy(Dataset):
+    """Sample i made from i alone when it is read: nothing is held in memory."""
+
+    def __init__(self, n, offset=0):
+        self.n, self.offset = n, offset
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(self.offset + i)
+        y = int(torch.randint(0, 10, (1,), generator=g))
+        x = torch.randn(1, 28, 28, generator=g) + 0.5 * y
+        return x, y
+
+
+def build(n=2050, evaluation=205):
+    return Lazy(n), Lazy(evaluation, offset=10_000_000)
+
+
+def tiny():
+    return Lazy(10), Lazy(10)
+
+
+class Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter([(torch.zeros(1, 28, 28), 0)] * 100)
+
+
+def iterable():
+    return Stream(), Lazy(10)
+''',
+    "task.py": '''
+import torch.nn.functional as F
+
+import allreduce_train
+
+from . import data, net
+
+
+class Counting(allreduce_train.Task):
+    """A task with state of its own: the loss weight cycles with the batches this worker has seen,
+    so a resumed run ends where the uncut one does only if that count came back from the checkpoint."""
+
+    def __init__(self, hidden=16):
+        super().__init__(model=lambda: net.build(hidden), data=lambda: data.build())
+        self.seen = 0
+
+    def loss(self, model, inputs, targets):
+        self.seen += 1
+        return F.cross_entropy(model(inputs), targets) * (1.0 + 0.25 * (self.seen % 4))
+
+    def eval_metrics(self, sums):
+        return {**super().eval_metrics(sums), "seen_mod": float(self.seen % 4)}
+
+    def state_dict(self):
+        return {"seen": self.seen}
+
+    def load_state_dict(self, state):
+        self.seen = state["seen"]
+
+
+def build(hidden=16):
+    return Counting(hidden)
+
+
+def not_a_task():
+    return object()
+''',
+    "broken.py": "raise ImportError('a dependency of the user module is missing')\n",
+}
+
+
+def write_user_package(root: Path, name: str = "userpkg") -> Path:
+    """A user's own package under ``root`` (outside this repository): put ``root`` on PYTHONPATH."""
+    pkg = Path(root) / name
+    pkg.mkdir(parents=True, exist_ok=True)
+    for file, text in USER_PACKAGE.items():
+        (pkg / file).write_text(text)
+    return Path(root)

@@ -147,6 +147,10 @@ class ShardedBatches:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         return torch.randperm(len(self.dataset), generator=g)
 
+    def sample_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's first batch of epoch 0 (the trainer's check of a model's output before step 1)."""
+        return next(self.batches(0))
+
     def batches(self, epoch: int, start_step: int = 0):
         """Yield (inputs, targets) for steps ``start_step ..`` of ``epoch``."""
         order = self.epoch_order(epoch)

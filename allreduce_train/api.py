@@ -1,0 +1,238 @@
+"""The Python API for a user's own script, launched like the trainer:
+
+    python -m launch -np 2 --script my_train.py -- --epochs 2 --strategy ps
+
+Two levels (docs/own_model.md):
+
+- :func:`fit` runs the trainer's own loop on a :class:`~.usertask.Task` (or a model and a pair
+  of datasets): every strategy, engine and concept, checkpoints and ``--resume``, the watchdog,
+  preemption, stragglers, TensorBoard and metrics.json, as ``python -m allreduce_train train``.
+- :func:`init` gives a script with its own loop the exchange itself, as Horovod's ``hvd.init()``
+  and ``hvd.DistributedOptimizer`` do: a :class:`Communicator` with the rank, the worker count,
+  :meth:`Communicator.distributed_optimizer` (parameters and optimizer state broadcast from rank
+  0, gradients averaged over the workers in ``step()``), sums for metrics, and the sharded sampler.
+
+Settings are the trainer's flags with ``_`` for ``-`` (``batch_size=32``, ``strategy="ps"``,
+``ps_placement="colocated"``, ``compression="fp16"``); ``argv`` (e.g. ``sys.argv[1:]``) is read
+as the trainer's command line and overrides them, so the launcher's restarts (``--max-restarts``
+adds ``--resume auto``) reach a script that passes its arguments on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import torch
+
+from .errors import UserError
+
+__all__ = ["Communicator", "DistributedOptimizer", "fit", "init"]
+
+
+def _config(argv: list[str] | None, settings: dict[str, Any]):
+    """A validated Config from a command line and keyword settings (the command line wins)."""
+    from .config import _owners, add_arguments, build_config
+    from .errors import ConfigError
+
+    parser = argparse.ArgumentParser(prog=sys.argv[0] if sys.argv and sys.argv[0] else "script", add_help=False)
+    add_arguments(parser)
+    ns, unknown = parser.parse_known_args(argv or [])
+    if unknown:
+        raise ConfigError(f"unknown argument {unknown[0]!r}: the arguments given to fit()/init() are the trainer's "
+                          "flags (python -m allreduce_train train --help)")
+    owners = _owners()
+    for name, value in settings.items():
+        if name not in owners:
+            raise ConfigError(f"unknown setting {name}={value!r}: settings are the trainer's flags with _ for -, "
+                              "e.g. batch_size=32 (python -m allreduce_train train --help)")
+        section, field = owners[name]
+        if getattr(ns, f"{section}.{field}", None) is None:
+            setattr(ns, f"{section}.{field}", value)
+    return build_config(ns)
+
+
+def _exit(code: int) -> None:
+    from .errors import record_exit
+    from .cli import env_rank
+
+    record_exit(env_rank(), code)
+    raise SystemExit(code)
+
+
+def _reference(obj: Any) -> str:
+    """A name for run directories and the checkpoint's model field, e.g. ``__main__:GPT``."""
+    module = getattr(obj, "__module__", None) or "script"
+    name = getattr(obj, "__qualname__", None) or type(obj).__qualname__  # an instance: its class
+    if not all(part.isidentifier() for part in name.split(".")):  # a lambda, a class defined in a function
+        name = "model"
+    return f"{module}:{name}"
+
+
+def fit(model: Any = None, data: Any = None, *, task: Any = None, argv: list[str] | None = None,
+        **settings: Any) -> dict[str, Any] | None:
+    """Train with the trainer's own loop; every rank of the job calls it alike.
+
+    ``model``: an ``nn.Module`` or a callable returning one; ``data``: ``(train, eval)`` map-style
+    datasets of (input, target) pairs, or a callable returning them -- classification by
+    cross-entropy. Or ``task``: an :class:`allreduce_train.Task` for anything else. ``argv``: the
+    trainer's flags (``sys.argv[1:]``); ``settings``: the same by name (``epochs=2``).
+
+    Returns the run's result (metrics.json's content) on the main rank (global rank 0), None on
+    every other rank. A fault ends the process as the command line does
+    (SystemExit with docs/faults.md's codes: 2 bad input, 65 diverged, 69 stalled, 75 preempted),
+    after one line from the lowest failing rank.
+    """
+    from . import preempt
+    from .cli import fail_before_init, run_job
+    from .memory import keep_freed_memory
+    from .usertask import Task
+
+    if task is None:
+        if model is None or data is None:
+            raise TypeError("fit(): pass model= and data=, or task=")
+        task = Task(model=model, data=data)
+        label = _reference(model)
+    elif not isinstance(task, Task):
+        raise TypeError(f"fit(task=...): got a {type(task).__name__}; pass an allreduce_train.Task")
+    else:
+        label = _reference(type(task))
+    preempt.install()  # a stop signal: finish the step, checkpoint, exit 75
+    try:
+        keep_freed_memory()
+        cfg = _config(argv, {"model": label, **settings})
+    except UserError as e:
+        _exit(fail_before_init(str(e)))
+    code, result = run_job(cfg, task)
+    if code:
+        _exit(code)
+    return result if result is not None and result.get("is_main") else None
+
+
+class DistributedOptimizer:
+    """An optimizer whose ``step()`` first waits for this step's gradients averaged over the workers
+    (started from the gradient hooks during backward), then updates: Horovod's
+    ``DistributedOptimizer``. Made by :meth:`Communicator.distributed_optimizer`."""
+
+    def __init__(self, exchange: Any, optimizer: torch.optim.Optimizer) -> None:
+        self._ex, self.optimizer = exchange, optimizer
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def synchronize(self) -> None:
+        """Wait for the averaged gradients to be in ``.grad`` (then clip, then :meth:`step`)."""
+        self._ex.synchronize()  # communication: this step's gradients, averaged over the workers
+        self._synced = True
+
+    def step(self) -> None:
+        if not getattr(self, "_synced", False):
+            self.synchronize()
+        self._synced = False
+        self._ex.apply(self.optimizer)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state)
+
+
+class Communicator:
+    """The job's exchange for a script with its own loop (:func:`init`)."""
+
+    def __init__(self, exchange: Any, cfg: Any) -> None:
+        self._ex, self.config = exchange, cfg
+
+    @property
+    def rank(self) -> int:
+        """This process's global rank."""
+        return self._ex.rank
+
+    @property
+    def size(self) -> int:
+        """Every process of the job, servers included."""
+        return self._ex.size
+
+    @property
+    def num_workers(self) -> int:
+        """The processes that train (scale the learning rate and the data by this)."""
+        return self._ex.num_workers
+
+    @property
+    def worker_index(self) -> int:
+        """This worker's index among the workers: which shard of the data it reads."""
+        return self._ex.worker_index
+
+    @property
+    def is_main(self) -> bool:
+        """Global rank 0: the one that writes logs and checkpoints."""
+        return self._ex.is_main
+
+    @property
+    def local_rank(self) -> int:
+        """This process's rank on its host (pin a GPU to it)."""
+        return self._ex.local_rank
+
+    def distributed_optimizer(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> DistributedOptimizer:
+        """Broadcast rank 0's parameters and optimizer state to every worker and wrap ``optimizer`` so
+        that its ``step()`` applies the gradient averaged over the workers. Call it once, after the
+        model is on its device and before the first backward."""
+        # communication: rank 0's parameters and optimizer state to every worker; the exchange's hooks
+        return DistributedOptimizer(self._ex, self._ex.prepare(model, optimizer))
+
+    def shard(self, dataset: Any, batch_size: int, seed: int = 0, data_workers: int = 0):
+        """This worker's batches of a map-style dataset (``.batches(epoch)`` yields collated batches,
+        ``.steps_per_epoch``): the global batch ``batch_size`` x workers in one order fixed by
+        (seed, epoch), the same one the trainer uses."""
+        from .data.indexed import DatasetBatches
+
+        return DatasetBatches(dataset, batch_size, self.worker_index, self.num_workers, seed, workers=data_workers)
+
+    def sum(self, values: torch.Tensor) -> torch.Tensor:
+        """Element-wise sum of a small CPU tensor over the workers (metrics)."""
+        return self._ex.sum_over_workers(values.detach().to("cpu", torch.float64))  # communication
+
+    def mean(self, values: torch.Tensor) -> torch.Tensor:
+        """Element-wise mean over the workers (a loss to log: the global figure, not rank 0's)."""
+        return self.sum(values) / self.num_workers
+
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
+        """A picklable object from ``root`` to every rank."""
+        return self._ex.broadcast_object(obj, root)  # communication
+
+    def close(self) -> None:
+        """Leave the process group (every rank, at the end)."""
+        self._ex.close()
+
+
+def init(argv: list[str] | None = None, **settings: Any) -> Communicator:
+    """Form the process group of ``settings`` (the trainer's exchange flags: ``strategy``,
+    ``allreduce_engine``, ``compression``, ``ps_placement``, ...) and return the :class:`Communicator`.
+
+    With a dedicated parameter server (``strategy="ps"``, ``ps_placement="dedicated"``) the server
+    ranks serve inside this call until the workers close, then leave the process (exit 0): only
+    workers return. Local SGD (``average_every``) is a schedule of the trainer's loop: use
+    :func:`fit` for it. Bad settings: one line from rank 0, exit 2.
+    """
+    from .cli import fail_before_init
+    from .distributed import create_exchange
+
+    try:
+        cfg = _config(argv, settings)
+        if cfg.exchange.average_every:
+            raise UserError("init(average_every=...): local SGD is a schedule of the trainer's loop; use "
+                            "allreduce_train.fit() for it")
+        ex = create_exchange(cfg)
+    except UserError as e:
+        _exit(fail_before_init(str(e)))
+    if not ex.is_worker:
+        ex.serve()
+        ex.close()
+        _exit(0)
+    return Communicator(ex, cfg)
