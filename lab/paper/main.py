@@ -38,8 +38,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..common import engines, tblog
-from ..common.links import RateError, parse_rates
+from ..common import costmodel, engines, gradients, tblog
+from ..common.links import RateError, link_network, parse_rates
 from ..common.plots import STYLE, no_data
 
 PAPER_MODELS = ("lenet5", "ptb-lstm-small")  # the paper's two workloads
@@ -253,6 +253,7 @@ def markdown(data: dict[str, Any], meta: dict[str, Any]) -> str:
         out.append(f"| {p['model']} | {p['rate']} | {p['strategy']} | {p['workers']} | {p['samples_per_sec']:.1f} | "
                    f"{p['speedup']:.2f} | {_f(p['pred_samples_per_sec'], '.1f')} | {_f(p['step_ms'], '.1f')} | "
                    f"{_f(p['wait_ms'], '.1f')} | {_f(p['pred_step_ms'], '.1f')} |")
+    out += k_markdown(data)
     out += ["", "## Concept and implementation apart", ""]
     keys = sorted({(p["model"], p["rate"], p["workers"]) for p in data["points"] if p["workers"] > 1})
     for model, rate, n in keys:
@@ -261,6 +262,45 @@ def markdown(data: dict[str, Any], meta: dict[str, Any]) -> str:
         out += engines.markdown(f"{model}, {n} hosts at {rate}", speed, engines.SCALING, "samples/s", ".1f")
     out += tta_markdown(data)
     return "\n".join(out) + "\n"
+
+
+def k_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The cost model's answer to "under which conditions": per model and rate at the largest N, the
+    colocated PS's step against the dedicated PS's with K = 1, 2 and N servers, each at the compute
+    measured in the colocated job (step - wait) and the emulated link (alpha = 0)."""
+    out = []
+    for p in data["points"]:
+        top = max(q["workers"] for q in data["points"] if q["model"] == p["model"])
+        if p["strategy"] != "ps-colocated" or p["workers"] != top or top < 2 or not p["step_ms"]:
+            continue
+        n, net, size = top, link_network(p["rate"]), gradients.nbytes(p["model"])
+        compute = max(0.0, (p["step_ms"] - (p["wait_ms"] or 0.0)) / 1e3)
+        col = compute + costmodel.exchange_time(costmodel.PS_COLOCATED, n, size, net)
+        ded = {k: compute + costmodel.exchange_time(costmodel.PS_DEDICATED, n, size, net, servers=k)
+               for k in sorted({1, 2, n})}
+        out.append({"model": p["model"], "rate": p["rate"], "workers": n, "mb": size / 1e6,
+                    "compute_ms": 1e3 * compute, "colocated_ms": 1e3 * col,
+                    "dedicated_ms": {k: 1e3 * v for k, v in ded.items()},
+                    "ratio": {k: v / col for k, v in ded.items()}})
+    return out
+
+
+def k_markdown(data: dict[str, Any]) -> list[str]:
+    rows = k_rows(data)
+    if not rows:
+        return []
+    ks = sorted({k for r in rows for k in r["ratio"]})
+    out = ["", "## The cost model: which K makes the placements equal", "",
+           "Colocated PS's samples/s over the dedicated PS's (= dedicated step / colocated step) as the cost "
+           "model predicts it with K dedicated servers, each on a host of its own, at the compute measured in "
+           "the colocated job: the dedicated servers' links carry N x S / K in and then out per step (push, then "
+           "pull), a colocated host's link 2(N-1)/N x S each way at once (lab/common/costmodel.py).", "",
+           "| model | rate | N | S (MB) | compute ms | colocated step ms | " +
+           " | ".join(f"K={k}: ded./col." for k in ks) + " |", "|---|---|---:|---:|---:|---:|" + "---:|" * len(ks)]
+    for r in rows:
+        out.append(f"| {r['model']} | {r['rate']} | {r['workers']} | {r['mb']:.2f} | {r['compute_ms']:.1f} | "
+                   f"{r['colocated_ms']:.1f} | " + " | ".join(_f(r["ratio"].get(k), ".2f") for k in ks) + " |")
+    return out
 
 
 def tta_markdown(data: dict[str, Any]) -> list[str]:
@@ -388,7 +428,7 @@ def write_tensorboard(out: str, data: dict[str, Any]) -> None:
 def report(out: str, meta: dict[str, Any]) -> dict[str, Any]:
     """report.md, paper.json, paper.png and tensorboard/ from the grids' results under ``out``."""
     data = collect(out)
-    res = {**meta, "findings": findings(data), **data}
+    res = {**meta, "findings": findings(data), "k_model": k_rows(data), **data}
     with open(os.path.join(out, "paper.json"), "w") as fh:
         json.dump(res, fh, indent=1, default=str)
         fh.write("\n")

@@ -104,6 +104,10 @@ def test_the_report_gives_a_verdict_per_finding_with_the_model_beside_and_draws_
     text = (tmp_path / "report.md").read_text()
     assert "| lenet5 | 1gbit | 2 | decentralized PS scales better | 1.50 | 1.83 | 1.22 (1.22) |" in text
     assert "Same engine (mpi4py), ring / colocated PS" in text  # concept and implementation apart
+    # the cost model's K: more dedicated servers shorten the dedicated step toward the colocated one
+    k = {r["model"]: r["ratio"] for r in res["k_model"]}
+    assert set(k["lenet5"]) == {1, 2} and k["ptb-lstm-small"][1] > k["ptb-lstm-small"][2] >= 1.0
+    assert "## The cost model: which K makes the placements equal" in text
     assert "| lenet5 | 1gbit | 2 | ps-async-dedicated | 2000 | yes | 45.0 | 900 | 1.50x |" in text
     assert "| lenet5 | 1gbit | 2 | ps-async-colocated | 2000 | no |" in text
     assert (tmp_path / "paper.png").read_bytes()[:4] == b"\x89PNG"
