@@ -175,7 +175,8 @@ class ExchangeConfig:
                                     "every rank trains alone on its shard, the bound of docs/performance.md",
                        STRATEGIES)
     allreduce_engine: str = _f("horovod", "allreduce: horovod, or mpi = a ring of mpi4py messages from gradient hooks, "
-                                          "the PS's machinery (docs/engines.md)", ("horovod", "mpi"))
+                                          "the PS's machinery, or torch = torch.distributed (Gloo on CPU, NCCL on "
+                                          "GPU) (docs/engines.md)", ("horovod", "mpi", "torch"))
     compression: str = _f("none", "fp16/bf16: 16 bits on the wire for gradients (allreduce; bf16 not with Horovod) "
                                   "and with ps also the pulled parameters; powersgd: rank-r factors with error "
                                   "feedback (allreduce) (docs/concepts.md)", ("none", "fp16", "bf16", "powersgd"))
@@ -200,12 +201,12 @@ class ExchangeConfig:
 
     @property
     def engine(self) -> str:
-        """The engine that sums: horovod or mpi (allreduce), ps, or none."""
+        """The engine that sums: horovod, mpi or torch (allreduce), ps, or none."""
         return self.allreduce_engine if self.strategy == "allreduce" else self.strategy
 
 
 # The one table of combinations. distributed/ composes three kinds of thing -- an engine sums
-# (horovod, mpi, ps; none sums nothing), a wire format says what travels (--compression),
+# (horovod, mpi, torch, ps; none sums nothing), a wire format says what travels (--compression),
 # a schedule says when (synchronous; --average-every: local SGD) -- and
 # these rows are every combination that does not exist, each with the one line a user gets,
 # checked before any process group forms (every rank fails alike). First match wins.
@@ -230,7 +231,7 @@ COMBINATIONS: tuple[tuple[Any, Any], ...] = (
     (lambda x, alg: x.engine == "horovod" and x.compression == "bf16",
      lambda x: "--compression bf16: Horovod 0.28.1's PyTorch binding has no bfloat16 allreduce; use "
                "--allreduce-engine mpi (it sums bfloat16 itself) or --compression fp16"),
-    (lambda x, alg: x.engine == "mpi" and x.reduce_op != "average",
+    (lambda x, alg: x.engine in ("mpi", "torch") and x.reduce_op != "average",
      lambda x: f"--reduce-op adasum is Horovod's; --allreduce-engine {x.engine} averages (use --reduce-op average, "
                "or --allreduce-engine horovod)"),
     (lambda x, alg: x.engine == "ps" and x.reduce_op != "average",
@@ -274,6 +275,20 @@ class MPIConfig:
     def __post_init__(self) -> None:
         _check_choices(self)
         _check(self.bucket_bytes >= 4, "mpi_bucket_bytes", "must be >= 4 (one float32)", self.bucket_bytes)
+
+
+@dataclass
+class TorchConfig:
+    """--allreduce-engine torch: torch.distributed's process group under mpirun (distributed/c10d.py)."""
+
+    prefix: ClassVar[str] = "torch"  # the flags: --torch-backend, --torch-bucket-bytes
+    backend: str = _f("auto", "auto = NCCL for a CUDA device, Gloo on CPU", ("auto", "gloo", "nccl"))
+    bucket_bytes: int = _f(1 << 20, "gradients summed together (bytes on the wire, as --mpi-bucket-bytes), started "
+                                     "from gradient hooks as soon as backward has produced them")
+
+    def __post_init__(self) -> None:
+        _check_choices(self)
+        _check(self.bucket_bytes >= 4, "torch_bucket_bytes", "must be >= 4 (one float32)", self.bucket_bytes)
 
 
 @dataclass
@@ -398,6 +413,7 @@ class Config:
     exchange: ExchangeConfig = field(default_factory=ExchangeConfig)
     horovod: HorovodConfig = field(default_factory=HorovodConfig)
     mpi: MPIConfig = field(default_factory=MPIConfig)
+    torch: TorchConfig = field(default_factory=TorchConfig)
     ps: PSConfig = field(default_factory=PSConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     run: RunConfig = field(default_factory=RunConfig)

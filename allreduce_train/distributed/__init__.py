@@ -1,7 +1,8 @@
 """Distribution, by role:
 
 * engines -- the collective primitives behind one small interface (:mod:`.base`): Horovod
-  (:mod:`.horovod`), the mpi4py ring (:mod:`.ring`), the parameter server (:mod:`.ps`), and one process or ``--strategy none`` (:mod:`.local`);
+  (:mod:`.horovod`), the mpi4py ring (:mod:`.ring`), torch.distributed (:mod:`.c10d`), the
+  parameter server (:mod:`.ps`), and one process or ``--strategy none`` (:mod:`.local`);
 * wire formats -- what of a gradient travels (:mod:`.wire`: float32, 16 bits, PowerSGD);
 * schedules -- when the workers agree (:mod:`.schedules`: synchronous, :mod:`.localsgd`);
 * plumbing, once -- flat buffers (:mod:`.buffers`), MPI helpers (:mod:`.mpi`), bytes on the wire
@@ -39,6 +40,10 @@ def create_exchange(cfg: "Config") -> "GradientExchange":
         from .ring import MPIRingAllreduce
 
         return MPIRingAllreduce(cfg.exchange, cfg.mpi, wire=wire)
+    if cfg.exchange.strategy == "allreduce" and cfg.exchange.allreduce_engine == "torch":
+        from .c10d import TorchDistributed
+
+        return TorchDistributed(cfg.exchange, cfg.torch, wire=wire)
     if cfg.exchange.strategy == "allreduce":
         from .horovod import HorovodAllreduce
 

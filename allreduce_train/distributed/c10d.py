@@ -1,0 +1,251 @@
+"""torch.distributed (c10d) as an engine: ``--allreduce-engine torch``.
+
+Gloo on CPU, NCCL on a GPU, no Horovod build: the process group is torch's own
+(``cpu:gloo,cuda:nccl`` where CUDA is present, so each tensor's device picks its backend), formed
+under mpirun from Open MPI's environment (``OMPI_COMM_WORLD_RANK``/``SIZE``). Rank 0 serves the
+rendezvous (a ``TCPStore`` on a free port) and MPI tells the other ranks where: ``MASTER_ADDR`` if
+set, 127.0.0.1 when every rank is on one host, else rank 0's IPv4 addresses, of which each rank
+takes the first it can reach. Objects, metrics and the step's vote travel on a Gloo group of their
+own (CPU tensors); the gradients on the default group.
+
+Like the mpi engine (:mod:`.ring`), gradients are grouped into buckets of ``--torch-bucket-bytes``
+bytes on the wire, and a bucket's ``all_reduce`` starts, asynchronously, from the gradient hook of
+its last parameter, so the sums overlap the rest of backward; :meth:`synchronize` waits for them
+(polling, with the stall deadline) and divides by N. The bucket's flat buffer is in the wire
+format's dtype (the copy in is the cast). An engine only: wire formats and schedules are layers
+(:mod:`.wire`, :mod:`.schedules`) over these primitives.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from typing import Any
+
+import torch
+
+from ..config import ExchangeConfig, TorchConfig
+from ..errors import UserError
+from .base import GradientExchange
+from .buffers import elements_in, flatten, pack, unpack, views
+from .mpi import abort, import_mpi, poll
+from .ps.sharding import plan
+
+
+def _ipv4_addresses() -> list[str]:
+    """This host's IPv4 addresses, loopback last (candidates for the other ranks to reach rank 0)."""
+    import fcntl
+    import struct
+
+    found = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:  # SIOCGIFADDR
+                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
+            except OSError:
+                continue  # no IPv4 address on this interface
+            found.append(socket.inet_ntoa(packed[20:24]))
+    return sorted(found, key=lambda a: a.startswith("127."))
+
+
+def _reachable(addresses: list[str], port: int) -> str:
+    for addr in addresses:
+        try:
+            socket.create_connection((addr, port), timeout=2).close()
+            return addr
+        except OSError:
+            continue
+    raise UserError(f"--allreduce-engine torch: rank 0's rendezvous (port {port}) is not reachable at any of "
+                    f"{', '.join(addresses)}; set MASTER_ADDR to an address of rank 0's host that every rank reaches")
+
+
+def _backend(choice: str) -> str:
+    if choice == "gloo" or not torch.cuda.is_available():
+        if choice == "nccl":
+            raise UserError("--torch-backend nccl: no CUDA device here; use --torch-backend gloo or auto")
+        return "gloo"
+    return "cpu:gloo,cuda:nccl"  # each tensor's device picks: CPU tensors Gloo, CUDA tensors NCCL
+
+
+class TorchDistributed(GradientExchange):
+    """``--strategy allreduce --allreduce-engine torch``: see the module docstring."""
+
+    name = "allreduce"
+
+    def __init__(self, x: ExchangeConfig, cfg: TorchConfig, wire: torch.dtype = torch.float32) -> None:
+        import torch.distributed as dist
+
+        self.cfg, self.torch_cfg, self.dist, self.dtype = x, cfg, dist, wire
+        env = os.environ
+        self.rank, self.size = int(env.get("OMPI_COMM_WORLD_RANK", 0)), int(env.get("OMPI_COMM_WORLD_SIZE", 1))
+        self.local_rank = int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", 0))
+        self.local_size = int(env.get("OMPI_COMM_WORLD_LOCAL_SIZE", 1))
+        self.timeout = x.stall_timeout  # 0: wait forever
+        self.backend = _backend(cfg.backend)
+        self._hooks: list[Any] = []
+        self._buckets: list[dict[str, Any]] = []
+        self._exchanging = True
+        self._closed = False
+        self.world = None
+        if self.size == 1:
+            return  # one process: every collective returns its input, no group to form
+        os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")  # a rank waiting in MPI yields its core
+        MPI = import_mpi()
+        self.world = MPI.COMM_WORLD
+        store = None
+        if self.rank == 0:  # communication: the rendezvous, served by rank 0 on a free port
+            store = dist.TCPStore("0.0.0.0", 0, self.size, is_master=True, wait_for_workers=False,
+                                  timeout=datetime.timedelta(seconds=self.timeout or 3600))
+            one_host = env.get("OMPI_COMM_WORLD_LOCAL_SIZE") == env.get("OMPI_COMM_WORLD_SIZE")
+            where = ([env["MASTER_ADDR"]] if env.get("MASTER_ADDR") else ["127.0.0.1"] if one_host
+                     else _ipv4_addresses(), store.port)
+        else:
+            where = None
+        addresses, port = self.world.bcast(where, root=0)  # communication: where rank 0 listens
+        if store is None:
+            store = dist.TCPStore(_reachable(addresses, port), port, self.size, is_master=False,
+                                  timeout=datetime.timedelta(seconds=self.timeout or 3600))
+        timeout = datetime.timedelta(seconds=self.timeout or 365 * 86400)
+        # communication: forms the process group, and a Gloo group for objects, metrics and the vote
+        dist.init_process_group(self.backend, store=store, rank=self.rank, world_size=self.size, timeout=timeout)
+        self.cpu_group = dist.new_group(backend="gloo", timeout=timeout)
+
+    # ------------------------------------------------------------ set-up
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"allreduce_engine": "torch", "torch_backend": self.backend,
+                               "torch_bucket_bytes": self.torch_cfg.bucket_bytes,
+                               "backward_passes_per_step": self.cfg.backward_passes_per_step,
+                               "reduce_op": self.cfg.reduce_op}
+        if self._buckets:
+            out["torch_buckets"] = len(self._buckets)
+        return out
+
+    def prepare(self, model, optimizer, every_step: bool = True):
+        if self.size == 1:
+            return optimizer  # the average over one worker is its own gradient: nothing to send
+        # communication: rank 0's parameters, buffers and optimizer state (fresh, or from a checkpoint)
+        state = self.broadcast_object(
+            {"model": model.state_dict(), "optimizer": optimizer.state_dict()} if self.is_main else None)
+        if not self.is_main:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        sizes = [p.numel() for p in self.params]
+        buckets = plan(sizes, 1, max(sizes), elements_in(self.torch_cfg.bucket_bytes, self.dtype)).buckets
+        self._k = self.cfg.backward_passes_per_step
+        for b, members in enumerate(buckets):
+            flat = torch.zeros(sum(sizes[p] for p in members), dtype=self.dtype, device=self.params[members[0]].device)
+            self._buckets.append({"members": members, "flat": flat, "work": None})
+            for p in members:  # hooks honour set_exchanging (a schedule's local steps send nothing)
+                self._hooks.append(self.params[p].register_post_accumulate_grad_hook(
+                    lambda _p, b=b: self._grad_ready(b)))
+        self._reset_step()
+        return optimizer
+
+    # ------------------------------------------------------------ one step
+    def _reset_step(self) -> None:
+        self._missing = [len(b["members"]) * self._k for b in self._buckets]
+        self._next = 0  # buckets start in index order on every rank (collectives must match)
+        for b in self._buckets:
+            b["work"] = None
+
+    def set_exchanging(self, on: bool) -> None:
+        self._exchanging = on
+
+    def _grad_ready(self, b: int) -> None:
+        if not self._exchanging:
+            return
+        self._missing[b] -= 1
+        while self._next < len(self._buckets) and self._missing[self._next] <= 0:
+            self._start(self._buckets[self._next])
+            self._next += 1
+
+    def _start(self, bucket: dict[str, Any]) -> None:
+        members = bucket["members"]
+        # the copy in is the cast to the wire's dtype; a parameter outside this step's loss sends zeros
+        pack([self.params[p].grad for p in members], bucket["flat"], [self.params[p].numel() for p in members])
+        # communication: the bucket, summed over the workers (NCCL for CUDA tensors, Gloo on CPU)
+        bucket["work"] = self.dist.all_reduce(bucket["flat"], async_op=True)
+
+    def synchronize(self) -> None:
+        if not self._buckets:  # one worker: nothing to exchange
+            return
+        if not self._exchanging:  # a local step: each worker keeps its own gradient
+            self._reset_step()
+            return
+        while self._next < len(self._buckets):  # parameters outside this step's loss: zeros, now
+            self._start(self._buckets[self._next])
+            self._next += 1
+        self._wait([b["work"] for b in self._buckets], "the allreduce of the gradients")
+        with torch.no_grad():
+            for bucket in self._buckets:
+                avg = bucket["flat"].float() if self.dtype != torch.float32 else bucket["flat"]
+                avg.div_(self.size)
+                for p in bucket["members"]:
+                    if self.params[p].grad is None:
+                        self.params[p].grad = torch.zeros_like(self.params[p])
+                unpack(avg, [self.params[p].grad for p in bucket["members"]])
+        self._reset_step()
+
+    def _wait(self, works: list[Any], what: str) -> None:
+        """Poll (sleeping) until every work is done: the stall deadline holds, and the watchdog runs."""
+        poll(lambda: all(w.is_completed() for w in works), self.timeout, what)
+        for w in works:
+            w.wait()  # raises what the collective raised
+
+    def apply(self, optimizer) -> None:
+        optimizer.step()
+
+    # ------------------------------------------------------------ collectives for the layers and the trainer
+    def sum_tensors(self, tensors: list[torch.Tensor], name: str = "") -> list[torch.Tensor]:
+        """One all_reduce of the tensors laid end to end, on their device (the grouped sum)."""
+        flat = flatten([t.detach() for t in tensors])
+        if self.size > 1:
+            # communication: e.g. PowerSGD's factors, local SGD's parameters, DiLoCo's deltas
+            self._wait([self.dist.all_reduce(flat, async_op=True)], f"the other workers ({name or 'a sum'})")
+        return views(flat, tensors)
+
+    def sum_over_workers(self, values: torch.Tensor) -> torch.Tensor:
+        out = values.detach().cpu().clone()
+        if self.size > 1:  # communication: a metric sum, on the Gloo group
+            self._wait([self.dist.all_reduce(out, group=self.cpu_group, async_op=True)], "the other workers (metrics)")
+        return out
+
+    def start_vote(self, flags: torch.Tensor) -> None:
+        self._vote = flags.detach().cpu().clone()
+        # communication: the step's vote, started before the last backward, back with the gradients
+        self._vote_work = (self.dist.all_reduce(self._vote, group=self.cpu_group, async_op=True)
+                           if self.size > 1 else None)
+
+    def end_vote(self) -> torch.Tensor:
+        if self._vote_work is not None:
+            self._wait([self._vote_work], "the other workers (the step's vote)")
+        return self._vote
+
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
+        if self.size == 1:
+            return obj
+        box = [obj]
+        self.dist.broadcast_object_list(box, src=root, group=self.cpu_group)  # communication
+        return box[0]
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        if self.size == 1:
+            return [obj]
+        out: list[Any] = [None] * self.size
+        self.dist.all_gather_object(out, obj, group=self.cpu_group)  # communication
+        return out
+
+    # ------------------------------------------------------------ shutdown
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for h in self._hooks:
+            h.remove()
+        if self.size > 1 and self.dist.is_initialized():
+            self.dist.destroy_process_group()
+
+    def abort(self, code: int) -> None:
+        abort(code, self.world)  # MPI_Abort: mpirun ends every rank, none waits in a collective
