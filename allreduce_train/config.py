@@ -186,6 +186,10 @@ class ExchangeConfig:
                                "averages gradients and then parameters; 1 = synchronous SGD through that path, "
                                "0 = off (docs/concepts.md)")
     average_warmup_steps: int = _f(0, "local SGD: the first W steps are synchronous (post-local SGD)")
+    diloco_every: int = _f(0, "DiLoCo (allreduce): H inner steps on each worker's own gradients, then an outer "
+                              "Nesterov step on the averaged parameter delta; 0 = off (docs/concepts.md)")
+    diloco_outer_lr: float = _f(0.7, "DiLoCo: the outer optimizer's learning rate (1 with momentum 0 = averaging)")
+    diloco_outer_momentum: float = _f(0.9, "DiLoCo: the outer optimizer's Nesterov momentum")
     reduce_op: str = _f("average", "allreduce reduction", ("average", "adasum"))
     stall_timeout: float = _f(120.0, "seconds without progress after which every live rank ends the job, naming the "
                                      "rank(s) that did not arrive (exit 69; 0 = wait forever; docs/faults.md)")
@@ -197,6 +201,10 @@ class ExchangeConfig:
         _check(self.average_every >= 0, "average_every", "must be >= 0 (0 = off)", self.average_every)
         _check(self.average_warmup_steps >= 0, "average_warmup_steps", "must be >= 0", self.average_warmup_steps)
         _check(self.powersgd_rank >= 1, "powersgd_rank", "must be >= 1", self.powersgd_rank)
+        _check(self.diloco_every >= 0, "diloco_every", "must be >= 0 (0 = off)", self.diloco_every)
+        _check(self.diloco_outer_lr > 0, "diloco_outer_lr", "must be > 0", self.diloco_outer_lr)
+        _check(0 <= self.diloco_outer_momentum < 1, "diloco_outer_momentum", "must be in [0, 1)",
+               self.diloco_outer_momentum)
         check_combination(self)
 
     @property
@@ -207,7 +215,7 @@ class ExchangeConfig:
 
 # The one table of combinations. distributed/ composes three kinds of thing -- an engine sums
 # (horovod, mpi, torch, ps; none sums nothing), a wire format says what travels (--compression),
-# a schedule says when (synchronous; --average-every: local SGD) -- and
+# a schedule says when (synchronous; --average-every: local SGD; --diloco-every: DiLoCo) -- and
 # these rows are every combination that does not exist, each with the one line a user gets,
 # checked before any process group forms (every rank fails alike). First match wins.
 # A row: (refused when, the line; both functions of the exchange section and, for the rows that
@@ -217,17 +225,27 @@ COMBINATIONS: tuple[tuple[Any, Any], ...] = (
     (lambda x, alg: x.average_every and x.strategy == "ps",
      lambda x: "--average-every is local SGD over an allreduce (workers average parameters with each other); "
                "--strategy ps keeps one copy on the servers: use --strategy allreduce"),
+    (lambda x, alg: x.diloco_every and x.strategy == "ps",
+     lambda x: "--diloco-every is DiLoCo over an allreduce (workers average parameter deltas with each other); "
+               "--strategy ps keeps one copy on the servers: use --strategy allreduce"),
     (lambda x, alg: x.average_every and x.reduce_op != "average",
      lambda x: "--average-every with --reduce-op adasum: local SGD averages; use --reduce-op average"),
     (lambda x, alg: x.compression == "powersgd" and (x.strategy == "ps" or x.average_every
                                                      or x.reduce_op != "average"),
      lambda x: "--compression powersgd runs over an allreduce of gradients every step: not with --strategy ps, "
                "--average-every or --reduce-op adasum; use --compression fp16 or none"),
-    (lambda x, alg: x.strategy == "none" and (x.average_every or x.compression != "none"),
+    (lambda x, alg: x.strategy == "none" and (x.average_every or x.diloco_every or x.compression != "none"),
      lambda x: "--strategy none exchanges nothing: drop --average-every and --compression, or use --strategy "
                "allreduce"),
     (lambda x, alg: x.average_warmup_steps and not x.average_every,
      lambda x: "--average-warmup-steps without --average-every: set --average-every H (local SGD)"),
+    (lambda x, alg: x.diloco_every and x.average_every,
+     lambda x: "--diloco-every with --average-every: DiLoCo is local SGD with an outer optimizer; choose one"),
+    (lambda x, alg: x.diloco_every and x.compression != "none",
+     lambda x: f"--diloco-every with --compression {x.compression}: DiLoCo sends no gradients, only float32 "
+               "parameter deltas; drop --compression"),
+    (lambda x, alg: x.diloco_every and x.reduce_op != "average",
+     lambda x: "--diloco-every with --reduce-op adasum: DiLoCo averages; use --reduce-op average"),
     (lambda x, alg: x.engine == "horovod" and x.compression == "bf16",
      lambda x: "--compression bf16: Horovod 0.28.1's PyTorch binding has no bfloat16 allreduce; use "
                "--allreduce-engine mpi (it sums bfloat16 itself) or --compression fp16"),

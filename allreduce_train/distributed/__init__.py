@@ -4,7 +4,7 @@
   (:mod:`.horovod`), the mpi4py ring (:mod:`.ring`), torch.distributed (:mod:`.c10d`), the
   parameter server (:mod:`.ps`), and one process or ``--strategy none`` (:mod:`.local`);
 * wire formats -- what of a gradient travels (:mod:`.wire`: float32, 16 bits, PowerSGD);
-* schedules -- when the workers agree (:mod:`.schedules`: synchronous, :mod:`.localsgd`);
+* schedules -- when the workers agree (:mod:`.schedules`: synchronous, :mod:`.localsgd`, :mod:`.diloco`);
 * plumbing, once -- flat buffers (:mod:`.buffers`), MPI helpers (:mod:`.mpi`), bytes on the wire
   (:mod:`.wirecost`, torch-free, which the lab's cost model imports too).
 
@@ -69,4 +69,8 @@ def make_schedule(x: "ExchangeConfig", ex: "GradientExchange") -> "Sync":
         from .localsgd import LocalSGD
 
         return LocalSGD(ex, wire, x.average_every, x.average_warmup_steps)
+    if x.diloco_every:
+        from .diloco import DiLoCo
+
+        return DiLoCo(ex, wire, x.diloco_every, x.diloco_outer_lr, x.diloco_outer_momentum)
     return Sync(ex, wire)
