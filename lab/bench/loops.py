@@ -168,7 +168,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--synthetic-samples", type=int, default=6400)
     p.add_argument("--horovod-backend", default="mpi", choices=("mpi", "gloo"), help="the trainer's (--impl trainer)")
-    p.add_argument("--allreduce-engine", default="horovod", choices=("horovod", "mpi"), help="the trainer's (--impl trainer)")
+    p.add_argument("--allreduce-engine", default="horovod", choices=("horovod", "mpi", "torch"),
+                   help="the trainer's (--impl trainer)")
     p.add_argument("--port", type=int, default=0, help="rendezvous port on 127.0.0.1 (ddp)")
     p.add_argument("--result", default="", help="rank 0 writes the throughput here as JSON")
     p.add_argument("--dump-grads", default="", help="take one step, save the averaged gradients to this file "

@@ -42,6 +42,7 @@ BOUND = "bound"  # every implementation is also reported as a fraction of this o
 # Implementations of the trainer besides "trainer" (ring allreduce, Horovod): their trainer flags.
 TRAINER_IMPLS = {
     "trainer-mpi": ["--strategy", "allreduce", "--allreduce-engine", "mpi"],  # the ring on mpi4py messages
+    "trainer-torch": ["--strategy", "allreduce", "--allreduce-engine", "torch"],  # torch.distributed (Gloo here)
     # every rank trains, as with allreduce: the same number of workers computing
     "trainer-ps": ["--strategy", "ps", "--ps-placement", "colocated"],
     # the no-exchange bound: the same ranks at the same time, each on its shard, nothing exchanged per
@@ -332,7 +333,8 @@ def write_tensorboard(out: str, rows: list[dict[str, Any]], jobs: list[dict[str,
         if v.base == BOUND:
             concept, engine = "no exchange", "-"
         if "--allreduce-engine" in v.args:  # a variant that switches the engine
-            engine = engines.MPI4PY if tblog.flag_value(v.args, "--allreduce-engine", "") == "mpi" else engines.HOROVOD
+            engine = {"mpi": engines.MPI4PY, "torch": engines.TORCH}.get(
+                tblog.flag_value(v.args, "--allreduce-engine", ""), engines.HOROVOD)
         hp = {"impl": j["impl"], "base": v.base, "model": j["model"], "workers": j["np"], "concept": concept,
               "engine": engine, "settings": " ".join([*(f"{k}={x}" for k, x in v.env.items()), *v.args]) or "-"}
         ms = {}

@@ -12,15 +12,17 @@ comparison a reader sees first, is the product of the two.
 
 from __future__ import annotations
 
-HOROVOD, MPI4PY = "Horovod", "mpi4py"
+HOROVOD, MPI4PY, TORCH = "Horovod", "mpi4py", "torch.distributed"
 ENGINES = {HOROVOD: "Horovod (C++ background thread, MPI collectives)",
-           MPI4PY: "mpi4py (buckets from gradient hooks, point-to-point messages)"}
+           MPI4PY: "mpi4py (buckets from gradient hooks, point-to-point messages)",
+           TORCH: "torch.distributed (buckets from gradient hooks, Gloo/NCCL all_reduce)"}
 RING, PS_COLOCATED, PS_DEDICATED = "ring allreduce", "PS colocated", "PS dedicated"
 
 # what each experiment calls its implementations -> (concept, engine)
 SCALING = {"allreduce": (RING, HOROVOD), "allreduce-mpi": (RING, MPI4PY),
            "ps-colocated": (PS_COLOCATED, MPI4PY), "ps-dedicated": (PS_DEDICATED, MPI4PY)}
-BENCH = {"trainer": (RING, HOROVOD), "trainer-mpi": (RING, MPI4PY), "trainer-ps": (PS_COLOCATED, MPI4PY)}
+BENCH = {"trainer": (RING, HOROVOD), "trainer-mpi": (RING, MPI4PY), "trainer-torch": (RING, TORCH),
+         "trainer-ps": (PS_COLOCATED, MPI4PY)}
 
 
 def cells(speed: dict[str, float], names: dict[str, tuple[str, str]]) -> dict[tuple[str, str], float]:
@@ -36,7 +38,7 @@ def markdown(title: str, speed: dict[str, float], names: dict[str, tuple[str, st
     if not c:
         return []
     concepts = [k for k in (RING, PS_COLOCATED, PS_DEDICATED) if any(key[0] == k for key in c)]
-    engines = [e for e in (HOROVOD, MPI4PY) if any(key[1] == e for key in c)]
+    engines = [e for e in (HOROVOD, MPI4PY, TORCH) if any(key[1] == e for key in c)]
     out = [f"{title} ({unit}):", "", "| concept \\ engine | " + " | ".join(ENGINES[e] for e in engines) + " |",
            "|---|" + "---:|" * len(engines)]
     for k in concepts:

@@ -51,8 +51,8 @@ def test_every_implementation_computes_the_same_averaged_gradient(tmp_path, mode
     the union batch in one process; without the exchange a rank's own gradient is far from it."""
     grads = {}
     impls = (("horovod", []), ("ddp", []), ("trainer", []), ("trainer-mpi", ["--allreduce-engine", "mpi"]),
-             ("trainer-gloo", ["--horovod-backend", "gloo"]))
-    for impl, extra in impls if model_name == "lenet5" else impls[:4]:
+             ("trainer-torch", ["--allreduce-engine", "torch"]), ("trainer-gloo", ["--horovod-backend", "gloo"]))
+    for impl, extra in impls if model_name == "lenet5" else impls[:5]:
         check(launch(2, ["--impl", impl.split("-")[0], "--model", model_name, *extra, "--port", str(free_port()),
                          "--dump-grads", str(tmp_path / f"{impl}-{{rank}}.pt")], module="lab.bench.rank"))
         r0 = torch.load(tmp_path / f"{impl}-0.pt", weights_only=True)
