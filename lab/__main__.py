@@ -1,4 +1,4 @@
-"""``python -m lab bench|commbench|commbench-netns|concept-map|gpucheck|paper|scaling|scaling-netns|time-to-accuracy ...``"""
+"""``python -m lab bench|commbench|commbench-netns|concept-map|gpucheck|paper|recommend|scaling|scaling-netns|time-to-accuracy ...``"""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ def make_parser() -> argparse.ArgumentParser:
     from .commbench import netns as commbench_netns
     from .conceptmap import main as concept_map
     from .paper import main as paper
+    from .recommend import main as recommend
     from .scaling import grid, netns
     from .tta import main as tta
 
@@ -34,6 +35,10 @@ def make_parser() -> argparse.ArgumentParser:
         ("paper", paper, paper.main, "Jäger et al. (2018) re-examined: centralized vs decentralized PS vs ring "
                                      "allreduce on emulated hosts (throughput, speedup, time to quality) -> a verdict "
                                      "per finding, figure, TensorBoard (root; docs/paper.md)"),
+        ("recommend", recommend, recommend.main,
+         "which concept reaches a quality target fastest for your model (--model/--task MODULE:CALLABLE) on the "
+         "workers and links you give: its compute and gradient measured here, each concept's steps to the target "
+         "on 2 emulated hosts (root), the cost model for the rest -> one screen, PNG"),
         ("gpucheck", gpucheck, gpucheck.main, "one GPU, one rank: trainer vs bare Horovod (NCCL) vs DDP (NCCL), "
                                               "LeNet-5/ResNet-18/LSTM -> one table (tools/gpu_check.sh)"),
         ("scaling-netns", netns, netns.main, "the scaling grid on emulated hosts (network namespaces, root) at given "

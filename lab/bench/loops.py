@@ -13,7 +13,8 @@ same synthetic data, same shard), from the same initial parameters, so ``--dump-
 check that all of them compute the same averaged gradient: the speed comparison is between
 equal work. Language models (``ptb-lstm-*``) run the same way on the first window of tokens;
 the bare loops restart the hidden state at zero every step, the trainer carries it (detached),
-which costs the same.
+which costs the same. A user's model (``--model MODULE:CALLABLE``, ``--task``, their ``--dataset``) runs on the
+trainer's own first batch and loss for it (lab/common/usermodel.py), so the loops still do the trainer's work.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 
 from models import MODELS
 
+from ..common import usermodel
 from ..common.workloads import first_batch, loss_of
 
 IMPLS = ("horovod", "ddp", "trainer")
@@ -41,7 +43,7 @@ def grads_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.grad.detach().clone() for n, p in model.named_parameters()}
 
 
-def setup_horovod(model: torch.nn.Module, lr: float):
+def setup_horovod(model: torch.nn.Module, lr: float, loss=None):
     import horovod.torch as hvd
 
     hvd.init()  # communication: forms the process group (MPI_Init under mpirun)
@@ -51,9 +53,11 @@ def setup_horovod(model: torch.nn.Module, lr: float):
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # communication
     hvd.broadcast_optimizer_state(opt, root_rank=0)  # communication
 
+    loss = loss or loss_of
+
     def step(x, y):
         opt.zero_grad()
-        loss_of(model, x, y).backward()
+        loss(model, x, y).backward()
         opt.step()  # waits for the allreduces, then updates
 
     def total(t):
@@ -62,7 +66,7 @@ def setup_horovod(model: torch.nn.Module, lr: float):
     return step, total, hvd.shutdown
 
 
-def setup_ddp(model: torch.nn.Module, lr: float, port: int):
+def setup_ddp(model: torch.nn.Module, lr: float, port: int, loss=None):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
@@ -73,9 +77,11 @@ def setup_ddp(model: torch.nn.Module, lr: float, port: int):
     ddp = DistributedDataParallel(model)  # broadcasts rank 0's parameters; buckets allreduce in backward
     opt = torch.optim.SGD(ddp.parameters(), lr=lr * size, momentum=0.9)
 
+    loss = loss or loss_of
+
     def step(x, y):
         opt.zero_grad()
-        loss_of(ddp, x, y).backward()  # the bucket allreduces run inside backward
+        loss(ddp, x, y).backward()  # the bucket allreduces run inside backward
         opt.step()
 
     def total(t):
@@ -127,13 +133,26 @@ def run_rank(args: argparse.Namespace) -> int:
         torch.save(grads, args.dump_grads.replace("{rank}", str(rank)))
         return 0
 
-    torch.manual_seed(args.seed)  # the trainer's seed: identical initial parameters
-    model = MODELS[args.model].build()
-    x, y = first_batch(args.model, args.batch_size, args.synthetic_samples, args.seed, rank, size)
-    if args.impl == "horovod":
-        step, total, close = setup_horovod(model, args.lr)
+    w = usermodel.from_args(args.model, task=args.task, dataset=args.dataset, model_args=args.model_arg,
+                            dataset_args=args.dataset_arg)
+    loss = None
+    if w.own or w.dataset not in ("", "synthetic"):
+        # a user's model or data: the trainer's own task gives the batch, the model and the loss
+        task, x, y = usermodel.first_batch(w, args.batch_size, rank, size, args.seed, args.synthetic_samples)
+        torch.manual_seed(args.seed)  # as the trainer: seed, then build
+        model = task.build_model()
+        rows = slice(0, args.batch_size)
+
+        def loss(m, x, y):
+            return task.loss(m, x, y, rows)
     else:
-        step, total, close = setup_ddp(model, args.lr, args.port)
+        torch.manual_seed(args.seed)  # the trainer's seed: identical initial parameters
+        model = MODELS[args.model].build()
+        x, y = first_batch(args.model, args.batch_size, args.synthetic_samples, args.seed, rank, size)
+    if args.impl == "horovod":
+        step, total, close = setup_horovod(model, args.lr, loss)
+    else:
+        step, total, close = setup_ddp(model, args.lr, args.port, loss)
     try:
         if args.dump_grads:
             step(x, y)
@@ -158,7 +177,11 @@ def run_rank(args: argparse.Namespace) -> int:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--impl", choices=IMPLS, required=True)
-    p.add_argument("--model", default="lenet5", choices=sorted(MODELS))
+    p.add_argument("--model", default="lenet5", help="a registered model or your own MODULE:CALLABLE")
+    p.add_argument("--task", default="", help="your own task, MODULE:CALLABLE")
+    p.add_argument("--model-arg", action="append", default=[], help="KEY=VALUE for --model's/--task's callable")
+    p.add_argument("--dataset", default="synthetic", help="synthetic, or the trainer's --dataset for your own model")
+    p.add_argument("--dataset-arg", action="append", default=[], help="KEY=VALUE for --dataset's callable")
     p.add_argument("--batch-size", type=int, default=64, help="per rank")
     p.add_argument("--steps", type=int, default=400, help="timed steps")
     p.add_argument("--warmup-steps", type=int, default=50, help="untimed steps first")

@@ -2,6 +2,8 @@
 
     python -m lab bench           # LeNet-5 at 1 and 2 ranks (make bench)
     python -m lab bench --models lenet5,resnet18 --np 1,2 --repeats 6
+    python -m lab bench --model mypkg.net:build [--model-arg k=v] [--dataset mypkg.data:load]   # your own model
+    python -m lab bench --task examples.gpt.task:build --model-arg max_chars=20000              # your own task
 
 Each measurement is its own ``mpirun`` job built by the project's launcher, so every
 implementation starts the same way. The jobs alternate (trainer, horovod, ddp, trainer, ...) so
@@ -30,7 +32,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..common import engines, tblog
+from ..common import engines, tblog, usermodel
 from ..common.jobs import TRAINER, local_launcher, loadavg, read_json, run
 
 RANK_MODULE = "lab.bench.rank"  # the bare loops, on every rank
@@ -79,6 +81,22 @@ class BenchSpec:
     timeout: float = 600.0
     oversubscribe: bool = False
     variants: list[Override] = field(default_factory=list)
+    # A user's models (docs/own_model.md): MODULE:CALLABLE entries of ``models`` are --model references, those
+    # also in ``tasks`` --task references; the keyword arguments apply to every user entry.
+    tasks: list[str] = field(default_factory=list)
+    dataset: str = ""  # "": synthetic for a registered model, the trainer's default (fashion-mnist) for a user's
+    model_args: list[str] = field(default_factory=list)
+    dataset_args: list[str] = field(default_factory=list)
+
+    def workload(self, model: str) -> usermodel.Workload:
+        """The trainer's flags for a ``models`` entry, as a :class:`usermodel.Workload`."""
+        if model in self.tasks:
+            return usermodel.from_args("", task=model, model_args=self.model_args)
+        if usermodel.is_reference(model):
+            return usermodel.from_args(model, dataset=self.dataset, model_args=self.model_args,
+                                       dataset_args=self.dataset_args if usermodel.is_reference(self.dataset) else ())
+        return usermodel.from_args(model, dataset=self.dataset or "synthetic",
+                                   dataset_args=self.dataset_args if usermodel.is_reference(self.dataset) else ())
 
     def steps_for(self, model: str) -> int:
         return self.steps or DEFAULT_STEPS.get(model, 50)
@@ -89,7 +107,8 @@ class BenchSpec:
     def batch_for(self, model: str) -> int:
         from models import MODELS
 
-        return self.batch_size or int(MODELS[model].defaults.get("batch_size", 64))
+        spec = MODELS.get(model)
+        return self.batch_size or int(spec.defaults.get("batch_size", 64) if spec else 64)
 
     def variant(self, impl: str) -> Override:
         """The settings an implementation runs with (a plain one: none)."""
@@ -144,7 +163,7 @@ def free_port() -> int:
 def job_args(impl: str, model: str, spec: BenchSpec, result: str, run_dir: str, name: str) -> tuple[str, list[str]]:
     """(module every rank runs, its arguments) for one measurement: the trainer, or the bare loops."""
     steps, warmup = spec.steps_for(model), spec.warmup_for(model)
-    common = ["--model", model, "--batch-size", str(spec.batch_for(model)), "--threads", str(spec.threads),
+    common = [*spec.workload(model).flags(), "--batch-size", str(spec.batch_for(model)), "--threads", str(spec.threads),
               "--synthetic-samples", str(spec.synthetic_samples),
               # every implementation with denormal floats flushed: a trajectory whose values underflow (the
               # bound's LSTM ranks, each on its own gradient) would otherwise time the CPU's slow path, not the code
@@ -154,7 +173,7 @@ def job_args(impl: str, model: str, spec: BenchSpec, result: str, run_dir: str, 
     if trainer_based(impl):
         exchange = TRAINER_IMPLS.get(impl, ["--strategy", "allreduce"])
         never = str(warmup + steps + 1)  # evaluation and checkpoints only after the last timed step
-        return TRAINER, [*common, "--dataset", "synthetic", *exchange,
+        return TRAINER, [*common, *exchange,
                          "--steps", str(warmup + steps), "--perf-warmup-steps", str(warmup),
                          "--eval-every", never, "--checkpoint-every", never,
                          *SAME_OPTIMIZER, "--run-dir", run_dir, "--name", name, "--no-progress", *variant.args]
@@ -164,7 +183,7 @@ def job_args(impl: str, model: str, spec: BenchSpec, result: str, run_dir: str, 
 
 def run_job(impl: str, model: str, np: int, spec: BenchSpec, out: str, tag: str) -> dict[str, Any]:
     run_dir = os.path.join(out, tblog.JOBS_DIR)  # beside the bare loops' result files
-    name = f"{model}-{impl}-np{np}-{tag}"
+    name = f"{spec.workload(model).short}-{impl}-np{np}-{tag}"
     result = os.path.join(out, "jobs", name + ".json")
     module, args = job_args(impl, model, spec, result, run_dir, name)
     threads = str(spec.threads)
@@ -391,10 +410,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     from allreduce_train.cli import fail
 
-    models = [m for m in args.models.split(",") if m]
-    unknown = [m for m in models if m not in MODELS]
+    from allreduce_train.errors import UserError
+
+    given = [m for m in args.models.split(",") if m] if args.models is not None else []
+    if args.models is None and not (args.model or args.task):
+        given = ["lenet5"]
+    models = list(dict.fromkeys([*given, *args.model, *args.task]))
+    unknown = [m for m in models if m not in MODELS and not usermodel.is_reference(m)]
     if unknown:
-        return fail(f"--models: unknown model {unknown[0]!r}; choose from: {', '.join(sorted(MODELS))}")
+        return fail(f"--models: unknown model {unknown[0]!r}; choose from: {', '.join(sorted(MODELS))}, "
+                    "or give your own as --model MODULE:CALLABLE")
+    own = BenchSpec(models=models, tasks=list(args.task), dataset=args.dataset, model_args=list(args.model_arg),
+                    dataset_args=list(args.dataset_arg))
+    for m in models:  # the user's code, imported and called once here: what fails is one line before any job
+        try:
+            w = own.workload(m)
+            usermodel.first_batch(w, own.batch_for(m), 0, 1, synthetic_samples=args.synthetic_samples)
+        except UserError as e:
+            return fail(str(e))
     try:
         nps = _int_list(args.np)
     except ValueError:
@@ -421,12 +454,26 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return fail("--steps must be >= 0 and --warmup >= 0 (or -1 for the model's default)")
     spec = BenchSpec(models=models, nps=nps, impls=impls, repeats=args.repeats, steps=args.steps, warmup=args.warmup,
                      batch_size=args.batch_size, threads=args.threads, synthetic_samples=args.synthetic_samples,
-                     out=args.out, timeout=args.timeout, oversubscribe=args.oversubscribe, variants=variants)
+                     out=args.out, timeout=args.timeout, oversubscribe=args.oversubscribe, variants=variants,
+                     tasks=own.tasks, dataset=own.dataset, model_args=own.model_args, dataset_args=own.dataset_args)
     return run_bench(spec)
 
 
 def add_arguments(b: argparse.ArgumentParser) -> None:
-    b.add_argument("--models", default="lenet5", help="comma-separated models (default: lenet5)")
+    b.add_argument("--models", default=None, help="comma-separated models: registered names or your own "
+                                                  "MODULE:CALLABLE (default: lenet5 unless --model/--task is given)")
+    b.add_argument("--model", action="append", default=[], metavar="MODULE:CALLABLE",
+                   help="your own model (a callable returning an nn.Module), timed beside --models; repeatable")
+    b.add_argument("--task", action="append", default=[], metavar="MODULE:CALLABLE",
+                   help="your own task (a callable returning an allreduce_train.Task); repeatable")
+    b.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="keyword argument for every --model's/--task's callable (repeatable)")
+    b.add_argument("--dataset", default="", help="every job's dataset: a name or your own MODULE:CALLABLE (default: "
+                                                 "synthetic for registered models, fashion-mnist for your own "
+                                                 "--model; give the same to time a registered and your own model "
+                                                 "on equal data)")
+    b.add_argument("--dataset-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="keyword argument for --dataset's callable (repeatable)")
     b.add_argument("--np", default="1,2", help="comma-separated rank counts (default: 1,2)")
     b.add_argument("--impls", default="", help=f"comma-separated subset of: {', '.join(default_impls())} "
                                               "(default: all)")

@@ -33,12 +33,12 @@ from typing import Any
 from ..common.jobs import Launcher, loadavg, local_launcher, read_json
 from ..common.jobs import run as run_job
 from .report import add_model_ratios, markdown, plot_time_to_accuracy, write_csv, write_tensorboard
-from .spec import WORKLOADS, Method, TtaConfig, TtaError, method_groups, methods
+from .spec import WORKLOADS, Method, TtaConfig, TtaError, Workload, method_groups, methods
 
 
 def trainer_args(cfg: TtaConfig, model: str, method: Method, run_dir: str, name: str, eval_every: int) -> list[str]:
-    w = WORKLOADS[model]
-    return ["--model", model, "--dataset", w.dataset, *method.flags, "--target", cfg.target(model),
+    w = cfg.workload(model)
+    return [*w.trainer_flags(), *method.flags, "--target", cfg.target(model),
             "--epochs", str(cfg.epochs(model)), "--eval-every", str(eval_every), "--seed", str(cfg.seed),
             # one thread per rank, as in the scaling grid: N workers use N cores, whatever the host
             "--threads", "1", "--log-every", str(max(1, eval_every // 2)),
@@ -53,12 +53,19 @@ def steps_per_epoch(cfg: TtaConfig, model: str, workers: int) -> int:
     from allreduce_train.errors import UserError
     from allreduce_train.tasks import make_task
 
-    args = ["--model", model, "--dataset", WORKLOADS[model].dataset, *cfg.extra]
+    args = [*cfg.workload(model).trainer_flags(), *cfg.extra]
     try:
         tcfg = build_config(make_parser().parse_args(["train", *args]))
         return make_task(tcfg).data(0, workers)[0].steps_per_epoch
     except UserError as e:
         raise TtaError(f"{model} at {workers} workers: {e}") from None
+
+
+def slug(model: str) -> str:
+    """A model's name in file names: a registered name, or ``module.callable`` for MODULE:CALLABLE."""
+    from allreduce_train.usercode import is_reference, label
+
+    return label(model) if is_reference(model) else model
 
 
 def job_name(method: str, workers: int, repeat: int, rate: str | None) -> str:
@@ -71,12 +78,12 @@ def run_point(cfg: TtaConfig, out: str, model: str, method: Method, workers: int
     """One job: train to the target (or the epoch limit) and read back when it got there; ``rate``: the
     emulated hosts' link rate (None on this machine)."""
     name = job_name(method.name, workers, repeat, rate)
-    run_dir = os.path.join(out, "runs", model)
+    run_dir = os.path.join(out, "runs", slug(model))
     spe = steps_per_epoch(cfg, model, workers)
     eval_every = max(1, spe // cfg.evals_per_epoch)
     world = workers + method.servers
     argv = launcher(world, trainer_args(cfg, model, method, run_dir, name, eval_every))
-    log_path = os.path.join(out, "logs", f"{model}-{name}.log")
+    log_path = os.path.join(out, "logs", f"{slug(model)}-{name}.log")
     load = loadavg()
     res = run_job(argv, env={**os.environ, "OMP_NUM_THREADS": "1", "ALLREDUCE_TRAIN_PROGRESS": "0"},
                   timeout=cfg.job_timeout, log_path=log_path)
@@ -89,6 +96,10 @@ def run_point(cfg: TtaConfig, out: str, model: str, method: Method, workers: int
         "loadavg_before": load[0] if load else None, "loadavg_after": (loadavg() or [None])[0],
         "log": os.path.relpath(log_path, out), "run": os.path.relpath(os.path.join(run_dir, name), out),
         "argv": argv}
+    if model in cfg.own:  # the cost model's gradient (report.add_model_ratios) without importing the user's code
+        from ..common import usermodel
+
+        rec["grad_shapes"] = [list(s) for s in usermodel.shapes(cfg.own[model].source)]
     m = read_json(os.path.join(run_dir, name, "metrics.json")) if res.ok else None
     if m is None:
         return {**rec, "ok": False, "error": res.error_line() if not res.ok else "no metrics.json"}
@@ -169,7 +180,7 @@ def run(cfg: TtaConfig, launcher: Launcher = local_launcher) -> dict[str, Any]:
     res = {"started": started, "minutes": (time.monotonic() - t0) / 60,
            "command": ["python", "-m", "lab", *sys.argv[1:]], "out_dir": out,
            "machine": {"cores": os.cpu_count(), "platform": platform.platform()}, "config": asdict(cfg),
-           "targets": {m: cfg.target(m) for m in cfg.models}, "what": {m: WORKLOADS[m].what for m in cfg.models},
+           "targets": {m: cfg.target(m) for m in cfg.models}, "what": {m: cfg.workload(m).what for m in cfg.models},
            "methods": {name: table[name].description for name in cfg.methods}, "jobs": records, "notes": notes,
            "loadavg_end": loadavg()}
     write_outputs(out, res)
@@ -248,7 +259,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from launch.mpirun import add_mpi_allreduce_arg
 
     d = TtaConfig()
-    p.add_argument("--models", default=",".join(d.models), help=f"comma-separated subset of {', '.join(WORKLOADS)}")
+    p.add_argument("--models", default=None, help=f"comma-separated subset of {', '.join(WORKLOADS)} (default: all of "
+                                                  "them, or none with --model/--task)")
+    add_own_arguments(p)
     p.add_argument("--methods", default="exchanges",
                    help=f"comma-separated methods or groups: {', '.join(methods())}; groups: "
                         + "; ".join(f"{g} ({len(v)} methods)" for g, v in method_groups().items())
@@ -281,6 +294,45 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "grids: one report of all their jobs in --out-dir")
 
 
+def add_own_arguments(p: argparse.ArgumentParser) -> None:
+    """--model/--task/--dataset and their keyword arguments: a user's model (docs/own_model.md)."""
+    p.add_argument("--model", default="", metavar="MODULE:CALLABLE",
+                   help="your own model (a callable returning an nn.Module), trained on --dataset; give its --target")
+    p.add_argument("--task", default="", metavar="MODULE:CALLABLE",
+                   help="your own task (a callable returning an allreduce_train.Task); give its --target")
+    p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="keyword argument for --model's/--task's callable (repeatable)")
+    p.add_argument("--dataset", default="", help="your own --model's data: fashion-mnist (default) or MODULE:CALLABLE")
+    p.add_argument("--dataset-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="keyword argument for --dataset's callable (repeatable)")
+
+
+def own_workloads(args: argparse.Namespace) -> dict[str, Workload]:
+    """The user's model of the command line as a workload ({} without --model/--task); its code is imported
+    and called here, so a bad reference is one line before any job."""
+    from allreduce_train.errors import UserError
+
+    from ..common import usermodel
+
+    if not (args.model or args.task):
+        if args.model_arg or args.dataset or args.dataset_arg:
+            raise TtaError("--model-arg/--dataset/--dataset-arg go with your own --model or --task")
+        return {}
+    if args.model and args.task:
+        raise TtaError("--model and --task: give one (a task names its own model and data)")
+    if args.model and not usermodel.is_reference(args.model):
+        raise TtaError(f"--model {args.model}: a registered model is chosen with --models; --model is your own "
+                       "MODULE:CALLABLE")
+    w = usermodel.from_args(args.model, task=args.task, dataset=args.dataset, model_args=args.model_arg,
+                            dataset_args=args.dataset_arg)
+    try:
+        usermodel.task_of(w)
+    except UserError as e:
+        raise TtaError(str(e)) from None
+    what = "your own task's evaluation" if w.task else f"evaluation on {w.dataset or 'fashion-mnist'}"
+    return {w.name: Workload(w.name, w.dataset, "", 10, what, tuple(w.flags()), w)}
+
+
 def _list(text: str, flag: str) -> list[str]:
     vals = [v.strip() for v in text.split(",") if v.strip()]
     if not vals:
@@ -295,8 +347,9 @@ def config_from_args(args: argparse.Namespace) -> TtaConfig:
 
     from ..common.links import parse_rates
 
-    models = _list(args.models, "--models")
-    bad = [m for m in models if m not in WORKLOADS]
+    own = own_workloads(args)
+    models = [*(_list(args.models, "--models") if args.models is not None or not own else []), *own]
+    bad = [m for m in models if m not in WORKLOADS and m not in own]
     if bad:
         raise TtaError(f"--models: no time-to-accuracy workload for {bad[0]!r}; choose from: {', '.join(WORKLOADS)}")
     groups = method_groups()
@@ -315,9 +368,11 @@ def config_from_args(args: argparse.Namespace) -> TtaConfig:
     targets = {}
     for t in args.target:
         model, sep, target = t.partition("=")
-        if not sep or model not in WORKLOADS:
+        if own and model not in WORKLOADS:  # your own model's target is the trainer's: METRIC>=VALUE
+            model, sep, target = next(iter(own)), "=", t
+        if not sep or model not in WORKLOADS and model not in own:
             raise TtaError(f"--target {t!r}: write MODEL=METRIC>=VALUE with MODEL one of {', '.join(WORKLOADS)}, "
-                           "e.g. lenet5=eval/accuracy>=0.85")
+                           "e.g. lenet5=eval/accuracy>=0.85 (your own --model: METRIC>=VALUE)")
         try:
             parse_target(target)
         except UserError as e:
@@ -339,12 +394,17 @@ def config_from_args(args: argparse.Namespace) -> TtaConfig:
             rates = parse_rates(args.rates) if args.rates is not None else TtaConfig().rates
     except ValueError as e:
         raise TtaError(str(e)) from None
+    missing = [m for m in own if m not in targets]
+    if missing:
+        raise TtaError(f"--target: your own model {missing[0]} has no default target; give one, e.g. "
+                       "--target 'eval/accuracy>=0.85' or --target 'eval/loss<=2.0'")
     if len(set(rates)) < len(rates):
         raise TtaError(f"--rates: a rate given twice ({args.rates})")
     return TtaConfig(models=models, methods=names, workers=workers, emulate_from=args.emulate_from,
                      rates=rates, mpi_allreduce=args.mpi_allreduce, targets=targets,
                      max_epochs=args.max_epochs, evals_per_epoch=args.evals_per_epoch, repeats=args.repeats,
-                     seed=args.seed, out_dir=args.out_dir, extra=args.extra, job_timeout=args.job_timeout)
+                     seed=args.seed, out_dir=args.out_dir, extra=args.extra, job_timeout=args.job_timeout,
+                     own={m: own[m] for m in own if m in models})
 
 
 def main(args: argparse.Namespace) -> int:

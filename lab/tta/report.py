@@ -249,7 +249,7 @@ def add_model_ratios(jobs: list[dict[str, Any]]) -> None:
             continue
         method, kind, servers = cost_model_method(j["method"])
         compute_s = max(0.0, (j["step_ms"] - j["comm_wait_ms"]) / 1e3)
-        p = costmodel.predict_method(method, kind, j["workers"], gradients.shapes(j["model"]), compute_s,
+        p = costmodel.predict_method(method, kind, j["workers"], j.get("grad_shapes") or gradients.shapes(j["model"]), compute_s,
                                      j["global_batch"] // j["workers"], link_network(j["link_rate"]), servers)
         j.update(compute_ms=1e3 * compute_s, pred_step_ms=1e3 * p.step_s, pred_exchange_ms=1e3 * p.exchange_s,
                  pred_extra_compute_ms=1e3 * p.extra_compute_s, model_bytes_per_step=p.volume,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -14,6 +15,11 @@ class Workload:
     target: str
     max_epochs: int  # a run that has not reached the target by then stops and reports "not reached"
     what: str  # what the target is measured on, for the report
+    flags: tuple[str, ...] = ()  # a user's model: the trainer flags naming it
+    source: Any = None  # a user's model: its lab.common.usermodel.Workload
+
+    def trainer_flags(self) -> list[str]:
+        return list(self.flags) if self.flags else ["--model", self.model, "--dataset", self.dataset]
 
 
 WORKLOADS = {
@@ -130,12 +136,16 @@ class TtaConfig:
     out_dir: str = ""
     extra: list[str] = field(default_factory=list)
     job_timeout: float = 3600.0
+    own: dict[str, Workload] = field(default_factory=dict)  # a user's models (--model/--task MODULE:CALLABLE)
+
+    def workload(self, model: str) -> Workload:
+        return self.own.get(model) or WORKLOADS[model]
 
     def target(self, model: str) -> str:
-        return self.targets.get(model) or WORKLOADS[model].target
+        return self.targets.get(model) or self.workload(model).target
 
     def epochs(self, model: str) -> int:
-        return self.max_epochs or WORKLOADS[model].max_epochs
+        return self.max_epochs or self.workload(model).max_epochs
 
     def emulated(self, workers: int) -> bool:
         return bool(self.emulate_from) and workers >= self.emulate_from
