@@ -722,3 +722,23 @@ def test_launcher_entrypoint_waits_for_the_hostfiles_names_and_gives_up_with_one
     hostfile.write_text("localhost slots=2\n")
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and mark.exists(), out.stderr
+
+
+@pytest.mark.parametrize("layout", ["trainjob", "mpijob"])
+def test_pod_check_names_the_pods_as_the_operator_and_resolves_each_name_to_its_pod(layout, tmp_path):
+    # tools/k8s_pod_check.sh plays these files: the operator's hostfile with DNS names, and /etc/hosts
+    subprocess.run([sys.executable, "tools/k8s_pod_job.py", str(tmp_path), layout, "--epochs", "1"], cwd=ROOT,
+                   check=True, timeout=60)
+    spec = k8s.K8sSpec(api=layout, workers=2 if layout == "trainjob" else 1,
+                       slots_per_worker=1 if layout == "trainjob" else 2)
+    assert (tmp_path / "hostfile").read_text().splitlines() == k8s.hostfile(spec)
+    hosts = {name: line.split()[0] for line in (tmp_path / "hosts").read_text().splitlines() for name in line.split()[1:]}
+    launcher, worker = (tmp_path / "pods").read_text().split()
+    for line in k8s.hostfile(spec):
+        name = line.split()[0]
+        assert hosts[name] == hosts[name.split(".")[0]]  # the DNS name and the pod's hostname: one address
+    assert hosts[launcher] == "10.250.0.1" and hosts[worker] == "10.250.0.2"
+    cmd = (tmp_path / "cmd").read_text().splitlines()
+    assert cmd == k8s.mpirun_command(k8s.K8sSpec(**{**spec.__dict__, "trainer_args": cmd[cmd.index("--dataset"):]}))
+    env = dict(line.split("=", 1) for line in (tmp_path / "launcher.env").read_text().splitlines())
+    assert set(k8s.MPI_RESERVED_ENV) - set(env) == {"OMPI_MCA_orte_default_hostfile"}  # the check adds its path
