@@ -113,10 +113,15 @@ def fit(model: Any = None, data: Any = None, *, task: Any = None, argv: list[str
 class DistributedOptimizer:
     """An optimizer whose ``step()`` first waits for this step's gradients averaged over the workers
     (started from the gradient hooks during backward), then updates: Horovod's
-    ``DistributedOptimizer``. Made by :meth:`Communicator.distributed_optimizer`."""
+    ``DistributedOptimizer``. Made by :meth:`Communicator.distributed_optimizer`.
 
-    def __init__(self, exchange: Any, optimizer: torch.optim.Optimizer) -> None:
-        self._ex, self.optimizer = exchange, optimizer
+    Call :meth:`zero_grad` before each backward, as usual: it also tells the exchange whether the
+    coming step's gradients travel (local SGD, DiLoCo and PowerSGD decide that per step)."""
+
+    def __init__(self, schedule: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self._schedule, self._model, self.optimizer = schedule, model, optimizer
+        self.steps = 0  # updates applied so far
+        self._begun = self._synced = False
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -124,17 +129,22 @@ class DistributedOptimizer:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
+        self._schedule.begin(self.steps + 1)
+        self._begun = True
 
     def synchronize(self) -> None:
-        """Wait for the averaged gradients to be in ``.grad`` (then clip, then :meth:`step`)."""
-        self._ex.synchronize()  # communication: this step's gradients, averaged over the workers
+        """Wait for the averaged gradients to be in ``.grad`` (clip after it, then :meth:`step`)."""
+        self._schedule.synchronize()  # communication: this step's gradients, averaged over the workers
         self._synced = True
 
     def step(self) -> None:
-        if not getattr(self, "_synced", False):
+        if not self._begun:
+            raise RuntimeError("DistributedOptimizer: call zero_grad() before each backward (it starts the step)")
+        if not self._synced:
             self.synchronize()
-        self._synced = False
-        self._ex.apply(self.optimizer)
+        self.steps += 1
+        self._schedule.apply(self.optimizer, self._model, self.steps)  # local SGD, DiLoCo: and the period's average
+        self._begun = self._synced = False
 
     def state_dict(self) -> dict[str, Any]:
         return self.optimizer.state_dict()
@@ -147,7 +157,10 @@ class Communicator:
     """The job's exchange for a script with its own loop (:func:`init`)."""
 
     def __init__(self, exchange: Any, cfg: Any) -> None:
+        from .distributed import make_schedule
+
         self._ex, self.config = exchange, cfg
+        self._schedule = make_schedule(cfg.exchange, exchange)  # the wire format and schedule of the settings
 
     @property
     def rank(self) -> int:
@@ -184,7 +197,7 @@ class Communicator:
         that its ``step()`` applies the gradient averaged over the workers. Call it once, after the
         model is on its device and before the first backward."""
         # communication: rank 0's parameters and optimizer state to every worker; the exchange's hooks
-        return DistributedOptimizer(self._ex, self._ex.prepare(model, optimizer))
+        return DistributedOptimizer(self._schedule, model, self._schedule.prepare(model, optimizer))
 
     def shard(self, dataset: Any, batch_size: int, seed: int = 0, data_workers: int = 0):
         """This worker's batches of a map-style dataset (``.batches(epoch)`` yields collated batches,
@@ -217,17 +230,13 @@ def init(argv: list[str] | None = None, **settings: Any) -> Communicator:
 
     With a dedicated parameter server (``strategy="ps"``, ``ps_placement="dedicated"``) the server
     ranks serve inside this call until the workers close, then leave the process (exit 0): only
-    workers return. Local SGD (``average_every``) is a schedule of the trainer's loop: use
-    :func:`fit` for it. Bad settings: one line from rank 0, exit 2.
+    workers return. Bad settings: one line from rank 0, exit 2.
     """
     from .cli import fail_before_init
     from .distributed import create_exchange
 
     try:
         cfg = _config(argv, settings)
-        if cfg.exchange.average_every:
-            raise UserError("init(average_every=...): local SGD is a schedule of the trainer's loop; use "
-                            "allreduce_train.fit() for it")
         ex = create_exchange(cfg)
     except UserError as e:
         _exit(fail_before_init(str(e)))
