@@ -69,6 +69,7 @@ class PaperConfig:
     tta_workers: list[int] = field(default_factory=lambda: [4])
     tta_rates: list[str] = field(default_factory=list)  # empty: the throughput grid's rates
     tta_max_epochs: int = 0  # 0: the workload's
+    tta_target: str = ""  # MODEL=METRIC>=VALUE instead of the workload's (time-to-accuracy's --target)
     out_dir: str = ""
 
 
@@ -111,7 +112,25 @@ def config_from_args(args: argparse.Namespace) -> PaperConfig:
                        ps_servers=args.ps_servers, steps=args.steps,
                        tta_models=_models(args.tta_models, "--tta-models", allow_none=True),
                        tta_workers=_ints(args.tta_workers, "--tta-workers"), tta_rates=tta_rates,
-                       tta_max_epochs=args.tta_max_epochs, out_dir=args.out_dir)
+                       tta_max_epochs=args.tta_max_epochs, tta_target=_target(args.tta_target),
+                       out_dir=args.out_dir)
+
+
+def _target(text: str) -> str:
+    """time-to-accuracy's --target, checked here so that a typo fails before the throughput grid runs."""
+    if not text:
+        return ""
+    model, sep, target = text.partition("=")
+    op = ">=" if ">=" in target else "<=" if "<=" in target else ""
+    metric, _, value = target.partition(op) if op else ("", "", "")
+    try:
+        float(value)
+    except ValueError:
+        op = ""
+    if not sep or model not in PAPER_MODELS or not op or not metric:
+        raise PaperError(f"--tta-target {text!r}: write MODEL=METRIC>=VALUE (or <=), e.g. "
+                         "lenet5=eval/accuracy>=0.89")
+    return text
 
 
 def _rates(text: str, flag: str) -> list[str]:
@@ -136,6 +155,7 @@ def plan(cfg: PaperConfig, out: str) -> list[tuple[str, list[str]]]:
             "--workers", workers, "--emulate-from", str(min(cfg.tta_workers)),
             "--rates", ",".join(cfg.tta_rates or cfg.rates),
             *(["--max-epochs", str(cfg.tta_max_epochs)] if cfg.tta_max_epochs else []),
+            *(["--target", cfg.tta_target] if cfg.tta_target else []),
             "--out-dir", os.path.join(out, "tta")]))
     return steps
 
@@ -177,7 +197,9 @@ def collect(out: str) -> dict[str, Any]:
         b = one.get((p["model"], p["rate"], p["strategy"]))
         p["pred_speedup"] = p["pred_samples_per_sec"] / b["pred_samples_per_sec"] if b else math.nan
     tta = _read(os.path.join(out, "tta", "results.json")) or {}
+    tta_cmd = tta.get("command", "")
     return {"points": points, "tta": tta.get("jobs", []), "targets": tta.get("targets", {}),
+            "tta_command": shlex.join(tta_cmd) if isinstance(tta_cmd, list) else tta_cmd,
             "throughput_command": top.get("command", ""), "throughput_minutes": top.get("minutes"), "tta_minutes": tta.get("minutes"),
             "mpi_allreduce": top.get("mpi_allreduce", "")}
 
@@ -230,6 +252,10 @@ def markdown(data: dict[str, Any], meta: dict[str, Any]) -> str:
            f"`{meta['command']}`, started {meta['started']}, {meta['minutes']:.1f} min on {meta['cpus']} cores "
            f"(load average {meta['load']}). One job per point: a ratio within {TOLERANCE:.0%} of 1 counts as "
            "no significant difference.", "",
+           "The grids' own commands (their reports: throughput/report.md, tta/report.md): "
+           + "; ".join(f"`{c}` ({m:.1f} min)" if isinstance(m, (int, float)) else f"`{c}`"
+                       for c, m in ((data["throughput_command"], data["throughput_minutes"]),
+                                    (data["tta_command"], data["tta_minutes"])) if c) + ".", "",
            "Centralized PS = dedicated servers (the paper's TensorFlow 1.8 setup), decentralized PS = a server "
            "beside each worker (its MXNet 1.3 setup); both on this trainer's mpi4py engine, synchronous. "
            "Speedup = samples/s at N / the same strategy's at N = 1; the cost model (lab/common/costmodel.py) "
@@ -457,6 +483,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tta-workers", default=",".join(map(str, d.tta_workers)), help="its worker counts (default: 4)")
     p.add_argument("--tta-rates", default="", help="its link rates (default: --rates)")
     p.add_argument("--tta-max-epochs", type=int, default=0, help="its epoch limit (default: the workload's)")
+    p.add_argument("--tta-target", default="", metavar="MODEL=METRIC>=VALUE",
+                   help="its quality target (default: the workload's, lenet5=eval/accuracy>=0.89)")
     p.add_argument("--out-dir", default="", help="default: runs/paper/<time>")
     p.add_argument("--dry-run", action="store_true", help="print the commands and run nothing")
     p.add_argument("--report", default="", metavar="DIR", help="run nothing: write DIR's report again")

@@ -5,6 +5,7 @@ the grids' results.json (a tiny grid's, written here in the grids' format)."""
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -59,7 +60,7 @@ def write_grids(out):
 def test_the_plan_is_the_papers_design_on_the_existing_grids(capsys):
     assert paper.main(args("--dry-run", "--out-dir", "runs/paper/x")) == 0
     lines = capsys.readouterr().out.splitlines()
-    throughput, tta = lines[1].split(), lines[3].split()
+    throughput, tta = shlex.split(lines[1]), shlex.split(lines[3])
     assert throughput[1:4] == ["-m", "lab", "scaling-netns"] and tta[1:4] == ["-m", "lab", "time-to-accuracy"]
     opt = lambda cmd, flag: cmd[cmd.index(flag) + 1]  # noqa: E731
     assert opt(throughput, "--hosts") == "1,2,4" and opt(throughput, "--rates") == "1gbit,100mbit"
@@ -73,12 +74,17 @@ def test_the_plan_is_the_papers_design_on_the_existing_grids(capsys):
     assert paper.main(args("--dry-run", "--tta-models", "none", "--ps-servers", "2")) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and "--ps-servers 2" in lines[1]
+    assert paper.main(args("--dry-run", "--tta-target", "lenet5=eval/accuracy>=0.85", "--tta-rates", "100mbit")) == 0
+    tta = shlex.split(capsys.readouterr().out.splitlines()[3])
+    assert opt(tta, "--target") == "lenet5=eval/accuracy>=0.85" and opt(tta, "--rates") == "100mbit"
 
 
 def test_bad_input_is_one_line_naming_the_flag_and_exit_2(capsys):
     for argv, flag in ((["--hosts", "2,4"], "--hosts"), (["--rates", "1gbit,fast"], "--rates"),
                        (["--tta-rates", "x"], "--tta-rates"), (["--models", "resnet18"], "--models"),
-                       (["--ps-servers", "0"], "--ps-servers"), (["--report", "/nonexistent"], "--report")):
+                       (["--ps-servers", "0"], "--ps-servers"), (["--report", "/nonexistent"], "--report"),
+                       (["--tta-target", "lenet5=accuracy"], "--tta-target"),
+                       (["--tta-target", "resnet18=eval/accuracy>=0.5"], "--tta-target")):
         assert paper.main(args(*argv)) == 2, argv
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and err.startswith(f"paper: error: {flag}"), (argv, err)
