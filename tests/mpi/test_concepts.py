@@ -6,26 +6,21 @@ import json
 import pytest
 import torch
 
-from helpers import check, launch, load_params, rel_diff, run_single
+from helpers import SHARED_RUN, check, launch, load_params, rel_diff, run_args
 
 pytestmark = pytest.mark.mpi
 
-QUICK = ["--dataset", "synthetic", "--synthetic-samples", "2048", "--no-progress", "--log-every", "5",
-         "--warmup-steps", "0", "--no-scale-lr", "--lr", "0.05", "--steps", "20"]
-PS_FP16 = ["--strategy", "ps", "--ps-placement", "colocated", "--compression", "fp16", "--checkpoint-every", "7"]
-
-
-def run_args(tmp_path, name, *extra):
-    return ["--run-dir", str(tmp_path), "--name", name, "--dump-params", str(tmp_path / f"{name}-{{rank}}.pt"), *extra]
+# tests/mpi/conftest.py's shared run (20 steps, a checkpoint every 7): its sync_run is the reference,
+# and each concept's job differs from it only in the concept's flags
+QUICK = SHARED_RUN
+PS_FP16 = ["--strategy", "ps", "--ps-placement", "colocated", "--compression", "fp16"]
 
 
 @pytest.fixture(scope="module")
-def float32_params(tmp_path_factory):
+def float32_params(one_process_run):
     """Where float32 training ends: one process at the double batch (2 ranks end within 1e-5 of it,
     tests/mpi/test_train.py)."""
-    d = tmp_path_factory.mktemp("fp32")
-    check(run_single(QUICK + run_args(d, "ref", "--batch-size", "32")))
-    return load_params(d / "ref-0.pt")
+    return load_params(one_process_run / "one-0.pt")
 
 
 @pytest.fixture(scope="module")
@@ -77,14 +72,6 @@ def test_ps_with_16_bit_pulls_resumes_exactly_from_the_servers_master_parameters
 
 
 @pytest.fixture(scope="module")
-def sync_dir(tmp_path_factory):
-    """Synchronous SGD through Horovod's DistributedOptimizer, the ordinary path."""
-    d = tmp_path_factory.mktemp("sync")
-    check(launch(2, QUICK + run_args(d, "sync", "--batch-size", "16")))
-    return d
-
-
-@pytest.fixture(scope="module")
 def local4_dir(tmp_path_factory):
     """Local SGD with H=4 on the mpi4py ring, run to the end (20 steps: the last one averages)."""
     d = tmp_path_factory.mktemp("local4")
@@ -92,21 +79,21 @@ def local4_dir(tmp_path_factory):
     return d
 
 
-LOCAL4 = ["--allreduce-engine", "mpi", "--average-every", "4", "--checkpoint-every", "7"]
+LOCAL4 = ["--allreduce-engine", "mpi", "--average-every", "4"]
 
 
-def test_local_sgd_with_h_1_is_synchronous_sgd_bit_for_bit(tmp_path, sync_dir):
+def test_local_sgd_with_h_1_is_synchronous_sgd_bit_for_bit(tmp_path, sync_run):
     """Through local SGD's path (Horovod without its DistributedOptimizer: one grouped allreduce of a
     synchronous step's gradients, after backward) the run ends on the ordinary path's parameters."""
     check(launch(2, QUICK + run_args(tmp_path, "h1", "--batch-size", "16", "--average-every", "1")))
-    got, want = same_on_every_rank(tmp_path, "h1"), load_params(sync_dir / "sync-0.pt")
+    got, want = same_on_every_rank(tmp_path, "h1"), load_params(sync_run / "sync-0.pt")
     for k in want:
         assert torch.equal(got[k], want[k]), k
 
 
-def test_local_sgd_with_h_4_averages_parameters_but_is_not_synchronous_sgd(local4_dir, sync_dir):
+def test_local_sgd_with_h_4_averages_parameters_but_is_not_synchronous_sgd(local4_dir, sync_run):
     got = same_on_every_rank(local4_dir, "full")  # identical only because the last step averaged them
-    assert rel_diff(got, load_params(sync_dir / "sync-0.pt")) > 1e-4  # the local steps left their mark
+    assert rel_diff(got, load_params(sync_run / "sync-0.pt")) > 1e-4  # the local steps left their mark
 
 
 def test_local_sgd_resumes_exactly_mid_period_with_every_workers_own_state(tmp_path, local4_dir):
@@ -121,7 +108,7 @@ def test_local_sgd_resumes_exactly_mid_period_with_every_workers_own_state(tmp_p
         assert torch.equal(full[k], resumed[k]), k
 
 
-PSGD = ["--compression", "powersgd", "--powersgd-rank", "2", "--checkpoint-every", "7"]
+PSGD = ["--compression", "powersgd", "--powersgd-rank", "2"]
 
 
 @pytest.fixture(scope="module")
@@ -133,14 +120,14 @@ def powersgd_mpi_dir(tmp_path_factory):
 
 
 @pytest.mark.parametrize("engine", ["horovod", "mpi"])
-def test_powersgd_ends_alike_on_every_rank_and_away_from_exact_averaging(tmp_path, sync_dir, powersgd_mpi_dir, engine):
+def test_powersgd_ends_alike_on_every_rank_and_away_from_exact_averaging(tmp_path, sync_run, powersgd_mpi_dir, engine):
     if engine == "mpi":
         d = powersgd_mpi_dir
     else:
         d = tmp_path
         check(launch(2, QUICK + PSGD + run_args(d, "full", "--batch-size", "16")))
     got = same_on_every_rank(d, "full")  # identical: every rank applied the same low-rank average
-    assert rel_diff(got, load_params(sync_dir / "sync-0.pt")) > 1e-4  # rank-2 factors, not the gradients
+    assert rel_diff(got, load_params(sync_run / "sync-0.pt")) > 1e-4  # rank-2 factors, not the gradients
 
 
 def test_powersgd_resumes_exactly_with_every_workers_error_feedback_and_qs(tmp_path, powersgd_mpi_dir):

@@ -5,24 +5,17 @@ import json
 import pytest
 import torch
 
-from helpers import check, launch, load_params, rel_diff
+from helpers import SHARED_RUN, check, launch, load_params, rel_diff, run_args
 
 pytestmark = pytest.mark.mpi
 
-QUICK = ["--dataset", "synthetic", "--synthetic-samples", "2048", "--no-progress", "--log-every", "5",
-         "--warmup-steps", "0", "--lr", "0.05", "--batch-size", "16", "--steps", "20"]
 
-
-def run_args(tmp_path, name, *extra):
-    return ["--run-dir", str(tmp_path), "--name", name, "--dump-params", str(tmp_path / f"{name}-{{rank}}.pt"), *extra]
-
-
-def test_each_rank_trains_alone_on_its_shard_as_local_sgd_that_never_averages(tmp_path):
-    check(launch(2, QUICK + run_args(tmp_path, "none", "--strategy", "none")))
+def test_each_rank_trains_alone_on_its_shard_as_local_sgd_that_never_averages(tmp_path, alone_run):
+    check(launch(2, SHARED_RUN + run_args(tmp_path, "none", "--batch-size", "16", "--strategy", "none")))
     # the same ranks, each stepping on its own gradient: local SGD whose first averaging lies past the run
-    check(launch(2, QUICK + run_args(tmp_path, "alone", "--average-every", "1000")))
+    # (tests/mpi/conftest.py's alone_run)
     for rank in (0, 1):
-        mine, alone = load_params(tmp_path / f"none-{rank}.pt"), load_params(tmp_path / f"alone-{rank}.pt")
+        mine, alone = load_params(tmp_path / f"none-{rank}.pt"), load_params(alone_run / f"alone-{rank}.pt")
         for k in mine:
             assert torch.equal(mine[k], alone[k]), f"rank {rank}: {k} differs from training alone on the shard"
     assert rel_diff(load_params(tmp_path / "none-0.pt"), load_params(tmp_path / "none-1.pt")) > 1e-3

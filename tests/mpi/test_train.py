@@ -5,67 +5,63 @@ import json
 import pytest
 import torch
 
-from helpers import FASHION_MNIST_DIR, check, launch, load_params, needs_fashion_mnist, rel_diff, run_single, write_split
+from helpers import (
+    FASHION_MNIST_DIR,
+    SHARED_RUN,
+    check,
+    launch,
+    load_params,
+    needs_fashion_mnist,
+    rel_diff,
+    run_args,
+    run_single,
+    write_split,
+)
 
 pytestmark = pytest.mark.mpi
 
-QUICK = ["--dataset", "synthetic", "--synthetic-samples", "2048", "--no-progress", "--log-every", "5",
-         "--warmup-steps", "0", "--no-scale-lr", "--lr", "0.05"]
-
-
-def run_args(tmp_path, name, *extra):
-    return ["--run-dir", str(tmp_path), "--name", name, "--dump-params", str(tmp_path / f"{name}-{{rank}}.pt"), *extra]
-
-
-@pytest.mark.parametrize("weight_decay", ["0", "0.01"])
-def test_two_ranks_end_bit_identical_and_equal_one_process_with_double_batch(tmp_path, weight_decay):
-    wd = ["--weight-decay", weight_decay]
-    check(launch(2, QUICK + wd + run_args(tmp_path, "np2", "--batch-size", "16", "--steps", "30")))
-    r0, r1 = load_params(tmp_path / "np2-0.pt"), load_params(tmp_path / "np2-1.pt")
+def test_two_ranks_end_bit_identical_and_equal_one_process_with_double_batch(sync_run, one_process_run):
+    """(With weight decay and momentum: tests/mpi/test_ring_engine.py's Horovod runs at 2, 3 and 4 ranks.)"""
+    r0, r1 = load_params(sync_run / "sync-0.pt"), load_params(sync_run / "sync-1.pt")
     for k in r0:
         assert torch.equal(r0[k], r1[k]), f"{k} differs between ranks"
     # one process never goes through Horovod's optimizer wrapper: plain torch SGD as the reference
-    check(run_single(QUICK + wd + run_args(tmp_path, "np1", "--batch-size", "32", "--steps", "30")))
-    single = load_params(tmp_path / "np1-0.pt")
+    single = load_params(one_process_run / "one-0.pt")
     assert rel_diff(r0, single) <= 1e-5
     # ... and training moved the parameters far more than that tolerance
-    check(run_single(QUICK + wd + run_args(tmp_path, "np1-short", "--batch-size", "32", "--steps", "1")))
-    assert rel_diff(load_params(tmp_path / "np1-short-0.pt"), single) > 1e-2
+    check(run_single(SHARED_RUN + run_args(one_process_run, "short", "--batch-size", "32", "--steps", "1")))
+    assert rel_diff(load_params(one_process_run / "short-0.pt"), single) > 1e-2
 
 
-def test_without_the_exchange_the_same_ranks_diverge(tmp_path):
+def test_without_the_exchange_the_same_ranks_diverge(alone_run):
     """The control for the test above: the same 2-rank run (same seed, so the same initial parameters;
     each rank on its own shard) with the gradient exchange turned off ends with different parameters on
-    the ranks, so their bit-identity above comes from the exchange, not from the seed. Off: local SGD
-    whose first averaging (step 1000) lies past the run's last step, so each rank steps on its own
-    gradient alone (only the per-step stop/loss vote travels)."""
-    check(launch(2, QUICK + run_args(tmp_path, "alone", "--batch-size", "16", "--steps", "30",
-                                     "--average-every", "1000")))
-    r0, r1 = load_params(tmp_path / "alone-0.pt"), load_params(tmp_path / "alone-1.pt")
+    the ranks, so their bit-identity above comes from the exchange, not from the seed (tests/mpi/conftest.py's
+    alone_run)."""
+    r0, r1 = load_params(alone_run / "alone-0.pt"), load_params(alone_run / "alone-1.pt")
     assert rel_diff(r0, r1) > 1e-3
 
 
-def test_resume_continues_exactly(tmp_path):
-    args = QUICK + ["--batch-size", "16", "--steps", "40", "--checkpoint-every", "7"]
-    check(launch(2, args + run_args(tmp_path, "full")))
-    first = check(launch(2, args + run_args(tmp_path, "cut", "--exit-after-steps", "17")))
+def test_resume_continues_exactly(tmp_path, sync_run):
+    """Cut at step 9 and resumed, the run ends where the uncut sync_run (the same flags) ends, bit for bit."""
+    args = SHARED_RUN + ["--batch-size", "16"]
+    first = check(launch(2, args + run_args(tmp_path, "cut", "--exit-after-steps", "9")))
     assert (tmp_path / "cut" / "checkpoint.pt").exists()
     saved = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)
-    assert saved["step"] == 17
+    assert saved["step"] == 9
     metrics = json.loads((tmp_path / "cut" / "metrics.json").read_text())
-    assert metrics["steps"] == 17 and metrics["completed"] is False, first.stdout
+    assert metrics["steps"] == 9 and metrics["completed"] is False, first.stdout
     check(launch(2, args + run_args(tmp_path, "cut", "--resume", "auto")))
-    full, resumed = load_params(tmp_path / "full-0.pt"), load_params(tmp_path / "cut-0.pt")
+    full, resumed = load_params(sync_run / "sync-0.pt"), load_params(tmp_path / "cut-0.pt")
     for k in full:
         assert torch.equal(full[k], resumed[k]), k
-    assert json.loads((tmp_path / "cut" / "metrics.json").read_text())["steps"] == 40
+    assert json.loads((tmp_path / "cut" / "metrics.json").read_text())["steps"] == 20
 
 
-def test_tensorboard_tags_and_metrics_json(tmp_path):
+def test_tensorboard_tags_and_metrics_json(sync_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    check(launch(2, QUICK + ["--run-dir", str(tmp_path), "--name", "tb", "--steps", "20", "--eval-every", "10"]))
-    run = tmp_path / "tb"
+    run = sync_run / "sync"
     acc = EventAccumulator(str(run))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
@@ -78,20 +74,18 @@ def test_tensorboard_tags_and_metrics_json(tmp_path):
     for key in ("strategy", "world_size", "workers", "model", "dataset", "global_batch", "steps",
                 "samples_per_sec", "step_ms"):
         assert key in m, key
-    assert (m["strategy"], m["world_size"], m["workers"], m["global_batch"], m["steps"]) == ("allreduce", 2, 2, 128, 20)
+    assert (m["strategy"], m["world_size"], m["workers"], m["global_batch"], m["steps"]) == ("allreduce", 2, 2, 32, 20)
     assert m["samples_per_sec"] > 0 and m["step_ms"] > 0
     assert set(m["final"]) == {"train_loss", "eval_loss", "eval_accuracy"}
     assert sorted(p.name for p in run.iterdir() if p.name.startswith("events")) and not any(
-        p.name.startswith("events") for p in tmp_path.iterdir())  # one TensorBoard writer, in the run dir
+        p.name.startswith("events") for p in sync_run.iterdir())  # one TensorBoard writer, in the run dir
 
 
-def test_global_eval_is_not_rank0s_share(tmp_path):
-    """Evaluation over 2 ranks must score the same samples as 1 process: the whole set."""
-    args = QUICK + ["--batch-size", "16", "--steps", "4", "--synthetic-samples", "1010"]
-    check(launch(2, args + ["--run-dir", str(tmp_path), "--name", "e2"]))
-    check(run_single(args + ["--batch-size", "32", "--run-dir", str(tmp_path), "--name", "e1"]))
-    m2 = json.loads((tmp_path / "e2" / "metrics.json").read_text())["final"]
-    m1 = json.loads((tmp_path / "e1" / "metrics.json").read_text())["final"]
+def test_global_eval_is_not_rank0s_share(sync_run, one_process_run):
+    """Evaluation over 2 ranks must score the same samples as 1 process: the whole set (205 samples,
+    which 2 ranks cannot split evenly), on parameters within 1e-5 of each other."""
+    m2 = json.loads((sync_run / "sync" / "metrics.json").read_text())["final"]
+    m1 = json.loads((one_process_run / "one" / "metrics.json").read_text())["final"]
     assert m2["eval_accuracy"] == pytest.approx(m1["eval_accuracy"], abs=1e-9)
     assert m2["eval_loss"] == pytest.approx(m1["eval_loss"], rel=1e-4)
 
