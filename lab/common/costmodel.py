@@ -182,6 +182,9 @@ CAST_BYTES = 6  # a cast of one element between float32 and 16 bits reads 4 byte
 # flat buffer and back (16 more).
 POWERSGD_BYTES_ALL, POWERSGD_BYTES_MATRIX, POWERSGD_BYTES_PLAIN = 32, 12, 16
 LOCALSGD_BYTES = 16  # local SGD's parameter sum: every parameter copied in and the average copied back (read + write 8 each)
+# DiLoCo's outer step per parameter: the delta (read outer and local, write: 12), its sum copied in and out
+# (8), Nesterov momentum and the outer update (read 3, write 2 tensors: 20) and the copy into the model (8)
+DILOCO_BYTES = 48
 
 Shape = tuple[int, ...]
 
@@ -208,12 +211,14 @@ HOST = Host()
 @dataclass(frozen=True)
 class Method:
     """A communication-reduction concept, as the trainer's flags set it: ``compression`` (none, fp16,
-    bf16, powersgd: ``--compression``), ``rank`` (``--powersgd-rank``) and ``every`` (local SGD's H,
-    ``--average-every``; 0 and 1 both mean every step is synchronous)."""
+    bf16, powersgd: ``--compression``), ``rank`` (``--powersgd-rank``), ``every`` (local SGD's H,
+    ``--average-every``; 0 and 1 both mean every step is synchronous) and ``outer`` (DiLoCo's H,
+    ``--diloco-every``; 0 = off)."""
 
     compression: str = NONE
     rank: int = 1
     every: int = 1
+    outer: int = 0
 
     def __post_init__(self) -> None:
         if self.compression not in COMPRESSIONS:
@@ -225,11 +230,14 @@ class Method:
         if self.compression == POWERSGD and self.period > 1:
             raise ValueError("PowerSGD with local SGD is not a method of the trainer (--compression powersgd "
                              "refuses --average-every)")
+        if self.outer < 0 or self.outer and (self.every > 1 or self.compression != NONE):
+            raise ValueError("DiLoCo (--diloco-every H >= 1) sends float32 parameter deltas only: no --compression, "
+                             "no --average-every")
 
     @property
     def period(self) -> int:
         """H: a full exchange every H steps (1: every step)."""
-        return max(1, self.every)
+        return self.outer or max(1, self.every)
 
     @property
     def elem(self) -> int:
@@ -240,20 +248,28 @@ class Method:
     def label(self) -> str:
         """A short name: ``fp32``, ``fp16``, ``bf16``, ``powersgd-r4``, ``localsgd-h4``, ``localsgd-h4+fp16``."""
         base = {NONE: "fp32", POWERSGD: f"powersgd-r{self.rank}"}.get(self.compression, self.compression)
+        if self.outer:
+            return f"diloco-h{self.outer}"
         if self.period == 1:
             return base
         return f"localsgd-h{self.period}" + ("" if self.compression == NONE else f"+{base}")
 
     @classmethod
-    def from_flags(cls, compression: str = NONE, powersgd_rank: int = 1, average_every: int = 0) -> "Method":
+    def from_flags(cls, compression: str = NONE, powersgd_rank: int = 1, average_every: int = 0,
+                   diloco_every: int = 0) -> "Method":
         """The method of a trainer run with these flags (its config's values)."""
-        return cls(compression, powersgd_rank if compression == POWERSGD else 1, max(1, average_every))
+        return cls(compression, powersgd_rank if compression == POWERSGD else 1, max(1, average_every), diloco_every)
 
     @classmethod
     def parse(cls, text: str) -> "Method":
         """``fp32`` (or ``none``), ``fp16``, ``bf16``, ``powersgd-rR``, ``localsgd-hH``, ``localsgd-hH+fp16``
         (as :attr:`label` writes them); ValueError otherwise."""
         t = text.strip().lower()
+        if t.startswith("diloco-h"):
+            h = t[len("diloco-h"):]
+            if not h.isdigit() or int(h) < 1:
+                raise ValueError(f"method {text!r}: DiLoCo is diloco-hH with H >= 1, e.g. diloco-h16")
+            return cls(outer=int(h))
         every, sep, rest = t.partition("+")
         if every.startswith("localsgd-h"):
             h = every[len("localsgd-h"):]
@@ -269,7 +285,8 @@ class Method:
             return cls(t)
         if t.startswith("powersgd-r") and t[len("powersgd-r"):].isdigit():
             return cls(POWERSGD, int(t[len("powersgd-r"):]))
-        raise ValueError(f"unknown method {text!r}; choose fp32, fp16, bf16, powersgd-rR or localsgd-hH[+fp16]")
+        raise ValueError(f"unknown method {text!r}; choose fp32, fp16, bf16, powersgd-rR, localsgd-hH[+fp16] "
+                         "or diloco-hH")
 
 
 BASELINE = Method()  # synchronous SGD, float32 on the wire
@@ -321,7 +338,10 @@ def method_cost(method: Method, kind: str, n: int, grad: "float | Iterable[Shape
       matrix and the orthonormalisation of P and Q (flops), the error feedback's copies (memory);
     * local SGD every H (allreduce only): one gradient allreduce and one parameter allreduce (float32)
       per H steps, both amortised over the H steps, and the parameters copied in and out once per
-      period; H = 1 is synchronous SGD: the gradients only.
+      period; H = 1 is synchronous SGD: the gradients only;
+    * DiLoCo every H (allreduce only): no gradient travels; one float32 allreduce of the parameter
+      delta per H steps (allreduce_train/distributed/wirecost.py ``diloco_bytes_per_step``), and the
+      outer step's memory traffic (DILOCO_BYTES per parameter), both amortised over the H steps.
     """
     _check(kind, n, servers)
     shapes = as_shapes(grad)
@@ -329,8 +349,15 @@ def method_cost(method: Method, kind: str, n: int, grad: "float | Iterable[Shape
     h = method.period
     if method.compression == POWERSGD and kind != ALLREDUCE:
         raise ValueError(f"PowerSGD runs over an allreduce only (the trainer refuses it with {kind})")
+    if method.outer and kind != ALLREDUCE:
+        raise ValueError(f"DiLoCo averages over an allreduce only (the trainer refuses --diloco-every with {kind})")
     if h > 1 and kind != ALLREDUCE:
         raise ValueError(f"local SGD averages over an allreduce only (the trainer refuses --average-every with {kind})")
+    if method.outer:
+        if n == 1:  # one worker's average is its own delta: nothing travels
+            return MethodCost(0.0, 0.0, DILOCO_BYTES * numel / host.mem_bw / h, 0.0)
+        messages, volume = coefficients(ALLREDUCE, n, 4.0 * numel)
+        return MethodCost(messages / h, volume / h, DILOCO_BYTES * numel / host.mem_bw / h, 0.0)
     if method.compression == POWERSGD and isinstance(grad, (int, float)):
         raise ValueError("PowerSGD's cost needs the gradient's tensor shapes (which matrices it compresses), "
                          "not its bytes")

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from allreduce_train.distributed import compression, localsgd, powersgd
+from allreduce_train.distributed import compression, diloco, localsgd, powersgd
 from lab.common import costmodel as cm
 from lab.common import gradients
 
@@ -45,6 +45,20 @@ def test_ring_volume_is_the_trainers_bytes_per_step(model, name):
     want = (localsgd.bytes_per_step(numel, n, m.period, m.elem) if m.period > 1 or "localsgd" in name
             else compression.allreduce_bytes_per_step(numel, n, m.compression))
     assert cost.volume == pytest.approx(want)
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("h", [1, 4, 16])
+def test_diloco_volume_is_the_trainers_bytes_per_step_and_refused_off_the_ring(model, h):
+    m, numel, n = cm.Method.parse(f"diloco-h{h}"), sum(math.prod(s) for s in gradients.shapes(model)), 8
+    assert m.label == f"diloco-h{h}" and m == cm.Method.from_flags(diloco_every=h)
+    cost = cm.method_cost(m, cm.ALLREDUCE, n, gradients.shapes(model))
+    assert cost.volume == pytest.approx(diloco.bytes_per_step(numel, n, h))
+    assert cost.extra_compute_s > 0
+    with pytest.raises(ValueError, match="DiLoCo averages over an allreduce only"):
+        cm.method_cost(m, cm.PS_COLOCATED, n, gradients.shapes(model))
+    with pytest.raises(ValueError, match="DiLoCo"):
+        cm.Method(cm.FP16, outer=h)
 
 
 @pytest.mark.parametrize("kind", cm.KINDS)
