@@ -49,6 +49,8 @@ LABELS = {"ps-dedicated": "centralized PS (dedicated servers; TF 1.8's)",
           "ps-colocated": "decentralized PS (colocated; MXNet 1.3's)",
           "allreduce": "ring allreduce, Horovod", "allreduce-mpi": "ring allreduce, mpi4py engine"}
 # the time-to-accuracy grid's methods as the comparison's runs (one colour per concept in every chart)
+SHORT = {"ps-dedicated": "centralized PS (dedicated)", "ps-colocated": "decentralized PS (colocated)",
+         "allreduce": "ring, Horovod", "allreduce-mpi": "ring, mpi4py engine"}
 TTA_RUNS = {"ring-horovod": "allreduce", "ring-mpi": "allreduce-mpi", "ps-sync-dedicated": "ps-dedicated",
             "ps-sync-colocated": "ps-colocated", "ps-async-dedicated": "ps-dedicated-async",
             "ps-async-colocated": "ps-colocated-async"}
@@ -178,9 +180,12 @@ def collect(out: str) -> dict[str, Any]:
     samples/s = measured samples/s x measured step / predicted step. tta: every time-to-accuracy job."""
     top = _read(os.path.join(out, "throughput", "results.json")) or {}
     pred = {(r["rate"], r["model"], r["strategy"], r["workers"]): r for r in top.get("rows", []) if r.get("ok")}
-    points = []
+    points, loads = [], {}
     for rate in top.get("rates", []):
         grid = _read(os.path.join(out, "throughput", rate, "results.json")) or {}
+        loads[rate] = grid.get("loadavg", "")
+        # the 1-minute load average before each job: on a shared machine the jobs' figures move with it
+        before = {(j["model"], j["strategy"], j["workers"]): j.get("loadavg_before") for j in grid.get("jobs", [])}
         for r in grid.get("rows", []):
             if r["strategy"] not in STRATEGIES or not r["repeats"]:
                 continue
@@ -188,7 +193,8 @@ def collect(out: str) -> dict[str, Any]:
             pt = {"model": r["model"], "rate": rate, "strategy": r["strategy"], "workers": r["workers"],
                   "samples_per_sec": r["samples_per_sec_mean"], "samples_per_sec_std": r["samples_per_sec_std"],
                   "speedup": r["speedup"], "step_ms": p.get("step_ms"), "wait_ms": p.get("wait_ms"),
-                  "pred_step_ms": p.get("pred_step_ms"), "model_mb_per_step": (p.get("model_bytes_per_step") or 0) / 1e6}
+                  "pred_step_ms": p.get("pred_step_ms"), "model_mb_per_step": (p.get("model_bytes_per_step") or 0) / 1e6,
+                  "load": _first(before.get((r["model"], r["strategy"], r["workers"])))}
             pt["pred_samples_per_sec"] = (pt["samples_per_sec"] * pt["step_ms"] / pt["pred_step_ms"]
                                           if pt["step_ms"] and pt["pred_step_ms"] else math.nan)
             points.append(pt)
@@ -198,10 +204,17 @@ def collect(out: str) -> dict[str, Any]:
         p["pred_speedup"] = p["pred_samples_per_sec"] / b["pred_samples_per_sec"] if b else math.nan
     tta = _read(os.path.join(out, "tta", "results.json")) or {}
     tta_cmd = tta.get("command", "")
-    return {"points": points, "tta": tta.get("jobs", []), "targets": tta.get("targets", {}),
+    return {"points": points, "loads": loads, "tta": tta.get("jobs", []), "targets": tta.get("targets", {}),
             "tta_command": shlex.join(tta_cmd) if isinstance(tta_cmd, list) else tta_cmd,
             "throughput_command": top.get("command", ""), "throughput_minutes": top.get("minutes"), "tta_minutes": tta.get("minutes"),
             "mpi_allreduce": top.get("mpi_allreduce", "")}
+
+
+def _first(load: Any) -> float | None:
+    """The 1-minute figure of a job's load average (recorded as [1, 5, 15] or one number)."""
+    if isinstance(load, (list, tuple)):
+        return load[0] if load else None
+    return load
 
 
 def _ratio_word(r: float, better: str, worse: str) -> str:
@@ -251,7 +264,10 @@ def markdown(data: dict[str, Any], meta: dict[str, Any]) -> str:
     out = ["# The paper's findings on this project", "",
            f"`{meta['command']}`, started {meta['started']}, {meta['minutes']:.1f} min on {meta['cpus']} cores "
            f"(load average {meta['load']}). One job per point: a ratio within {TOLERANCE:.0%} of 1 counts as "
-           "no significant difference.", "",
+           "no significant difference. Load average (1 min) before the throughput jobs: "
+           + (", ".join(f"{r}: {v}" for r, v in data.get("loads", {}).items() if v) or "not recorded")
+           + f" on {meta['cpus']} cores: where it is far above the core count the jobs shared the cores with "
+           "other work, and single ratios carry that noise.", "",
            "The grids' own commands (their reports: throughput/report.md, tta/report.md): "
            + "; ".join(f"`{c}` ({m:.1f} min)" if isinstance(m, (int, float)) else f"`{c}`"
                        for c, m in ((data["throughput_command"], data["throughput_minutes"]),
@@ -273,12 +289,12 @@ def markdown(data: dict[str, Any], meta: dict[str, Any]) -> str:
         out.append("| no pair of dedicated and colocated PS jobs measured | | | | | | | | | |")
     out += ["", "## Throughput and speedup", "",
             "| model | rate | strategy | N | samples/s | speedup | model's samples/s | step ms | wait ms | "
-            "model's step ms |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+            "model's step ms | load |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for p in sorted(data["points"], key=lambda p: (p["model"], p["rate"], STRATEGIES.index(p["strategy"]),
                                                     p["workers"])):
         out.append(f"| {p['model']} | {p['rate']} | {p['strategy']} | {p['workers']} | {p['samples_per_sec']:.1f} | "
                    f"{p['speedup']:.2f} | {_f(p['pred_samples_per_sec'], '.1f')} | {_f(p['step_ms'], '.1f')} | "
-                   f"{_f(p['wait_ms'], '.1f')} | {_f(p['pred_step_ms'], '.1f')} |")
+                   f"{_f(p['wait_ms'], '.1f')} | {_f(p['pred_step_ms'], '.1f')} | {_f(p.get('load'), '.1f')} |")
     out += k_markdown(data)
     out += ["", "## Concept and implementation apart", ""]
     keys = sorted({(p["model"], p["rate"], p["workers"]) for p in data["points"] if p["workers"] > 1})
@@ -383,7 +399,7 @@ def plot(path: str, data: dict[str, Any]) -> None:
                 line = sorted((p for p in pts if p["strategy"] == s and p["rate"] == rate), key=lambda p: p["workers"])
                 if not line:
                     continue
-                kw = dict(color=color, marker=marker, ls=RATE_STYLE[i % len(RATE_STYLE)], label=f"{s}, {rate}")
+                kw = dict(color=color, marker=marker, ls=RATE_STYLE[i % len(RATE_STYLE)], label=f"{SHORT[s]}, {rate}")
                 row[0].errorbar([p["workers"] for p in line], [p["samples_per_sec"] for p in line],
                                 yerr=[p["samples_per_sec_std"] for p in line], capsize=3, **kw)
                 row[1].plot([p["workers"] for p in line], [p["speedup"] for p in line], **kw)
