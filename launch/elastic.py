@@ -29,8 +29,9 @@ import shutil
 import signal
 import subprocess
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 PROBE_TIMEOUT = 10.0  # seconds for one host to answer the probe (Horovod's ssh check waits 10 s too)
 DISCOVERY_TIMEOUT = 60.0  # seconds for the discovery script

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from launch import mpirun
 from launch.bound import GRACE_PERIOD, run_bounded
@@ -64,6 +64,7 @@ def run_emulated(cluster: ClusterSpec, cmd: list[str] | None = None, env: dict[s
         with EmulatedCluster(cluster, log=lambda msg: print(msg, flush=True)):
             if job is not None:
                 return job(lambda: stop_inside(cluster.namespaces))
+            assert cmd is not None and env is not None, "run_emulated: give job, or cmd and env"
             return run_bounded(cmd, env, timeout, grace=grace)
     except ClusterError as e:
         print(f"launch: error: {e}", file=sys.stderr)

@@ -9,8 +9,6 @@ mpirun --grace-period seconds and then kills it and removes the hosts (docs/faul
 """
 
 import os
-import re
-import shutil
 import signal
 import subprocess
 import time
@@ -20,7 +18,7 @@ import torch
 
 from lab.emulation import netns
 
-from helpers import Job, check, job_pids, launch, load_params
+from helpers import Job, job_pids, load_params
 
 pytestmark = pytest.mark.mpi
 
@@ -94,44 +92,6 @@ def test_a_cut_link_ends_the_job_within_the_stall_timeout_and_grace_period_namin
     # the rank on the other side says who did not arrive, and where (the cut host's own line is lost with its link)
     assert f"rank(s) {missing} did not arrive (on {cut})" in err, job.text()
     assert_nothing_left(job, prefix, inodes)
-
-
-@pytest.mark.timeout(600)
-def test_with_min_np_a_cut_host_is_left_out_and_the_job_ends_bit_identical_to_a_run_started_there(
-        tmp_path, namespaces_permitted):
-    """Elastic shrink after a partition: the restart goes to the hosts that can still be reached, from
-    the last checkpoint, and ends as a 1-rank run started from that checkpoint does."""
-    steps = ["--steps", "60", "--stall-timeout", str(STALL)]
-    job = emulated_job(tmp_path, 2, 2, ["--name", "el", *steps, "--dump-params", str(tmp_path / "el-{rank}.pt")],
-                       "partition-elastic", launcher=["--max-restarts", "1", "--min-np", "1"])
-    prefix = f"art-{job.proc.pid}-0"
-    resumed_from = tmp_path / "resumed-from.pt"
-    try:
-        wait_for_checkpoint(job, tmp_path / "el" / "checkpoint.pt")
-        set_link(prefix, "h2", "down")
-        # the launcher names the lost host before it starts the smaller job: the checkpoint on disk now
-        # is the one that job resumes (the test checks the step below)
-        deadline = time.monotonic() + STALL + GRACE + 120
-        while not any("elastic: host(s) h2 lost" in ln for ln in job.err):
-            assert job.proc.poll() is None and time.monotonic() < deadline, job.text()
-            time.sleep(0.05)
-        shutil.copy(tmp_path / "el" / "checkpoint.pt", resumed_from)
-        rc = job.finish(timeout=400)
-    finally:
-        job.kill_leftovers()
-    err, out = "".join(job.err), "".join(job.out)
-    assert rc == 0, job.text()
-    assert "exit 69 (stalled); restart 1 of 1" in err and "continuing on 1 host(s) (h1:1): world size 2 -> 1" in err, err
-    start = torch.load(resumed_from, weights_only=True)["step"]
-    assert [int(n) for n in re.findall(r", from step (\d+)", out)][-1] == start, (start, job.text())
-    assert not any(n.startswith(prefix + "-") for n in netns.list_namespaces())
-    ref = tmp_path / "ref"
-    ref.mkdir()
-    check(launch(1, QUICK + ["--run-dir", str(tmp_path), "--name", "ref", *steps, "--resume", str(resumed_from),
-                             "--dump-params", str(ref / "ref-{rank}.pt")]))
-    got, want = load_params(tmp_path / "el-0.pt"), load_params(ref / "ref-0.pt")
-    for k in want:
-        assert torch.equal(got[k], want[k]), f"{k} differs from the 1-rank run started from the same checkpoint"
 
 
 @pytest.mark.timeout(600)
