@@ -62,7 +62,8 @@ def write_tensorboard(path: str, records: list[dict[str, Any]]) -> None:
 PLOT_STYLE = {"ring-horovod": ("#1f4e9c", "-"), "ring-mpi": ("#4fa3e0", "-"),
               "ps-sync-dedicated": ("#b2182b", "-"), "ps-async-dedicated": ("#ef8a62", "--"),
               "ps-sync-colocated": ("#1b7837", "-"), "ps-async-colocated": ("#7fbf7b", "--")}
-CONCEPT_COLOR = {"fp16": "#e08214", "bf16": "#8c510a", "powersgd": "#762a83", "localsgd": "#35978f"}
+CONCEPT_COLOR = {"fp16": "#e08214", "bf16": "#8c510a", "powersgd": "#762a83", "localsgd": "#35978f",
+                 "diloco": "#c51b7d"}
 LONG_PERIOD_COLOR = "#003c30"  # local SGD with H > 4
 
 
@@ -232,7 +233,8 @@ def cost_model_method(method: str) -> tuple[Any, str, int]:
     kind = (costmodel.ALLREDUCE if method.startswith("ring-") else
             costmodel.PS_DEDICATED if "-dedicated" in method else costmodel.PS_COLOCATED)
     flags = {"powersgd": dict(compression="powersgd", powersgd_rank=m.param),
-             "localsgd": dict(average_every=m.param)}.get(m.concept, dict(compression=m.concept))
+             "localsgd": dict(average_every=m.param),
+             "diloco": dict(diloco_every=m.param)}.get(m.concept, dict(compression=m.concept))
     return costmodel.Method.from_flags(**flags), kind, max(1, m.servers)
 
 

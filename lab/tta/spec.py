@@ -42,8 +42,8 @@ class Method:
     servers: int  # processes that only serve
     synchronous: bool
     description: str
-    concept: str = "none"  # docs/concepts.md: none, fp16, bf16, powersgd, localsgd
-    param: int = 0  # PowerSGD's rank r or local SGD's period H; 0 otherwise
+    concept: str = "none"  # docs/concepts.md: none, fp16, bf16, powersgd, localsgd, diloco
+    param: int = 0  # PowerSGD's rank r or local SGD's (DiLoCo's) period H; 0 otherwise
 
     @property
     def sync_peer(self) -> str:
@@ -62,6 +62,7 @@ class Method:
 # bytes, 16 a sixteenth, at a growing cost in drift between the workers.
 POWERSGD_RANKS = (4,)
 LOCALSGD_PERIODS = (4, 16)
+DILOCO_PERIODS = (16,)  # beside local SGD's longer period: the outer optimizer is what differs
 
 # Method groups --methods accepts besides names: the original six exchanges, and the concepts with their baseline.
 EXCHANGES = ("ring-horovod", "ring-mpi", "ps-sync-dedicated", "ps-async-dedicated", "ps-sync-colocated",
@@ -100,6 +101,10 @@ def methods() -> dict[str, Method]:
             out.append(Method(f"ring-{engine}-localsgd-h{h}", (*engines[engine], "--average-every", str(h)), 0, True,
                               f"local SGD: parameters averaged every {h} steps over the {engine} engine "
                               "(float32)", "localsgd", h))
+        for h in DILOCO_PERIODS:
+            out.append(Method(f"ring-{engine}-diloco-h{h}", (*engines[engine], "--diloco-every", str(h)), 0, True,
+                              f"DiLoCo: an outer Nesterov step on the parameter delta averaged every {h} steps "
+                              f"over the {engine} engine (float32)", "diloco", h))
     for mode in ("sync", "async"):
         for place in ("dedicated", "colocated"):
             flags, servers, what = placements[place]
