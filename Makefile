@@ -8,7 +8,7 @@ NP      ?= 2
 ARGS    ?=
 INSTALL_INPUTS := pyproject.toml tools/install.sh tools/torch_pip.py tools/build_horovod.sh $(wildcard tools/patches/*.patch)
 
-.PHONY: portability install install-gpu check-gpu-build gpu-check train train-ptb test test-fast lint tensorboard tb-check clean help scaling commbench scaling-netns train-ps train-ps-colocated bench bench-tuning slurm-train time-to-accuracy commbench-netns concept-map paper image
+.PHONY: portability install install-gpu check-gpu-build gpu-check train train-ptb test test-fast test-long lint tensorboard tb-check clean help scaling commbench scaling-netns train-ps train-ps-colocated bench bench-tuning slurm-train time-to-accuracy commbench-netns concept-map paper image
 
 help:
 	@echo "make install      Debian packages, .venv, torch (CPU; TORCH_VARIANT=cuda), patched Horovod (cached wheel); LAB=0: no Chromium/Slurm"
@@ -25,6 +25,7 @@ help:
 	@echo "make slurm-train  submit make train's job to Slurm, $(NODES) nodes x 1 rank, and follow it (SLURM_ARGS=\"--time 1:00:00 ...\")"
 	@echo "make test         the test suite (unit + real ranks under mpirun)"
 	@echo "make test-fast    the tests that need no mpirun (seconds)"
+	@echo "make test-long    the long runs make test leaves out (their properties are checked in make test too)"
 	@echo "make lint         ruff (lint and format check) and mypy over the tree, as configured in pyproject.toml (seconds)"
 	@echo "make tensorboard  serve the latest comparison (scaling, bench) or RUN=<logdir> on http://127.0.0.1:$(PORT)"
 	@echo "make tb-check     open a comparison (RUN=<grid dir>, else a small grid it runs) in headless Chromium and check it"
@@ -129,7 +130,11 @@ commbench: install
 	$(PY) -m lab commbench --np $(NP) --models lenet5,ptb-lstm-small,resnet18 $(ARGS)
 
 test: install
-	$(PY) -m pytest -q --durations=25 tests $(ARGS)
+	$(PY) -m pytest -q --durations=25 -m "not long" tests $(ARGS)
+
+# Long runs whose property make test checks elsewhere (each says where): not needed on every commit.
+test-long: install
+	$(PY) -m pytest -q --durations=25 -m long tests $(ARGS)
 
 test-fast: install
 	$(PY) -m pytest -q -m "not mpi and not slurm" tests $(ARGS)
