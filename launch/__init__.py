@@ -4,7 +4,8 @@ It prints the exact ``mpirun`` line it runs and passes the trainer's arguments t
 ``launch`` imports only the standard library: it starts ``python -m allreduce_train`` (or a rank
 program given with ``--module``) as a command, never as an import, so it works before the trainer's
 dependencies are importable and cannot grow into the trainer (tests/unit/test_layout.py).
-:mod:`.mpirun` builds and runs the line, the lab (lab/emulation) emulates hosts with network namespaces through it,
+:mod:`.mpirun` builds and runs the line, :mod:`.elastic` finds the hosts that answer before a restart
+(``--min-np``, ``--host-discovery-script``), the lab (lab/emulation) emulates hosts with network namespaces through it,
 :mod:`.k8s` renders the same line into a Kubeflow TrainJob or MPIJob (``python -m launch k8s``).
 """
 
