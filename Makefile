@@ -8,7 +8,7 @@ NP      ?= 2
 ARGS    ?=
 INSTALL_INPUTS := pyproject.toml tools/install.sh tools/torch_pip.py tools/build_horovod.sh $(wildcard tools/patches/*.patch)
 
-.PHONY: portability install install-gpu check-gpu-build gpu-check train train-ptb test test-fast test-long lint tensorboard tb-check clean help scaling commbench scaling-netns train-ps train-ps-colocated bench bench-tuning slurm-train time-to-accuracy commbench-netns concept-map paper image
+.PHONY: portability install install-gpu check-gpu-build gpu-check train train-ptb test test-fast test-long lint tensorboard tb-check clean help scaling commbench scaling-netns train-ps train-ps-colocated bench bench-tuning slurm-train time-to-accuracy commbench-netns concept-map paper image bench-own recommend
 
 help:
 	@echo "make install      Debian packages, .venv, torch (CPU; TORCH_VARIANT=cuda), patched Horovod (cached wheel); LAB=0: no Chromium/Slurm"
@@ -34,7 +34,9 @@ help:
 	@echo "make paper        the paper's design (Jaeger et al. 2018) on emulated hosts -> runs/paper/<time>/report.md, paper.png (root; ~40 min idle)"
 	@echo "make commbench-netns the exchange alone on 2 and 4 emulated hosts at 1gbit and 100mbit vs the cost model (root)"
 	@echo "make time-to-accuracy wall time/steps/epochs to test accuracy 0.89 (LeNet-5) and a perplexity (LSTM) per method, 1/2/4 workers (~30 min)"
-	@echo "make concept-map  the cost model's map: fastest concept per step (fp32/fp16/PowerSGD/local SGD) by model, link, N=4..256 -> runs/concept-map/<time>/ (MEASURED=<scaling-netns results.json>, IMAGES=docs/img)"
+	@echo "make concept-map  the cost model's map: fastest concept to the quality target (measured steps x predicted step; ARGS=\"--view step\": per step) by model, link, N=4..256 -> runs/concept-map/<time>/ (MEASURED=<scaling-netns results.json>, IMAGES=docs/img)"
+	@echo "make bench-own    bench with LeNet-5 given as a user model (models.lenet:LeNet5) beside the registered lenet5, same data, same run"
+	@echo "make recommend    which concept for your model: MODEL=pkg.mod:fn or TASK=pkg.mod:fn, TARGET='eval/accuracy>=0.9', WORKERS, LINK (root: 2 emulated hosts)"
 	@echo "make commbench    gradient exchange alone: Horovod, raw MPI, PS, $(NP) workers -> runs/commbench/<time>/"
 	@echo "make image        build deploy/Dockerfile: VARIANT=cpu|gpu, BASE=IMAGE|local (mmdebstrap, no registry), docker/podman/buildah (docs/kubernetes.md)"
 	@echo "make clean        remove runs/ and caches (keeps .venv and the Horovod wheel cache)"
@@ -116,7 +118,19 @@ TTA_MODELS ?= lenet5,ptb-lstm-small
 time-to-accuracy: install
 	$(PY) -m lab time-to-accuracy --models $(TTA_MODELS) $(ARGS)
 
-# Which concept wins where, per the cost model (docs/concepts.md); seconds. MEASURED=<scaling-netns results.json>
+# Your own model in bench (docs/own_model.md): the registered LeNet-5 and the same class given as a user model,
+# paired in one run on the same data: the extension point's cost per step (docs/performance.md).
+bench-own: install
+	$(PY) -m lab bench --models lenet5 --model models.lenet:LeNet5 --dataset fashion-mnist --repeats 3 $(ARGS)
+
+# Which concept reaches a target fastest for your model (docs/own_model.md); minutes (root: emulated hosts).
+WORKERS ?= 8,64,512
+LINK ?= 10gbit,100gbit
+recommend: install
+	$(PY) -m lab recommend $(if $(MODEL),--model $(MODEL)) $(if $(TASK),--task $(TASK)) --target '$(TARGET)' \
+	    --workers $(WORKERS) --link $(LINK) $(ARGS)
+
+# Which concept wins where, per the cost model (docs/concepts.md); seconds; to the quality target by default. MEASURED=<scaling-netns results.json>
 # marks the emulated cluster's points; IMAGES=docs/img also writes the docs' figure.
 MEASURED ?=
 concept-map: install

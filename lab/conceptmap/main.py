@@ -12,6 +12,14 @@ only decides where the map is pale: where the winner's step is within ``--pale-p
 ring's, the choice hardly matters. The model predicts per step only: a method that needs more
 steps to reach the same quality (local SGD, PowerSGD) can win here and lose in time to accuracy.
 
+Time to accuracy is the default view (``--view tta``): each method's predicted step is multiplied by its
+steps to a quality target over synchronous float32's, measured by the time-to-accuracy grid
+(:data:`STEPS_RATIO`: docs/time_to_accuracy.md's figures; ``--steps-from DIR`` takes them from a grid's
+results.json), so a method that sends less per step but needs more steps wins only where the bytes it saves
+outweigh them; then the compute per step matters too. A model without measured steps keeps the per-step map
+(its panel's title says so); a method without them is left out of that model's panels. ``--view step`` is
+the per-step map. The steps ratios were measured at 4 workers: used as they are at every N, not extrapolated.
+
 ``--measured`` marks the emulated cluster's points (a ``scaling-netns`` results.json): per model,
 link rate and worker count, the measured fastest of the methods run on one engine, as a triangle on
 the latency axis' floor (the emulation adds no latency) in the panel of the nearest N, with the
@@ -48,6 +56,13 @@ DEFAULT_COMPUTE_MS = {"lenet5": 10.2, "ptb-lstm-small": 112.0, "resnet18": 354.0
 COLOURS = {"fp32": "#9e9e9e", "fp16": "#1f77b4", "bf16": "#17becf", "powersgd": "#ff7f0e", "localsgd": "#2ca02c",
            "localsgd+": "#98df8a"}
 TB_RUN = "concept-map"
+# Steps to the target over float32's, 4 emulated hosts (docs/time_to_accuracy.md, "What they add": LeNet-5 to
+# test accuracy 0.89, float32 986 steps as fp16, PowerSGD r4 1102, local SGD H = 16 1682; the small LSTM to
+# perplexity 300 at 1 Gbit/s, float32 333 steps, fp16 and PowerSGD 296, local SGD H = 16 370).
+STEPS_RATIO = {"lenet5": {"fp16": 1.0, "powersgd-r4": 1102 / 986, "localsgd-h16": 1682 / 986},
+               "ptb-lstm-small": {"fp16": 296 / 333, "powersgd-r4": 296 / 333, "localsgd-h16": 370 / 333}}
+STEPS_SOURCE = "docs/time_to_accuracy.md (4 emulated hosts)"
+TTA_METHODS = ("fp32", "fp16", "powersgd-r4", "localsgd-h16")  # the methods with measured steps
 
 
 class MapError(ValueError):
@@ -71,8 +86,12 @@ def rate_gbit(rate: str) -> float:
 
 
 def winners(methods: list[costmodel.Method], shapes, n: int, compute_s: float, bw_gbit: list[float],
-            lat_us: list[float], host: costmodel.Host) -> tuple[list[list[int]], list[list[float]]]:
-    """Per (latency, bandwidth): the index of the fastest method, and its step / the fp32 ring's step."""
+            lat_us: list[float], host: costmodel.Host,
+            steps: dict[str, float] | None = None) -> tuple[list[list[int]], list[list[float]]]:
+    """Per (latency, bandwidth): the index of the fastest method, and its step / the fp32 ring's step. With
+    ``steps`` (label -> steps to the target over float32's): the fastest to the target, and its time over fp32's;
+    a method missing from ``steps`` is never picked."""
+    weight = [1.0 if steps is None or m.label == "fp32" else steps.get(m.label, math.inf) for m in methods]
     costs = [costmodel.method_cost(m, costmodel.ALLREDUCE, n, shapes, host=host) for m in methods]
     base = costmodel.method_cost(costmodel.BASELINE, costmodel.ALLREDUCE, n, shapes, host=host)
     best, gain = [], []
@@ -80,10 +99,10 @@ def winners(methods: list[costmodel.Method], shapes, n: int, compute_s: float, b
         brow, grow = [], []
         for bw in bw_gbit:
             net = costmodel.Network.from_gbit_us(bw, lat)
-            steps = [compute_s + c.extra_compute_s + c.exchange_s(net) for c in costs]
-            i = min(range(len(steps)), key=steps.__getitem__)
+            times = [w * (compute_s + c.extra_compute_s + c.exchange_s(net)) for w, c in zip(weight, costs)]
+            i = min(range(len(times)), key=times.__getitem__)
             brow.append(i)
-            grow.append(steps[i] / (compute_s + base.exchange_s(net)))
+            grow.append(times[i] / (compute_s + base.exchange_s(net)))
         best.append(brow)
         gain.append(grow)
     return best, gain
@@ -122,7 +141,7 @@ def measured_points(path: str) -> list[dict[str, Any]]:
 
 def draw(path: str, models: list[str], workers: list[int], methods: list[costmodel.Method],
          grids: dict[tuple[str, int], tuple[list, list]], bw: list[float], lat: list[float], pale: float,
-         points: list[dict[str, Any]]) -> list[str]:
+         points: list[dict[str, Any]], per_step: set[str] | None = None, view: str = "step") -> list[str]:
     """The map: a panel per (model, N). Returns the panels' titles, row by row."""
     import matplotlib
 
@@ -151,7 +170,7 @@ def draw(path: str, models: list[str], workers: list[int], methods: list[costmod
             ax.pcolormesh(xe, ye, paleness, cmap=ListedColormap(["white"]), alpha=0.6, shading="flat")
             ax.set_xscale("log")
             ax.set_yscale("log")
-            title = f"{model}, N = {n}"
+            title = f"{model}, N = {n}" + (" (per step)" if view == "tta" and model in (per_step or ()) else "")
             ax.set_title(title, fontsize=9)
             titles.append(title)
             if i == len(models) - 1:
@@ -176,8 +195,9 @@ def draw(path: str, models: list[str], workers: list[int], methods: list[costmod
         handles.append(Line2D([], [], marker="^", color="white", markeredgecolor="black", markerfacecolor="0.8",
                               markersize=9, label="measured fastest (emulated, no latency)"))
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
-    fig.suptitle("Fastest method per step, predicted (ring allreduce; compute + extra compute + exchange)",
-                 fontsize=10)
+    fig.suptitle("Fastest method to the target, predicted: measured steps x predicted step (ring allreduce)"
+                 if view == "tta" else
+                 "Fastest method per step, predicted (ring allreduce; compute + extra compute + exchange)", fontsize=10)
     fig.tight_layout(rect=(0, 0.05, 1, 0.97))
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -204,7 +224,13 @@ def report_md(res: dict[str, Any]) -> str:
            f"`{res['command']}`. Ring allreduce, step = compute + the method's extra compute + its exchange "
            f"(lab/common/costmodel.py `predict_method`); host: {res['host']['mem_bw'] / 1e9:g} GB/s of memory "
            f"traffic, {res['host']['flops'] / 1e9:g} GFLOP/s; methods: {', '.join(labels)}.", "",
-           "Predicted fastest method at some links (bandwidth / latency), and its step over the fp32 ring's:", "",
+           *(["Time to accuracy: each method's predicted step x its steps to the target over float32's ("
+              + res["steps_source"] + "; measured at 4 workers, used as they are at every N): "
+              + "; ".join(f"{m} " + ", ".join(f"{k} {v:.2f}" for k, v in r.items()) for m, r in res["steps_ratio"].items())
+              + (f". Per step only (no steps measured): {', '.join(res['per_step'])}" if res["per_step"] else "")
+              + ".", ""] if res["view"] == "tta" else []),
+           "Predicted fastest method at some links (bandwidth / latency), and its "
+           + ("time to the target over fp32's:" if res["view"] == "tta" else "step over the fp32 ring's:"), "",
            "| model | N | " + " | ".join(f"{g:g} Gbit/s, {u:g} µs" for g, u in refs) + " |",
            "|---|---:|" + "---|" * len(refs)]
     for model in res["models"]:
@@ -247,9 +273,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    f"(default: {','.join(DEFAULT_MODELS)})")
     p.add_argument("--workers", default=",".join(map(str, DEFAULT_WORKERS)),
                    help="comma-separated worker counts N, one column each (default: 4,16,64,256)")
-    p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
+    p.add_argument("--view", choices=("tta", "step"), default="tta",
+                   help="tta (default): fastest to the quality target (measured steps x predicted step); "
+                        "step: fastest per step")
+    p.add_argument("--steps-from", default="", metavar="DIR[,DIR...]",
+                   help="time-to-accuracy grids (their results.json) to take the steps ratios from, per model at its "
+                        f"largest worker count (default: {STEPS_SOURCE})")
+    p.add_argument("--methods", default="",
                    help="the concepts that compete: fp32, fp16, bf16, powersgd-rR, localsgd-hH, localsgd-hH+fp16 "
-                        f"(default: {','.join(DEFAULT_METHODS)})")
+                        f"(default: {','.join(TTA_METHODS)} with --view tta, {','.join(DEFAULT_METHODS)} with "
+                        "--view step)")
     p.add_argument("--bandwidth-gbit", default="0.01,100", help="bandwidth axis: lowest,highest Gbit/s (default: 0.01,100)")
     p.add_argument("--latency-us", default="1,10000", help="latency axis: lowest,highest µs (default: 1,10000)")
     p.add_argument("--resolution", type=int, default=48, help="points per axis (default: 48)")
@@ -282,7 +315,8 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
     if not workers or min(workers) < 2:
         raise MapError(f"--workers: give counts >= 2 (got {args.workers!r})")
     try:
-        methods = [costmodel.Method.parse(m) for m in args.methods.split(",") if m.strip()]
+        default = TTA_METHODS if args.view == "tta" else DEFAULT_METHODS
+        methods = [costmodel.Method.parse(m) for m in (args.methods or ",".join(default)).split(",") if m.strip()]
     except ValueError as e:
         raise MapError(f"--methods: {e}") from None
     if not methods:
@@ -309,6 +343,33 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
             "host": costmodel.Host(mem_bw=args.mem_gbs * 1e9, flops=args.gflops * 1e9)}
 
 
+def steps_ratios(dirs: str, models: list[str]) -> dict[str, dict[str, float]]:
+    """Per model, each method's steps to the target over float32's: :data:`STEPS_RATIO`, or from time-to-accuracy
+    grids (``DIR/results.json``) at the largest worker count where float32 (a ``ring-<engine>`` job) reached it."""
+    if not dirs:
+        return {m: dict(STEPS_RATIO[m]) for m in models if m in STEPS_RATIO}
+    jobs = []
+    for d in (d.strip() for d in dirs.split(",") if d.strip()):
+        try:
+            with open(os.path.join(d, "results.json")) as fh:
+                jobs += [j for j in json.load(fh)["jobs"] if j.get("ok") and j.get("reached")]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise MapError(f"--steps-from {d}: not a time-to-accuracy grid ({e})") from None
+    out: dict[str, dict[str, float]] = {}
+    for model in models:
+        base = [j for j in jobs if j["model"] == model and j["method"] in ("ring-mpi", "ring-horovod")]
+        if not base:
+            continue
+        n = max(j["workers"] for j in base)
+        fp32 = min(j["steps_to_target"] for j in base if j["workers"] == n)
+        for j in jobs:
+            if j["model"] == model and j["workers"] == n and j.get("concept", "none") != "none":
+                label = j["method"].split("-", 2)[2]  # ring-mpi-powersgd-r4 -> powersgd-r4
+                out.setdefault(model, {})[label] = min(out.get(model, {}).get(label, math.inf),
+                                                       j["steps_to_target"] / fp32)
+    return out
+
+
 REFERENCE_LINKS = ((0.01, 50.0), (0.1, 50.0), (1.0, 50.0), (10.0, 50.0), (100.0, 5.0))
 
 
@@ -322,26 +383,35 @@ def main(args: argparse.Namespace) -> int:
     out = args.out or os.path.join("runs", "concept-map", time.strftime("%Y%m%d-%H%M%S"))
     os.makedirs(out, exist_ok=True)
     methods, host = cfg["methods"], cfg["host"]
+    try:
+        ratios = steps_ratios(args.steps_from, cfg["models"]) if args.view == "tta" else {}
+    except MapError as e:
+        print(f"concept-map: error: {e}", file=sys.stderr)
+        return 2
     grids, reference = {}, {}
     for model in cfg["models"]:
         shapes = gradients.shapes(model)
         compute_s = cfg["compute_ms"][model] / 1e3
+        steps = ratios.get(model)
         for n in cfg["workers"]:
-            grids[(model, n)] = winners(methods, shapes, n, compute_s, cfg["bw"], cfg["lat"], host)
+            grids[(model, n)] = winners(methods, shapes, n, compute_s, cfg["bw"], cfg["lat"], host, steps)
             ref = {}
             for g, u in REFERENCE_LINKS:
-                best, gain = winners(methods, shapes, n, compute_s, [g], [u], host)
+                best, gain = winners(methods, shapes, n, compute_s, [g], [u], host, steps)
                 ref[f"{g:g}/{u:g}"] = {"best": methods[best[0][0]].label, "over_fp32": gain[0][0]}
             reference.setdefault(model, {})[str(n)] = ref
     png = os.path.join(out, "concept_map.png")
-    titles = draw(png, cfg["models"], cfg["workers"], methods, grids, cfg["bw"], cfg["lat"], args.pale_pct, points)
+    per_step = [m for m in cfg["models"] if m not in ratios] if args.view == "tta" else []
+    titles = draw(png, cfg["models"], cfg["workers"], methods, grids, cfg["bw"], cfg["lat"], args.pale_pct, points,
+                  set(per_step), args.view)
     labels = [m.label for m in methods]
     res = {"command": shlex.join(["python", "-m", "lab", *sys.argv[1:]]), "models": cfg["models"], "workers": cfg["workers"], "methods": labels,
            "bandwidth_gbit": cfg["bw"], "latency_us": cfg["lat"], "compute_ms": cfg["compute_ms"],
            "host": {"mem_bw": host.mem_bw, "flops": host.flops}, "pale_pct": args.pale_pct, "panels": titles,
            "winners": {f"{m}/{n}": [[labels[i] for i in row] for row in grids[(m, n)][0]] for m, n in grids},
            "reference_links": [list(r) for r in REFERENCE_LINKS], "reference": reference,
-           "measured": points, "measured_source": args.measured}
+           "measured": points, "measured_source": args.measured, "view": args.view, "steps_ratio": ratios,
+           "steps_source": (args.steps_from or STEPS_SOURCE) if args.view == "tta" else "", "per_step": per_step}
     text = report_md(res)
     with open(os.path.join(out, "concept_map.json"), "w") as fh:
         json.dump(res, fh, indent=1)

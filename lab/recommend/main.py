@@ -259,7 +259,7 @@ def emulated_check(by: dict[str, dict], inp: Inputs, methods: list[str]) -> dict
 
 
 def run_steps_grid(w: usermodel.Workload, target: str, methods: list[str], rate: str, out: str, max_epochs: int,
-                   evals_per_epoch: int, extra: list[str]) -> str:
+                   evals_per_epoch: int, extra: list[str], batch: int) -> str:
     """The time-to-accuracy grid at 2 emulated hosts for this model; returns its results.json."""
     from ..common.jobs import run
 
@@ -274,7 +274,7 @@ def run_steps_grid(w: usermodel.Workload, target: str, methods: list[str], rate:
         argv += ["--dataset", w.dataset]
     for a in w.dataset_args:
         argv += ["--dataset-arg", a]
-    for e in extra:
+    for e in ["--batch-size", str(batch), *extra]:  # the batch whose compute was measured
         argv.append(f"--extra={e}")
     print(f"measuring the steps to {target} on {MEASURED_WORKERS} emulated hosts at {rate}: "
           f"{len(methods)} training jobs -> {out}", flush=True)
@@ -431,7 +431,7 @@ def recommend(args: argparse.Namespace) -> dict[str, Any]:
         if reason:
             raise RecommendError(f"measuring the steps needs emulated hosts: {reason}; or give --steps-from DIR")
         results = run_steps_grid(w, args.target, methods, args.measure_rate, os.path.join(out, "steps"),
-                                 args.max_epochs, args.evals_per_epoch, args.extra)
+                                 args.max_epochs, args.evals_per_epoch, args.extra, args.batch_size)
         sources["steps"] = f"measured here: {MEASURED_WORKERS} emulated hosts at {args.measure_rate}, {results}"
     ratios, n_measured, jobs = steps_from(results, w.name, methods)
     inp = Inputs(w.name, shapes, compute, args.batch_size, latency, ratios, n_measured, sources)

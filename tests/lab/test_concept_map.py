@@ -41,7 +41,7 @@ def test_the_map_has_a_panel_per_model_and_n_in_a_png_and_tensorboard(tmp_path, 
     ])
     out = tmp_path / "map"
     copy = tmp_path / "docs" / "concept_map.png"
-    assert main(["concept-map", "--resolution", "12", "--measured", measured, "--out", str(out),
+    assert main(["concept-map", "--view", "step", "--resolution", "12", "--measured", measured, "--out", str(out),
                  "--copy-to", str(copy)]) == 0
     res = json.loads((out / "concept_map.json").read_text())
     assert res["panels"] == [f"{m}, N = {n}" for m in MODELS for n in (4, 16, 64, 256)]
@@ -100,3 +100,22 @@ def test_a_file_that_is_not_a_results_json_is_refused(tmp_path, capsys):
     bad.write_text("[1, 2]")
     assert main(["concept-map", "--out", str(tmp_path / "o"), "--measured", str(bad)]) == 2
     assert "--measured" in capsys.readouterr().err
+
+
+def test_time_to_accuracy_is_the_default_view_and_a_method_that_needs_more_steps_can_lose_its_cells(tmp_path):
+    shapes = gradients.shapes("ptb-lstm-small")
+    methods = [cm.Method.parse(m) for m in ("fp32", "localsgd-h16")]
+    # 10 Mbit/s: local SGD's sixteenth of the bytes wins per step, and still with 1.1x the steps
+    per_step, _ = cmap.winners(methods, shapes, 16, 0.1, [0.01], [50.0], cm.HOST)
+    to_target, _ = cmap.winners(methods, shapes, 16, 0.1, [0.01], [50.0], cm.HOST, {"localsgd-h16": 1.1})
+    assert per_step == to_target == [[1]]
+    # ... but not with 40x the steps; a method without measured steps is never picked
+    assert cmap.winners(methods, shapes, 16, 0.1, [0.01], [50.0], cm.HOST, {"localsgd-h16": 40.0})[0] == [[0]]
+    assert cmap.winners(methods, shapes, 16, 0.1, [0.01], [50.0], cm.HOST, {})[0] == [[0]]
+    out = tmp_path / "map"
+    assert main(["concept-map", "--resolution", "6", "--out", str(out)]) == 0
+    res = json.loads((out / "concept_map.json").read_text())
+    assert res["view"] == "tta" and res["methods"] == list(cmap.TTA_METHODS)
+    assert res["steps_ratio"]["lenet5"]["localsgd-h16"] == pytest.approx(1682 / 986)
+    assert res["per_step"] == ["resnet18"] and "resnet18, N = 4 (per step)" in res["panels"]
+    assert "Time to accuracy" in (out / "report.md").read_text()
