@@ -51,3 +51,24 @@ def test_weights_only_refuses_code(tmp_path):
     torch.save({"model": {}, "optimizer": {}, "step": 0, "config": {}, "x": os.getcwd}, p)
     with pytest.raises(UserError):
         checkpoint.load(str(p))
+
+
+def test_a_workers_state_round_trips_and_reads_the_keys_checkpoints_had_before_it(tmp_path):
+    rng = torch.get_rng_state()
+    mine = checkpoint.WorkerState(rng, {"hidden": torch.ones(2)}, exchange={"error": [torch.zeros(1)]},
+                                  schedule={"local_sgd": {"params": [torch.ones(3)]}})
+    saved = mine.to_dict()
+    # on disk the keys every checkpoint had: rng, task, exchange, and the schedule's under its own name
+    assert set(saved) == {"rng", "task", "exchange", "local_sgd"}
+    checkpoint.save(str(tmp_path / "c.pt"), {**state(1), "workers": [saved]})
+    back = checkpoint.WorkerState.from_dict(checkpoint.load(str(tmp_path / "c.pt"))["workers"][0])
+    assert torch.equal(back.rng, rng) and torch.equal(back.task["hidden"], torch.ones(2))
+    assert torch.equal(back.schedule["local_sgd"]["params"][0], torch.ones(3)) and back.cuda_rng is None
+    # written before PowerSGD existed: no "exchange" key
+    old = checkpoint.WorkerState.from_dict({"rng": rng, "task": None})
+    assert old.exchange is None and old.schedule == {}
+
+
+def test_a_workers_state_without_rng_is_refused_in_one_line():
+    with pytest.raises(UserError, match="--resume x.pt: the checkpoint's per-worker state has no 'rng'"):
+        checkpoint.WorkerState.from_dict({"task": None}, "x.pt")
