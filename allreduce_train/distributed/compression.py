@@ -7,8 +7,9 @@ widening are the extra compute; where they happen depends on the engine (docs/co
 * Horovod (fp16 only): its ``Compression.fp16`` casts each gradient before the allreduce and back
   after it on the worker; the ring sums float16. Horovod 0.28.1's PyTorch binding has no bfloat16
   allreduce, so ``bf16`` is refused there with one line.
-* ``--allreduce-engine mpi``: the bucket's flat buffer is 16-bit; copying the gradients in is the
-  cast, the ring adds 16-bit chunks, copying the average out widens it.
+* ``--allreduce-engine mpi`` and ``torch``: the bucket's flat buffer is 16-bit (:mod:`.buffers`);
+  copying the gradients in is the cast, the ring (or Gloo/NCCL) adds 16-bit floats, copying the
+  average out widens it.
 * parameter server: the worker casts its gradients into the push message; the server widens each
   worker's push to float32, averages and updates float32 master parameters and momentum, and casts
   the parameters into the pull reply; the worker widens them into its model. The conversions of
