@@ -101,6 +101,15 @@ def test_the_real_ssh_client_gives_up_on_a_host_that_accepts_and_never_answers()
     assert reason, "a host that never speaks ssh answered the probe"
 
 
+def test_the_ranks_are_those_that_fit_on_the_hosts_found_never_more_than_np():
+    hosts = [Host("a", 2), Host("b", 2), Host("c", 4)]
+    fixed = elastic.Elastic(np=6, min_np=2, hosts=hosts)
+    assert (fixed.ranks_on(hosts), fixed.ranks_on(hosts[:2]), fixed.ranks_on(hosts[2:])) == (6, 4, 4)
+    # --oversubscribe: slots do not bound the ranks, the same ranks per slot as on the user's list do
+    over = elastic.Elastic(np=16, min_np=2, hosts=hosts, oversubscribe=True)
+    assert (over.ranks_on(hosts), over.ranks_on(hosts[:2]), over.ranks_on(hosts[2:])) == (16, 8, 8)
+
+
 # ------------------------------------------------------------------ the discovery script
 
 
