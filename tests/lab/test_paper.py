@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 from lab.paper import main as paper
+
 from helpers import ROOT
 
 # samples/s by (model, rate, strategy, N): LeNet-5's dedicated server saturates, the LSTM's placements tie
@@ -47,7 +48,8 @@ def write_grids(out):
     (out / "throughput" / "results.json").write_text(json.dumps(
         {"command": "python -m lab scaling-netns", "rates": ["1gbit"], "minutes": 1.0, "rows": netns_rows}))
     (out / "throughput" / "1gbit" / "results.json").write_text(json.dumps({"rows": grids["1gbit"]}))
-    jobs = [{"model": "lenet5", "method": m, "workers": 2, "link_rate": "1gbit", "ok": True, "reached": m != "ps-async-colocated",
+    jobs = [{"model": "lenet5", "method": m, "workers": 2, "link_rate": "1gbit", "ok": True,
+             "reached": m != "ps-async-colocated",
              "synchronous": "async" not in m, "samples_per_sec": 2000.0, "seconds_to_target": secs,
              "steps_to_target": 900, "steps": 2000}
             for m, secs in (("ring-mpi", 20.0), ("ps-sync-dedicated", 30.0), ("ps-async-dedicated", 45.0),

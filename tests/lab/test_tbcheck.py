@@ -20,10 +20,10 @@ def card(y, series, x=(1.0, 2.0), title="lenet5: of the bound"):
 
 
 def test_a_point_below_or_above_the_drawn_y_domain_is_a_cut_line_and_one_inside_is_not():
-    whole = card((0.65, 1.05), [("of_bound (ddp)", [(1, 0.98), (2, 0.70)]), ("of_bound (trainer)", [(1, 1.0), (2, 0.94)])])
-    assert tbcheck.cut_points(whole) == []
+    lines = [("of_bound (ddp)", [(1, 0.98), (2, 0.70)]), ("of_bound (trainer)", [(1, 1.0), (2, 0.94)])]
+    assert tbcheck.cut_points(card((0.65, 1.05), lines)) == []
     # what TensorBoard's outlier scaling did to bench's chart: the lowest point under the axis
-    cut = card((0.78, 1.02), [("of_bound (ddp)", [(1, 0.98), (2, 0.70)]), ("of_bound (trainer)", [(1, 1.0), (2, 0.94)])])
+    cut = card((0.78, 1.02), lines)
     assert tbcheck.cut_points(cut) == ["of_bound (ddp): step 2 value 0.7 outside y [0.78, 1.02]"]
     top = card((1.045, 1.105), [("over (ddp)", [(1, 1.10), (2, 1.31)])])
     assert tbcheck.cut_points(top) == ["over (ddp): step 2 value 1.31 outside y [1.045, 1.105]"]
@@ -38,8 +38,8 @@ def test_a_point_below_or_above_the_drawn_y_domain_is_a_cut_line_and_one_inside_
 
 
 def test_the_check_fails_on_a_cut_chart_and_names_the_line():
-    chart = {"category": "lenet5", "title": "lenet5: of the bound", "regexes": [tblog.tag_pattern("scaling/of_bound/lenet5")],
-             "figure": "scaling/of_bound", "runs": ["ddp", "trainer"]}
+    chart = {"category": "lenet5", "title": "lenet5: of the bound", "figure": "scaling/of_bound",
+             "regexes": [tblog.tag_pattern("scaling/of_bound/lenet5")], "runs": ["ddp", "trainer"]}
     exp = {"runs": ["ddp", "trainer"], "charts": [chart]}
     page = {"selected": ["ddp", "trainer"], "smoothing": 0, "colors": {"ddp": "#f00", "trainer": "#00f"},
             "charts": [card((0.78, 1.02), [("scaling/of_bound/lenet5 (ddp)", [(1, 0.98), (2, 0.70)]),
@@ -84,7 +84,8 @@ def test_a_plain_tensorboard_cuts_a_two_point_comparison_and_the_lab_server_show
         tblog.add_point(series, run, "perf/trainer_over/lenet5", 1, one)
         tblog.add_point(series, run, "perf/trainer_over/lenet5", 2, two)
     logdir = str(tmp_path / "tensorboard")
-    tblog.write_comparison(logdir, series, tblog.model_categories(["lenet5"], ["scaling/of_bound", "perf/trainer_over"]))
+    layout = tblog.model_categories(["lenet5"], ["scaling/of_bound", "perf/trainer_over"])
+    tblog.write_comparison(logdir, series, layout)
 
     problems, _, page = tbcheck.check(logdir, stock=True)
     assert page["ignoreOutliers"] is True
