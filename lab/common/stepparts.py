@@ -136,8 +136,8 @@ def instrument_trainer(meter: Meter, warmup: int, steps: int) -> None:
             patch(meter, ex, attr, name)
         prepare = ex.prepare
 
-        def prepared(model, optimizer):
-            opt = prepare(model, optimizer)
+        def prepared(model, optimizer, **kwargs):  # the schedule passes every_step=
+            opt = prepare(model, optimizer, **kwargs)
             patch(meter, opt, "zero_grad", "zero_grad")
             return opt
 
