@@ -120,9 +120,9 @@ class Trainer:
             # rank 0 reads, prepare() and run() broadcast
             state = checkpoint.load(path)
             saved = state["config"]
-            for section, key in (("model", "model"), ("data", "batch_size")):
-                if saved[section][key] != getattr(getattr(cfg, section), key):
-                    raise ConfigError(f"--resume {path}: checkpoint has {section}.{key}={saved[section][key]!r}, "
+            for section, key in (("model", "model"), ("model", "task"), ("data", "batch_size")):
+                if saved[section].get(key, "") != getattr(getattr(cfg, section), key):
+                    raise ConfigError(f"--resume {path}: checkpoint has {section}.{key}={saved[section].get(key, '')!r}, "
                                       f"this run {getattr(getattr(cfg, section), key)!r}; run with the same value")
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
@@ -252,7 +252,7 @@ class Trainer:
         ckpt_every = cfg.run.checkpoint_every or spe
         stop_at = min(s.total_steps, step + cfg.train.exit_after_steps) if cfg.train.exit_after_steps else s.total_steps
 
-        log.message(f"{cfg.model.model} on {cfg.data.dataset}: {workers} workers x batch {per_step} = global batch "
+        log.message(f"{cfg.model.task or cfg.model.model} on {'its own data' if cfg.model.task else cfg.data.dataset}: {workers} workers x batch {per_step} = global batch "
                     f"{workers * per_step}, {s.total_steps} steps ({spe}/epoch), strategy {ex.name}, from step {step}")
         if self.task.note:  # e.g. which text a language model reads, and whether its figures compare with PTB
             log.message(self.task.note)
@@ -355,7 +355,7 @@ class Trainer:
             "strategy": ex.name,
             "world_size": ex.size,
             "workers": ex.num_workers,
-            "model": cfg.model.model,
+            "model": cfg.model.task or cfg.model.model,
             "dataset": cfg.data.dataset,
             "batch_size": cfg.data.batch_size,
             "global_batch": ex.num_workers * per_step,
