@@ -260,39 +260,66 @@ def test_two_node_job_runs_one_rank_per_node_and_writes_its_metrics(uninterrupte
     assert f"done: {STEPS} steps" in (d / f"slurm-{jid}.out").read_text()
 
 
+STARTERS = ("mpirun", "srun")
+
+
+@pytest.fixture(scope="module")
+def preempted(cluster, uninterrupted, tmp_path_factory):
+    """SIGUSR1 to the batch shell (what --signal=B:USR1@GRACE sends before the time limit) of two jobs
+    at once, one whose ranks mpirun starts and one whose srun (PMIx) starts: each node has a CPU for
+    each job, and much of a preempted job's time is Slurm's (the requeue waits cred_expire), so the two
+    overlap instead of queueing. Per starter: (run dir, job id, the launcher's exit code, stdout, stderr)."""
+    env = {**os.environ, **cluster.env()}
+    jobs = {}
+    try:
+        for starter in STARTERS:
+            d = tmp_path_factory.mktemp(f"preempted-{starter}")
+            jobs[starter] = d, subprocess.Popen(
+                [sys.executable, "-m", "launch", "slurm", "--output", str(d / "slurm-%j.out"),
+                 "--script", str(d / "p.sbatch"), "--job-name", f"preempted-{starter}", "--nodes", "2", "--submit",
+                 *(["--srun"] if starter == "srun" else []),
+                 "--timeout", str(JOB_TIMEOUT), "--", *QUICK, "--steps", str(STEPS), "--checkpoint-every", "10",
+                 "--run-dir", str(d), "--dump-params", str(d / "params{rank}.pt")],
+                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                env={**env, "OMP_NUM_THREADS": "1"})
+        deadline = time.monotonic() + JOB_TIMEOUT
+        jids: dict[str, str] = {}
+        waiting = set(STARTERS)
+        while waiting:  # preempt each job mid-run, past step 10
+            for starter in sorted(waiting):
+                d, launcher = jobs[starter]
+                assert launcher.poll() is None and time.monotonic() < deadline, \
+                    f"{starter}: the job ended before it was preempted"
+                jid = jids.get(starter) or subprocess.run(
+                    ["squeue", "-h", "-n", f"preempted-{starter}", "-o", "%i"], capture_output=True, text=True,
+                    timeout=30, env=env).stdout.strip()
+                jids[starter] = jid
+                if jid and (d / f"slurm-{jid}" / "checkpoint.pt").exists():
+                    check(subprocess.run(["scancel", "--batch", "--signal=USR1", jid], capture_output=True,
+                                         text=True, timeout=30, env=env))
+                    waiting.discard(starter)
+            time.sleep(0.1)
+        ended = {}
+        for starter, (d, launcher) in jobs.items():
+            out, err = launcher.communicate(timeout=JOB_TIMEOUT)
+            ended[starter] = d, jids[starter], launcher.returncode, out, err
+        return ended
+    finally:
+        for _d, launcher in jobs.values():
+            if launcher.poll() is None:
+                launcher.kill()
+                launcher.wait()
+
+
 @pytest.mark.mpi
 @pytest.mark.slurm
-@pytest.mark.timeout(2 * JOB_TIMEOUT + 60)  # the reference job (module fixture) and this one
-@pytest.mark.parametrize("starter", ["mpirun", "srun"])
-def test_preempted_job_checkpoints_requeues_and_ends_like_an_uninterrupted_one(cluster, uninterrupted, tmp_path,
-                                                                               starter):
-    """SIGUSR1 to the batch shell (what --signal=B:USR1@GRACE sends before the time limit): the job
-    checkpoints, exits 75, is requeued, resumes, and ends with the uninterrupted job's parameters,
-    one rank per node, whether mpirun or srun (PMIx) started the ranks."""
-    env = {**os.environ, **cluster.env()}
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "launch", "slurm", "--output", str(tmp_path / "slurm-%j.out"),
-         "--script", str(tmp_path / "p.sbatch"), "--job-name", "preempted", "--nodes", "2", "--submit",
-         *(["--srun"] if starter == "srun" else []),
-         "--timeout", str(JOB_TIMEOUT), "--", *QUICK, "--steps", str(STEPS), "--checkpoint-every", "10",
-         "--run-dir", str(tmp_path), "--dump-params", str(tmp_path / "params{rank}.pt")],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**env, "OMP_NUM_THREADS": "1"})
-    try:
-        deadline = time.monotonic() + JOB_TIMEOUT
-        jid = ""
-        while not jid or not (tmp_path / f"slurm-{jid}" / "checkpoint.pt").exists():  # mid-run, past step 10
-            assert launcher.poll() is None and time.monotonic() < deadline, "the job ended before it was preempted"
-            jid = subprocess.run(["squeue", "-h", "-n", "preempted", "-o", "%i"], capture_output=True, text=True,
-                                 timeout=30, env=env).stdout.strip()
-            time.sleep(0.1)
-        check(subprocess.run(["scancel", "--batch", "--signal=USR1", jid], capture_output=True, text=True,
-                             timeout=30, env=env))
-        out, err = launcher.communicate(timeout=JOB_TIMEOUT)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
-    assert launcher.returncode == 0, out[-3000:] + err[-3000:]
+@pytest.mark.timeout(2 * JOB_TIMEOUT + 60)  # the two jobs run at once, in the first test's time
+@pytest.mark.parametrize("starter", STARTERS)
+def test_preempted_job_checkpoints_requeues_and_ends_like_an_uninterrupted_one(preempted, uninterrupted, starter):
+    """The preempted job checkpoints, exits 75, is requeued, resumes, and ends with the uninterrupted
+    job's parameters, one rank per node, whether mpirun or srun (PMIx) started the ranks."""
+    tmp_path, jid, rc, out, err = preempted[starter]
+    assert rc == 0, out[-3000:] + err[-3000:]
     log = (tmp_path / f"slurm-{jid}.out").read_text()
     assert "checkpoint written, requeueing" in log and f"job {jid} (restart 1)" in log, log[-3000:]
     assert re.search(r"from step (?!0\b)\d+", log), log[-3000:]  # the second run resumed
