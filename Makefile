@@ -20,7 +20,7 @@ help:
 	@echo "make train-ps     the same with a parameter server: 1 dedicated server rank + 2 workers (sync)"
 	@echo "make train-ps-colocated  the same with a server shard on each of 2 training ranks (sync)"
 	@echo "make train-ptb    Zaremba's small LSTM LM, $(NP) ranks, on the offline corpus (DATA_DIR=<real PTB copy>)"
-	@echo "make bench        trainer (Horovod and mpi engines) vs bare Horovod loop vs torch DDP vs PS, LeNet-5/LSTM/ResNet-18, 1 and 2 ranks -> runs/bench-<time>/ (~18 min)"
+	@echo "make bench        trainer (Horovod, mpi and torch engines) vs bare Horovod loop vs torch DDP vs PS, LeNet-5/LSTM/ResNet-18, 1 and 2 ranks -> runs/bench-<time>/ (~18 min)"
 	@echo "make bench-tuning the trainer's defaults vs one change each (cycle time, waits, allocator, gloo, fp16, ...), 2 ranks (~12 min)"
 	@echo "make slurm-train  submit make train's job to Slurm, $(NODES) nodes x 1 rank, and follow it (SLURM_ARGS=\"--time 1:00:00 ...\")"
 	@echo "make test         the test suite (unit + real ranks under mpirun)"
