@@ -33,6 +33,13 @@ from .stragglers import StragglerRule, window_median_ms
 from .tasks import Batches, make_task
 
 
+def peak_rss_mib() -> float:
+    """This process's peak resident memory so far, MiB (Linux reports KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def local_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -330,14 +337,15 @@ class Trainer:
             last_eval = self.evaluate(model, s.eval_set, device)
             log.scalars(step, last_eval)
         # communication: CPU seconds of all workers (a busy-polling exchange shows up here) and, in
-        # each worker's own row, its median compute and wait over the run
-        mine = torch.zeros(1 + 2 * workers, dtype=torch.float64)
+        # each worker's own row, its median compute and wait over the run and its peak resident memory
+        mine = torch.zeros(1 + 3 * workers, dtype=torch.float64)
         mine[0] = meter.cpu_seconds
-        mine[1 + 2 * ex.worker_index:3 + 2 * ex.worker_index] = torch.tensor(meter.run_medians(), dtype=torch.float64)
+        mine[1 + 3 * ex.worker_index:4 + 3 * ex.worker_index] = torch.tensor([*meter.run_medians(), peak_rss_mib()],
+                                                                             dtype=torch.float64)
         total = ex.sum_over_workers(mine)
         cpu_s = total[0].item()
-        per_rank = [{"rank": r, "host": h, "compute_ms": c, "wait_ms": w}
-                    for r, h, (c, w) in zip(ranks, hosts, total[1:].view(workers, 2).tolist())]
+        per_rank = [{"rank": r, "host": h, "compute_ms": c, "wait_ms": w, "peak_rss_mib": m}
+                    for r, h, (c, w, m) in zip(ranks, hosts, total[1:].view(workers, 3).tolist())]
         stragglers = {"ranks": per_rank, "stragglers": [found.record() for found in rule.found],
                       "straggler_rule": {"factor": cfg.train.straggler_factor, "window": cfg.train.straggler_window}}
         if cfg.run.dump_params:

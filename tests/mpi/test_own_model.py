@@ -73,6 +73,7 @@ def test_own_model_trained_and_logged_like_a_built_in_one(runs):
     m = json.loads((runs / "hvd" / "metrics.json").read_text())
     assert m["model"] == "userpkg.task:build" and m["final"]["eval_seen_mod"] == 20 % 4
     assert json.loads((runs / "ring" / "metrics.json").read_text())["model"] == "userpkg.net:build"
+    assert [r["rank"] for r in m["ranks"]] == [0, 1] and all(r["peak_rss_mib"] > 50 for r in m["ranks"])
 
 
 def test_own_task_resumes_bit_exactly_with_its_own_state(env, runs, tmp_path):
