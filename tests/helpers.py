@@ -45,6 +45,20 @@ def launch(np: int, args: list[str], timeout: float = 240, command: str = "train
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=full_env)
 
 
+def lab_in_process(capsys, *argv: str) -> tuple[int, str]:
+    """``python -m lab ARGV`` inside the test's process: its exit code and what it wrote to stderr. For
+    refusals of bad input, which end before any job starts: one subprocess per command checks the real entry
+    point, the other cases need no interpreter of their own (each would import torch again, ~2 s of CPU)."""
+    from lab.__main__ import main
+
+    capsys.readouterr()
+    try:
+        code = main(list(argv))
+    except SystemExit as e:
+        code = e.code
+    return code, capsys.readouterr().err
+
+
 def run_single(args: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
     """One process without mpirun (Horovod forms a world of size 1)."""
     cmd = [sys.executable, "-m", "allreduce_train", "train", *args]

@@ -130,7 +130,12 @@ def test_resume_continues_exactly_with_momentum_from_the_servers(tmp_path, ps_k2
 
 
 @needs_fashion_mnist
-@pytest.mark.parametrize("np, placement", [(3, "dedicated"), (2, "colocated")])
+@pytest.mark.parametrize("np, placement", [
+    (3, "dedicated"),
+    # make test-long: tests/mpi/test_tta.py trains the asynchronous colocated PS on Fashion-MNIST to a
+    # target and checks its staleness
+    pytest.param(2, "colocated", marks=pytest.mark.long),
+])
 def test_async_trains_on_fashion_mnist_and_logs_staleness(tmp_path, np, placement):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from helpers import ROOT, check, load_params, needs_fashion_mnist
+from helpers import ROOT, check, lab_in_process, load_params, needs_fashion_mnist
 
 
 def tta(*args, timeout=600):
@@ -27,9 +27,13 @@ def tta(*args, timeout=600):
     (["--rates", "1gbit", "--link-rate", "1gbit"], "--link-rate"),
     (["--report", "/nonexistent"], "--report"),
 ])
-def test_bad_input_is_one_line(args, needle):
-    proc = tta(*args, timeout=60)
-    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr, proc.stderr
+def test_bad_input_is_one_line(capsys, args, needle):
+    if args == ["--methods", "gossip"]:  # the command as users run it
+        proc = tta(*args, timeout=60)
+        code, err = proc.returncode, proc.stderr
+    else:
+        code, err = lab_in_process(capsys, "time-to-accuracy", *args)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
 
 
 @pytest.mark.mpi
@@ -54,7 +58,9 @@ def test_two_workers_reach_a_low_target_stop_there_and_report_it(tmp_path):
     assert [e["step"] for e in evals] == [j["eval_every"] * (i + 1) for i in range(len(evals))]
     assert j["epochs_to_target"] == pytest.approx(j["steps_to_target"] / spe)
     assert 0 < j["seconds_to_target"] and j["samples_to_target"] == j["steps_to_target"] * 128
-    assert j["staleness_mean"] is not None  # the servers counted the updates each gradient missed
+    # the servers counted the updates each gradient missed, and the other worker's updates landed between a
+    # worker's pull and push: not lock-step sync (tests/mpi/test_ps.py checks the dedicated servers' figures)
+    assert j["staleness_mean"] > 0 and j["staleness_max"] >= 1
     # the TensorBoard summary: the figure against the step and against wall-clock milliseconds
     ea = EventAccumulator(str(out / "summary" / "lenet5" / "ps-async-colocated-n2-r1")).Reload()
     by_step = ea.Scalars("tta/eval_accuracy")
