@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..common import engines, tblog, usermodel
-from ..common.jobs import TRAINER, local_launcher, loadavg, read_json, run
+from ..common.jobs import TRAINER, loadavg, local_launcher, read_json, run
 
 RANK_MODULE = "lab.bench.rank"  # the bare loops, on every rank
 # Timed steps per model when --steps is not given: a few seconds per job on one core.
@@ -406,11 +406,9 @@ def _int_list(text: str) -> list[int]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from models import MODELS
-
     from allreduce_train.cli import fail
-
     from allreduce_train.errors import UserError
+    from models import MODELS
 
     given = [m for m in args.models.split(",") if m] if args.models is not None else []
     if args.models is None and not (args.model or args.task):

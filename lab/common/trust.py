@@ -51,6 +51,8 @@ def ps_colocated_untrusted(workers: int) -> bool:
 
 def note() -> str:
     """One line for reports: what the region is and why."""
-    return (f"untrusted region: float32 exchange predicted shorter than the compute; there the model was short "
-            f"by up to {MISS:.2f}x of the step on emulated hosts (the wait for the slowest rank and the exchange "
-            "thread's CPU, which it does not model; lab/common/trust.py), so a pick by a smaller margin is not decided")
+    return (
+        f"untrusted region: float32 exchange predicted shorter than the compute; there the model was short "
+        f"by up to {MISS:.2f}x of the step on emulated hosts (the wait for the slowest rank and the exchange "
+        "thread's CPU, which it does not model; lab/common/trust.py), so a pick by a smaller margin is not decided"
+    )

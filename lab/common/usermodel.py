@@ -56,10 +56,16 @@ class Workload:
         return out
 
 
-def from_args(model: str, task: str = "", dataset: str = "", model_args: list[str] | tuple[str, ...] = (),
-              dataset_args: list[str] | tuple[str, ...] = ()) -> Workload:
-    return Workload(model=model, task=task, dataset=dataset, model_args=tuple(model_args),
-                    dataset_args=tuple(dataset_args))
+def from_args(
+    model: str,
+    task: str = "",
+    dataset: str = "",
+    model_args: list[str] | tuple[str, ...] = (),
+    dataset_args: list[str] | tuple[str, ...] = (),
+) -> Workload:
+    return Workload(
+        model=model, task=task, dataset=dataset, model_args=tuple(model_args), dataset_args=tuple(dataset_args)
+    )
 
 
 def config(w: Workload, extra: list[str] | tuple[str, ...] = ()) -> Any:
@@ -88,7 +94,7 @@ def build(w: Workload, seed: int = 42) -> Any:
     return task.build_model(), task
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def shapes(w: Workload) -> tuple[tuple[int, ...], ...]:
     """The shapes of the model's trainable parameters, in its order (the cost model's gradient)."""
     model, _ = build(w)
@@ -100,8 +106,9 @@ def nbytes(w: Workload) -> int:
     return 4 * sum(math.prod(s) for s in shapes(w))
 
 
-def first_batch(w: Workload, batch_size: int, rank: int, size: int, seed: int = 42,
-                synthetic_samples: int = 6400) -> tuple[Any, Any, Any]:
+def first_batch(
+    w: Workload, batch_size: int, rank: int, size: int, seed: int = 42, synthetic_samples: int = 6400
+) -> tuple[Any, Any, Any]:
     """(task, inputs, targets): this rank's share of the trainer's first global batch, and the task whose
     ``loss(model, x, y, rows)`` the trainer takes on it."""
     extra = ["--batch-size", str(batch_size), "--seed", str(seed)]

@@ -100,7 +100,8 @@ def winners(methods: list[costmodel.Method], shapes, n: int, compute_s: float, b
         brow, grow = [], []
         for bw in bw_gbit:
             net = costmodel.Network.from_gbit_us(bw, lat)
-            times = [w * (compute_s + c.extra_compute_s + c.exchange_s(net)) for w, c in zip(weight, costs)]
+            times = [w * (compute_s + c.extra_compute_s + c.exchange_s(net))
+                     for w, c in zip(weight, costs, strict=True)]
             i = min(range(len(times)), key=times.__getitem__)
             brow.append(i)
             grow.append(times[i] / (compute_s + base.exchange_s(net)))
@@ -227,7 +228,8 @@ def report_md(res: dict[str, Any]) -> str:
            f"traffic, {res['host']['flops'] / 1e9:g} GFLOP/s; methods: {', '.join(labels)}.", "",
            *(["Time to accuracy: each method's predicted step x its steps to the target over float32's ("
               + res["steps_source"] + "; measured at 4 workers, used as they are at every N): "
-              + "; ".join(f"{m} " + ", ".join(f"{k} {v:.2f}" for k, v in r.items()) for m, r in res["steps_ratio"].items())
+              + "; ".join(f"{m} " + ", ".join(f"{k} {v:.2f}" for k, v in r.items())
+                          for m, r in res["steps_ratio"].items())
               + (f". Per step only (no steps measured): {', '.join(res['per_step'])}" if res["per_step"] else "")
               + ".", ""] if res["view"] == "tta" else []),
            "Predicted fastest method at some links (bandwidth / latency), and its "

@@ -370,7 +370,7 @@ def config_from_args(args: argparse.Namespace) -> TtaConfig:
         model, sep, target = t.partition("=")
         if own and model not in WORKLOADS:  # your own model's target is the trainer's: METRIC>=VALUE
             model, sep, target = next(iter(own)), "=", t
-        if not sep or model not in WORKLOADS and model not in own:
+        if not sep or (model not in WORKLOADS and model not in own):
             raise TtaError(f"--target {t!r}: write MODEL=METRIC>=VALUE with MODEL one of {', '.join(WORKLOADS)}, "
                            "e.g. lenet5=eval/accuracy>=0.85 (your own --model: METRIC>=VALUE)")
         try:

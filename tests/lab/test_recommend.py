@@ -12,8 +12,16 @@ from pathlib import Path
 import pytest
 
 from lab.common import costmodel, trust
-from lab.recommend.main import Inputs, RecommendError, parse_latency, parse_links, plan, predict_cell, steps_from, \
-    summary
+from lab.recommend.main import (
+    Inputs,
+    RecommendError,
+    parse_latency,
+    parse_links,
+    plan,
+    predict_cell,
+    steps_from,
+    summary,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 LINEAR = [(512, 1024), (1024,)]  # one matrix and its bias: 2.1 MB of float32 gradient
@@ -21,17 +29,25 @@ METHODS = ["fp32", "fp16", "localsgd-h4"]
 
 
 def inputs(compute_s=0.010, ratios=None, latency_s=0.0):
-    return Inputs("pkg.net:build", LINEAR, compute_s, 64, latency_s,
-                  ratios if ratios is not None else {"fp16": 1.0, "localsgd-h4": 1.5},
-                  sources={"compute": "given", "steps": "measured: x"})
+    return Inputs(
+        "pkg.net:build",
+        LINEAR,
+        compute_s,
+        64,
+        latency_s,
+        ratios if ratios is not None else {"fp16": 1.0, "localsgd-h4": 1.5},
+        sources={"compute": "given", "steps": "measured: x"},
+    )
 
 
 def test_time_to_target_is_the_steps_ratio_times_the_predicted_step():
     inp = inputs()
     c = predict_cell(inp, 8, 1e9 / 8, METHODS)  # 1 Gbit/s: the exchange dominates a 10 ms compute
     net = costmodel.Network(0.0, 1e9 / 8)
-    step = {m: costmodel.predict_method(costmodel.Method.parse(m), costmodel.ALLREDUCE, 8, LINEAR, 0.010, 64,
-                                        net).step_s for m in METHODS}
+    step = {
+        m: costmodel.predict_method(costmodel.Method.parse(m), costmodel.ALLREDUCE, 8, LINEAR, 0.010, 64, net).step_s
+        for m in METHODS
+    }
     assert c["time_vs_fp32"]["fp16"] == pytest.approx(step["fp16"] / step["fp32"])
     assert c["time_vs_fp32"]["localsgd-h4"] == pytest.approx(1.5 * step["localsgd-h4"] / step["fp32"])
     assert c["winner"] == min(c["time_vs_fp32"], key=c["time_vs_fp32"].get)
@@ -70,8 +86,13 @@ def test_the_summary_names_every_source_and_where_the_steps_ratio_was_not_measur
     inp = inputs(compute_s=1.0)
     cells = plan(inp, [2, 64], [("10gbit", 10e9 / 8), ("100mbit", 100e6 / 8)], METHODS)
     text = summary(inp, cells, METHODS, None)
-    for needle in ("[given]", "[measured: x]", "[assumed: --latency]", "[modelled: costmodel.method_cost",
-                   "[measured here]"):
+    for needle in (
+        "[given]",
+        "[measured: x]",
+        "[assumed: --latency]",
+        "[modelled: costmodel.method_cost",
+        "[measured here]",
+    ):
         assert needle in text, needle
     rows = {ln.split("|")[1].strip(): ln for ln in text.splitlines() if ln.startswith("| 2 ") or ln.startswith("| 64 ")}
     assert " +" not in rows["2"] and " +" in rows["64"]  # measured at 2 workers: said at 64, not at 2
@@ -89,9 +110,21 @@ def test_parsers_name_their_flag():
 
 
 def grid(tmp_path, reached=True):
-    jobs = [{"model": "userpkg.net:build", "method": m, "workers": 2, "ok": True, "reached": reached or m != "ring-mpi",
-             "steps_to_target": s, "seconds_to_target": t, "link_rate": "1gbit", "step_ms": 50.0, "comm_wait_ms": 10.0}
-            for m, s, t in (("ring-mpi", 100, 10.0), ("ring-mpi-fp16", 100, 9.0), ("ring-mpi-localsgd-h4", 180, 14.0))]
+    jobs = [
+        {
+            "model": "userpkg.net:build",
+            "method": m,
+            "workers": 2,
+            "ok": True,
+            "reached": reached or m != "ring-mpi",
+            "steps_to_target": s,
+            "seconds_to_target": t,
+            "link_rate": "1gbit",
+            "step_ms": 50.0,
+            "comm_wait_ms": 10.0,
+        }
+        for m, s, t in (("ring-mpi", 100, 10.0), ("ring-mpi-fp16", 100, 9.0), ("ring-mpi-localsgd-h4", 180, 14.0))
+    ]
     d = tmp_path / "grid"
     d.mkdir(parents=True)
     (d / "results.json").write_text(json.dumps({"jobs": jobs}))
@@ -99,19 +132,22 @@ def grid(tmp_path, reached=True):
 
 
 def test_steps_ratios_come_from_a_finished_grid(tmp_path):
-    ratios, n, by = steps_from(str(grid(tmp_path) / "results.json"), "userpkg.net:build", METHODS)
+    ratios, n, _ = steps_from(str(grid(tmp_path) / "results.json"), "userpkg.net:build", METHODS)
     assert n == 2 and ratios == {"fp32": 1.0, "fp16": 1.0, "localsgd-h4": pytest.approx(1.8)}
-    with pytest.raises(RecommendError, match="float32 .* did not reach the target"):
+    with pytest.raises(RecommendError, match=r"float32 .* did not reach the target"):
         steps_from(str(grid(tmp_path / "b", reached=False) / "results.json"), "userpkg.net:build", METHODS)
 
 
-PACKAGE = {"__init__.py": "", "net.py": textwrap.dedent('''
+PACKAGE = {
+    "__init__.py": "",
+    "net.py": textwrap.dedent("""
     import torch.nn as nn
 
 
     def build(hidden=16):
         return nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, hidden), nn.ReLU(), nn.Linear(hidden, 10))
-    ''')}
+    """),
+}
 
 
 def user_env(tmp_path):
@@ -123,35 +159,65 @@ def user_env(tmp_path):
 
 
 def lab(args, env, timeout=240):
-    return subprocess.run([sys.executable, "-m", "lab", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "lab", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_recommend_prints_a_time_to_accuracy_answer_for_a_users_model(tmp_path):
     (tmp_path / "b").mkdir()
     env, d = user_env(tmp_path), grid(tmp_path / "b")
     out = tmp_path / "out"
-    proc = lab(["recommend", "--model", "userpkg.net:build", "--model-arg", "hidden=8", "--target",
-                "eval/accuracy>=0.5", "--steps-from", str(d), "--compute-ms", "5", "--workers", "2,64",
-                "--link", "1gbit,100gbit", "--latency", "20us", "--methods", "fp16,localsgd-h4", "--out", str(out)],
-               env)
+    proc = lab(
+        [
+            "recommend",
+            "--model",
+            "userpkg.net:build",
+            "--model-arg",
+            "hidden=8",
+            "--target",
+            "eval/accuracy>=0.5",
+            "--steps-from",
+            str(d),
+            "--compute-ms",
+            "5",
+            "--workers",
+            "2,64",
+            "--link",
+            "1gbit,100gbit",
+            "--latency",
+            "20us",
+            "--methods",
+            "fp16,localsgd-h4",
+            "--out",
+            str(out),
+        ],
+        env,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "Which concept reaches the target fastest for userpkg.net:build" in proc.stdout
     assert "0.025 MB float32" in proc.stdout  # 784 x 8 + 8 + 8 x 10 + 10 parameters, measured from the model
     assert "check, 2 emulated hosts at 1gbit" in proc.stdout
     res = json.loads((out / "recommend.json").read_text())
-    assert {(c["workers"], c["link"]) for c in res["cells"]} == {(2, "1gbit"), (2, "100gbit"), (64, "1gbit"),
-                                                                (64, "100gbit")}
+    assert {(c["workers"], c["link"]) for c in res["cells"]} == {
+        (2, "1gbit"),
+        (2, "100gbit"),
+        (64, "1gbit"),
+        (64, "100gbit"),
+    }
     assert res["check"]["methods"]["fp16"]["measured"] == pytest.approx(0.9)
     assert (out / "recommend.png").stat().st_size > 10_000
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--model", "userpkg.nope:build"], "cannot import userpkg.nope"),
-    (["--model", "userpkg.net:missing"], "has no attribute 'missing'"),
-    (["--model", "userpkg.net:build", "--workers", "1"], "--workers"),
-    (["--model", "userpkg.net:build", "--target", "accuracy"], "--target"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--model", "userpkg.nope:build"], "cannot import userpkg.nope"),
+        (["--model", "userpkg.net:missing"], "has no attribute 'missing'"),
+        (["--model", "userpkg.net:build", "--workers", "1"], "--workers"),
+        (["--model", "userpkg.net:build", "--target", "accuracy"], "--target"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, needle):
     env, d = user_env(tmp_path), grid(tmp_path)
     full = ["recommend", "--steps-from", str(d), "--compute-ms", "5", "--out", str(tmp_path / "o")]
