@@ -83,6 +83,13 @@ def test_bench_gives_the_trainer_and_the_bare_loops_the_users_model_and_data():
     add_arguments(p)  # the bare loops' ranks take the same flags
     got = p.parse_args(bare)
     assert (got.model, got.dataset, got.model_arg) == (REF, DATA, ["hidden=8"])
+    # a task names its own model and data
+    gpt = "examples.gpt.task:build"
+    tspec = BenchSpec(models=[gpt], tasks=[gpt], model_args=["max_chars=1000"])
+    for impl in ("trainer", "ddp"):
+        _, args = job_args(impl, gpt, tspec, "/tmp/r.json", "/tmp/r", "x")
+        assert args[args.index("--task") + 1] == gpt and "--model" not in args and "--dataset" not in args
+    assert p.parse_args(args).task == gpt
     # a registered model keeps the synthetic data unless --dataset is given
     _, reg = job_args("trainer", "lenet5", spec.__class__(models=["lenet5"]), "", "/tmp/r", "x")
     assert reg[reg.index("--dataset") + 1] == "synthetic"
