@@ -118,10 +118,12 @@ TTA_MODELS ?= lenet5,ptb-lstm-small
 time-to-accuracy: install
 	$(PY) -m lab time-to-accuracy --models $(TTA_MODELS) $(ARGS)
 
-# Your own model in bench (docs/own_model.md): the registered LeNet-5 and the same class given as a user model,
-# paired in one run on the same data: the extension point's cost per step (docs/performance.md).
+# Your own model in bench (docs/own_model.md): the registered LeNet-5 (trainer) and the same class given as a user
+# model (own), paired in every round on the same data, beside bare Horovod and the bound: the extension point's
+# cost per step (docs/performance.md). `python -m lab bench --model PKG.MOD:FN` times your own.
 bench-own: install
-	$(PY) -m lab bench --models lenet5 --model models.lenet:LeNet5 --dataset fashion-mnist --repeats 3 $(ARGS)
+	$(PY) -m lab bench --models lenet5 --dataset fashion-mnist --impls trainer,own,horovod,bound \
+	    --variant "own=trainer --model models.lenet:LeNet5" --repeats 3 $(ARGS)
 
 # Which concept reaches a target fastest for your model (docs/own_model.md); minutes (root: emulated hosts).
 WORKERS ?= 8,64,512
