@@ -348,7 +348,8 @@ def config_from_args(args: argparse.Namespace) -> TtaConfig:
     from ..common.links import parse_rates
 
     own = own_workloads(args)
-    models = [*(_list(args.models, "--models") if args.models is not None or not own else []), *own]
+    given = args.models if args.models is not None else ("" if own else ",".join(TtaConfig().models))
+    models = [*(_list(given, "--models") if given else []), *own]
     bad = [m for m in models if m not in WORKLOADS and m not in own]
     if bad:
         raise TtaError(f"--models: no time-to-accuracy workload for {bad[0]!r}; choose from: {', '.join(WORKLOADS)}")
