@@ -264,13 +264,14 @@ def run_steps_grid(w: usermodel.Workload, target: str, methods: list[str], rate:
     from ..common.jobs import run
 
     argv = [sys.executable, "-m", "lab", "time-to-accuracy", "--workers", str(MEASURED_WORKERS),
-            "--emulate-from", str(MEASURED_WORKERS), "--link-rate", rate, "--target", target,
+            "--emulate-from", str(MEASURED_WORKERS), "--link-rate", rate,
+            "--target", target if w.own else f"{w.model}={target}",
             "--methods", ",".join(tta_method(m) for m in methods), "--max-epochs", str(max_epochs),
             "--evals-per-epoch", str(evals_per_epoch), "--out-dir", out]
-    argv += ["--task", w.task] if w.task else ["--model", w.model]
+    argv += ["--task", w.task] if w.task else ["--model", w.model] if w.own else ["--models", w.model]
     for a in w.model_args:
         argv += ["--model-arg", a]
-    if w.dataset and not w.task:
+    if w.dataset and w.own and not w.task:
         argv += ["--dataset", w.dataset]
     for a in w.dataset_args:
         argv += ["--dataset-arg", a]
