@@ -288,10 +288,14 @@ def run_steps_grid(w: usermodel.Workload, target: str, methods: list[str], rate:
 
 # ------------------------------------------------------------------------- the map
 
-COLOURS = {"fp32": "#9e9e9e", "fp16": "#1f77b4", "bf16": "#17becf", "powersgd": "#ff7f0e", "localsgd": "#2ca02c"}
+COLOURS = {"fp32": "#9e9e9e", "fp16": "#1f77b4", "bf16": "#17becf", "powersgd": "#ff7f0e", "localsgd": "#2ca02c",
+           "localsgd-h16": "#98df8a"}
 
 
 def colour(label: str) -> str:
+    """One colour per concept (concept-map's), local SGD H = 16 lighter than the other periods."""
+    if label in COLOURS:
+        return COLOURS[label]
     return COLOURS.get("powersgd" if label.startswith("powersgd") else "localsgd" if label.startswith("localsgd")
                        else label, "black")
 
@@ -305,7 +309,7 @@ def plot(path: str, inp: Inputs, cells: list[dict[str, Any]], methods: list[str]
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    bws = [0.1 * (4000 ** (i / 47)) for i in range(48)]  # 0.1 to 400 Gbit/s
+    bws = [0.01 * (40000 ** (i / 47)) for i in range(48)]  # 10 Mbit/s to 400 Gbit/s
     ns = [2 ** (1 + i / 4) for i in range(41)]  # 2 to 2048 workers
     fig, ax = plt.subplots(figsize=(7.5, 5.2))
     seen = set()
