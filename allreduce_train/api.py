@@ -54,8 +54,8 @@ def _config(argv: list[str] | None, settings: dict[str, Any]):
 
 
 def _exit(code: int) -> None:
-    from .errors import record_exit
     from .cli import env_rank
+    from .errors import record_exit
 
     record_exit(env_rank(), code)
     raise SystemExit(code)

@@ -41,7 +41,7 @@ class WorkerState:
         return out
 
     @classmethod
-    def from_dict(cls, saved: dict[str, Any], path: str = "") -> "WorkerState":
+    def from_dict(cls, saved: dict[str, Any], path: str = "") -> WorkerState:
         if not isinstance(saved, dict) or "rng" not in saved:
             raise UserError(f"--resume {path}: the checkpoint's per-worker state has no 'rng'; it was not written by "
                             "allreduce_train's trainer (start afresh without --resume)")

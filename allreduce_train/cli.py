@@ -19,8 +19,19 @@ import traceback
 
 from . import __version__
 from .config import add_arguments, build_config
-from .errors import (EXIT_DIVERGED, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_STALLED, EXIT_USAGE, Diverged, Preempted, Stalled,
-                     UserError, record_exit)
+from .errors import (
+    EXIT_DIVERGED,
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_PREEMPTED,
+    EXIT_STALLED,
+    EXIT_USAGE,
+    Diverged,
+    Preempted,
+    Stalled,
+    UserError,
+    record_exit,
+)
 
 
 def env_rank() -> int:
@@ -78,8 +89,8 @@ def run_job(cfg, task=None) -> tuple[int, dict | None]:
     except UserError as e:
         return fail_before_init(str(e)), None
 
-    from .trainer import Trainer, config_text
     from .run_logger import RunLogger
+    from .trainer import Trainer, config_text
     from .watchdog import Watchdog
 
     held = _Held(ex)
@@ -167,7 +178,7 @@ class _Held:
 
         self.ex, self.log, self.watchdog = ex, NullLogger(), None
 
-    def __enter__(self) -> "_Held":
+    def __enter__(self) -> _Held:
         return self
 
     def __exit__(self, typ, value, tb) -> bool:
@@ -216,7 +227,7 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
-def make_parser() -> "_Parser":
+def make_parser() -> _Parser:
     parser = _Parser(
         prog="allreduce_train",
         description="Data-parallel PyTorch training: ring allreduce (Horovod) or a parameter server behind "

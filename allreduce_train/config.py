@@ -260,7 +260,7 @@ COMBINATIONS: tuple[tuple[Any, Any], ...] = (
 )
 
 
-def check_combination(x: "ExchangeConfig", mpi_algorithm: str | None = None) -> None:
+def check_combination(x: ExchangeConfig, mpi_algorithm: str | None = None) -> None:
     """Refuse what :data:`COMBINATIONS` refuses, with its line (:class:`ConfigError`)."""
     for refused, line in COMBINATIONS:
         if refused(x, mpi_algorithm):

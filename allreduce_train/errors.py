@@ -8,8 +8,18 @@ import json
 import os
 import socket
 
-from launch.exitcodes import (EXIT_DIR_ENV, EXIT_DIVERGED, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK,  # noqa: F401
-                              EXIT_PREEMPTED, EXIT_SIGNAL_BASE, EXIT_STALLED, EXIT_TIMEOUT, EXIT_USAGE)
+from launch.exitcodes import (  # noqa: F401
+    EXIT_DIR_ENV,
+    EXIT_DIVERGED,
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_PREEMPTED,
+    EXIT_SIGNAL_BASE,
+    EXIT_STALLED,
+    EXIT_TIMEOUT,
+    EXIT_USAGE,
+)
 
 
 def record_exit(rank: int, code: int) -> None:

@@ -12,17 +12,18 @@ restarts at zero every epoch and after a resume (it is not checkpointed).
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator, Protocol
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 
-from .data import ptb
+from models import MODELS, ModelSpec
+
 from .config import Config
+from .data import ptb
 from .data.images import ShardedBatches, TensorDataset, eval_shard, fashion_mnist, synthetic
 from .errors import ConfigError
-
-from models import MODELS, ModelSpec
 
 
 class Batches(Protocol):
@@ -114,7 +115,8 @@ class ClassifyTask:
         """Your own model's output on one batch fits the cross-entropy loss (before any rank trains)."""
         if self.spec.input_shape:  # a registered model: its input shape is known to fit
             return
-        from .usertask import Task as OwnTask, TaskAdapter
+        from .usertask import Task as OwnTask
+        from .usertask import TaskAdapter
 
         TaskAdapter(OwnTask(), f"--model {self.spec.name}", self.cfg).check(model, x, y)
 
@@ -243,7 +245,8 @@ def make_task(cfg: Config, own: Any = None) -> Task:
     handed to :func:`allreduce_train.fit`). A user's code is imported and called here, on every rank
     alike; what fails becomes one :class:`ConfigError` line."""
     from . import usercode
-    from .usertask import Task as OwnTask, TaskAdapter
+    from .usertask import Task as OwnTask
+    from .usertask import TaskAdapter
 
     m = cfg.model
     if own is not None:

@@ -15,8 +15,9 @@ import math
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -24,8 +25,8 @@ from . import checkpoint, preempt, watchdog
 from .checkpoint import WorkerState
 from .config import Config, parse_slow_rank
 from .devices import pick_device
-from .distributed.base import GradientExchange
 from .distributed import make_schedule
+from .distributed.base import GradientExchange
 from .errors import ConfigError, Diverged, Preempted
 from .metrics import Throughput, TimeToTarget
 from .run_logger import NullLogger

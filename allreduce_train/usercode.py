@@ -14,7 +14,8 @@ import ast
 import importlib
 import re
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .errors import ConfigError
 

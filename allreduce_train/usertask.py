@@ -17,7 +17,8 @@ over batches and workers before ``eval_metrics`` divides.
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F

@@ -39,7 +39,7 @@ from typing import Any
 
 from .errors import EXIT_STALLED, record_exit
 
-_current: "Watchdog | None" = None
+_current: Watchdog | None = None
 
 
 COMPUTING, EXCHANGING, AFTER = 0, 1, 2  # the phases of a step, in order
@@ -64,7 +64,7 @@ class waiting:
     """``with waiting():`` around a wait for peers: this rank is blocked on someone else, so a verdict
     never names it for being behind (its step may lag because the one it waits for is frozen)."""
 
-    __slots__ = ("w", "before")
+    __slots__ = ("before", "w")
 
     def __enter__(self) -> None:
         self.w = _current
@@ -79,7 +79,7 @@ class waiting:
             self.w.waiting = self.before
 
 
-def current() -> "Watchdog | None":
+def current() -> Watchdog | None:
     return _current
 
 

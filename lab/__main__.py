@@ -7,8 +7,8 @@ import sys
 
 
 def make_parser() -> argparse.ArgumentParser:
-    from .bench import main as bench
     from . import gpucheck
+    from .bench import main as bench
     from .commbench import main as commbench
     from .commbench import netns as commbench_netns
     from .conceptmap import main as concept_map

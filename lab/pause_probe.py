@@ -31,7 +31,6 @@ import torch
 
 from allreduce_train.distributed.horovod import POLL_S, connect_first
 
-
 IMPLS = ("horovod", "horovod-spin", "mpi", "mpi-thread", "mpi-inplace")
 
 

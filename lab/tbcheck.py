@@ -147,7 +147,7 @@ class TensorBoard:
                 self.proc.wait()
         self.log.close()
 
-    def __enter__(self) -> "TensorBoard":
+    def __enter__(self) -> TensorBoard:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -20,8 +20,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from .exitcodes import EXIT_DIR_ENV, EXIT_PREEMPTED, EXIT_TIMEOUT, WORDS
 

@@ -9,8 +9,9 @@ package imports torch only: never horovod, mpi4py, torch.distributed, the traine
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch.nn as nn
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from launch import k8s  # noqa: E402
+from launch import k8s
 
 LAUNCHER_IP, WORKER_IP = "10.250.0.1", "10.250.0.2"  # tools/k8s_pod_check.sh's veth pair
 

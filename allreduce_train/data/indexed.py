@@ -12,7 +12,8 @@ given as a user's dataset yield the same batches.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, default_collate
@@ -31,7 +32,7 @@ class _StepIndices:
     from one step on. It runs in the training process; the loader's background workers only
     read the samples, so one persistent loader serves every epoch (:meth:`set`)."""
 
-    def __init__(self, owner: "DatasetBatches") -> None:
+    def __init__(self, owner: DatasetBatches) -> None:
         self.owner, self.epoch, self.start = owner, 0, 0
 
     def set(self, epoch: int, start: int) -> None:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["STRATEGIES", "create_exchange", "make_schedule"]
 
 
-def create_exchange(cfg: "Config") -> "GradientExchange":
+def create_exchange(cfg: Config) -> GradientExchange:
     """Initialise the communication backend of ``cfg.exchange.strategy`` and return the engine.
 
     Each engine gets the settings every exchange shares (``cfg.exchange``), its own section only,
@@ -59,7 +59,7 @@ def create_exchange(cfg: "Config") -> "GradientExchange":
     raise ValueError(f"unknown strategy {cfg.exchange.strategy!r}")
 
 
-def make_schedule(x: "ExchangeConfig", ex: "GradientExchange") -> "Sync":
+def make_schedule(x: ExchangeConfig, ex: GradientExchange) -> Sync:
     """The schedule of ``--average-every`` / ``--diloco-every`` over ``ex``, with ``--compression``'s wire format."""
     from .schedules import Sync
     from .wire import make_wire

@@ -7,7 +7,7 @@ wire: packing narrows, unpacking widens). One element-size rule goes with them: 
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 

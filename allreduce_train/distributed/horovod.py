@@ -16,7 +16,6 @@ from ..errors import UserError
 from .base import GradientExchange
 from .mpi import abort
 
-
 POLL_S = 1e-4  # sleep between polls of an in-flight allreduce: ~1 % of a LeNet-5 step
 ONE_HOST_CYCLE_MS = "0.25"  # HOROVOD_CYCLE_TIME when every rank is on this host (measured: docs/performance.md)
 ONE_HOST_FUSION_BYTES = str(4 << 20)  # HOROVOD_FUSION_THRESHOLD likewise

@@ -18,13 +18,15 @@ then the Qs.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 
 from .buffers import flatten, unpack
-from .wirecost import compressible, powersgd_bytes_per_step as bytes_per_step
+from .wirecost import compressible
+from .wirecost import powersgd_bytes_per_step as bytes_per_step
 
 __all__ = ["PowerSGD", "bytes_per_step", "compressible", "orthogonalize"]
 

@@ -36,8 +36,18 @@ from ..config import ExchangeConfig, MPIConfig
 from ..errors import UserError
 from .base import GradientExchange
 from .buffers import elements_in, pack, unpack
-from .mpi import (MAX_BUCKETS, abort, allgather_pickle, bcast_pickle, end_sum, import_mpi, node_rank, poll, start_sum,
-                  sum_now)
+from .mpi import (
+    MAX_BUCKETS,
+    abort,
+    allgather_pickle,
+    bcast_pickle,
+    end_sum,
+    import_mpi,
+    node_rank,
+    poll,
+    start_sum,
+    sum_now,
+)
 from .ps.sharding import plan
 
 

@@ -9,7 +9,7 @@ module loads neither torch nor MPI.
 from __future__ import annotations
 
 import math
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 # Bytes one gradient element takes on the wire under --compression (PowerSGD's factors are float32).
 ELEMENT_BYTES = {"none": 4, "fp16": 2, "bf16": 2, "powersgd": 4}

@@ -12,8 +12,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # examples/, for `gpt`
 
-import allreduce_train  # noqa: E402
-from gpt.task import CharGPT  # noqa: E402
+from gpt.task import CharGPT
+
+import allreduce_train
 
 
 def main(argv: list[str]) -> None:

@@ -99,8 +99,15 @@ def setup_ddp(model: torch.nn.Module, lr: float, port: int, loss=None):
 
 def trainer_grads(args: argparse.Namespace) -> tuple[dict[str, torch.Tensor], int]:
     """One step of the real trainer through its exchange; the averaged gradients stay in ``.grad``."""
-    from allreduce_train.config import (Config, DataConfig, ExchangeConfig, HorovodConfig, ModelConfig, RunConfig,
-                                        TrainConfig)
+    from allreduce_train.config import (
+        Config,
+        DataConfig,
+        ExchangeConfig,
+        HorovodConfig,
+        ModelConfig,
+        RunConfig,
+        TrainConfig,
+    )
     from allreduce_train.distributed import create_exchange
     from allreduce_train.trainer import Trainer
 

@@ -49,8 +49,16 @@ from typing import Any
 import numpy as np
 
 from ..common.jobs import Launcher, local_launcher
-from .exchanges import (IMPLS, BenchError, _shared_arguments, _write_json, check_numbers, human_bytes,
-                        parse_size, workloads)
+from .exchanges import (
+    IMPLS,
+    BenchError,
+    _shared_arguments,
+    _write_json,
+    check_numbers,
+    human_bytes,
+    parse_size,
+    workloads,
+)
 
 
 def memcpy_bandwidth(nbytes: int = 64 << 20, repeats: int = 10) -> float:

@@ -114,9 +114,9 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from launch import mpirun
     from lab.common.jobs import emulated_launcher
     from lab.emulation.netns import unavailable_reason
+    from launch import mpirun
 
     from ..common.links import RateError, link_network, parse_rates
 

@@ -31,12 +31,13 @@ Pure Python (no MPI, no torch) so that it is cheap to test and to run anywhere.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 # The bytes-per-step formulas and PowerSGD's rule of which matrices it compresses: the trainer's own
 # (torch-free), so the model charges what the product sends.
-from allreduce_train.distributed.wirecost import compressible, dims as _dims
+from allreduce_train.distributed.wirecost import compressible
+from allreduce_train.distributed.wirecost import dims as _dims
 
 ALLREDUCE = "allreduce"
 PS_DEDICATED = "ps-dedicated"
@@ -58,7 +59,7 @@ class Network:
             raise ValueError(f"bandwidth must be > 0 (got {self.bandwidth!r})")
 
     @classmethod
-    def from_gbit_us(cls, gbit_per_s: float, latency_us: float) -> "Network":
+    def from_gbit_us(cls, gbit_per_s: float, latency_us: float) -> Network:
         """A network given as link speed in Gbit/s and latency in microseconds (the CLI's units)."""
         return cls(alpha=latency_us * 1e-6, bandwidth=gbit_per_s * 1e9 / 8)
 
@@ -230,7 +231,7 @@ class Method:
         if self.compression == POWERSGD and self.period > 1:
             raise ValueError("PowerSGD with local SGD is not a method of the trainer (--compression powersgd "
                              "refuses --average-every)")
-        if self.outer < 0 or self.outer and (self.every > 1 or self.compression != NONE):
+        if self.outer < 0 or (self.outer and (self.every > 1 or self.compression != NONE)):
             raise ValueError("DiLoCo (--diloco-every H >= 1) sends float32 parameter deltas only: no --compression, "
                              "no --average-every")
 
@@ -256,12 +257,12 @@ class Method:
 
     @classmethod
     def from_flags(cls, compression: str = NONE, powersgd_rank: int = 1, average_every: int = 0,
-                   diloco_every: int = 0) -> "Method":
+                   diloco_every: int = 0) -> Method:
         """The method of a trainer run with these flags (its config's values)."""
         return cls(compression, powersgd_rank if compression == POWERSGD else 1, max(1, average_every), diloco_every)
 
     @classmethod
-    def parse(cls, text: str) -> "Method":
+    def parse(cls, text: str) -> Method:
         """``fp32`` (or ``none``), ``fp16``, ``bf16``, ``powersgd-rR``, ``localsgd-hH``, ``localsgd-hH+fp16``
         (as :attr:`label` writes them); ValueError otherwise."""
         t = text.strip().lower()
@@ -292,7 +293,7 @@ class Method:
 BASELINE = Method()  # synchronous SGD, float32 on the wire
 
 
-def as_shapes(grad: "float | Iterable[Shape]") -> list[Shape]:
+def as_shapes(grad: float | Iterable[Shape]) -> list[Shape]:
     """A gradient as a list of float32 tensor shapes; a number is taken as bytes of one float32 vector."""
     if isinstance(grad, (int, float)):
         if grad < 0:
@@ -323,7 +324,7 @@ class MethodCost:
         return self.messages * net.alpha + self.volume / net.bandwidth
 
 
-def method_cost(method: Method, kind: str, n: int, grad: "float | Iterable[Shape]", servers: int = 1,
+def method_cost(method: Method, kind: str, n: int, grad: float | Iterable[Shape], servers: int = 1,
                 host: Host = HOST) -> MethodCost:
     """What ``method`` costs per step on exchange ``kind`` with ``n`` workers, for a gradient given as
     its float32 tensor shapes (or, except for PowerSGD, its float32 bytes):
@@ -404,7 +405,7 @@ class MethodPrediction(Prediction):
     volume: float
 
 
-def predict_method(method: Method, kind: str, n: int, grad: "float | Iterable[Shape]", compute_s: float, batch: int,
+def predict_method(method: Method, kind: str, n: int, grad: float | Iterable[Shape], compute_s: float, batch: int,
                    net: Network, servers: int = 1, host: Host = HOST) -> MethodPrediction:
     """:func:`predict` for a communication-reduction ``method``: step = compute + the method's extra
     compute + its exchange (averaged over a local SGD period). ``grad``: the float32 gradient as its

@@ -8,7 +8,7 @@ import functools
 import math
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def shapes(model: str) -> tuple[tuple[int, ...], ...]:
     """The shapes of ``model``'s trainable parameters, in the model's order; KeyError for an unknown model."""
     from models import MODELS

@@ -13,8 +13,9 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 TRAINER = "allreduce_train"  # the module whose `train` command a job runs unless told otherwise
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 
-
 STYLE = {"allreduce": ("tab:blue", "o"), "ps-dedicated": ("tab:red", "s"), "ps-colocated": ("tab:green", "^"),
          "allreduce-mpi": ("tab:purple", "D")}
 

@@ -18,7 +18,8 @@ import json
 import os
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 wall_clock = time.perf_counter
 thread_cpu = time.thread_time  # this thread's CPU time: what a part costs, whatever else the machine runs

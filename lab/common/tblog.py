@@ -15,7 +15,8 @@ from __future__ import annotations
 import math
 import os
 import re
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 COMPARISON_DIR = "tensorboard"  # <out>/tensorboard: one run per concept, the logdir to open
 HPARAMS_DIR = "hparams"  # <out>/hparams: one session per job
@@ -128,7 +129,7 @@ def write_hparams(logdir: str, sessions: list[tuple[str, dict[str, Any], dict[st
     metric_names = list(dict.fromkeys(k for _, _, ms in sessions for k in ms))
     # discrete domains for the text hparams: the HParams table then offers them as filters
     discrete = {k: vs for k, vs in values.items() if all(isinstance(v, str) for v in vs)}
-    exp, _, _ = hparams_summary({k: vs[0] for k, vs in values.items()}, {m: 0.0 for m in metric_names}, discrete)
+    exp, _, _ = hparams_summary({k: vs[0] for k, vs in values.items()}, dict.fromkeys(metric_names, 0.0), discrete)
     mark_differing(exp, {k for k, vs in values.items() if len(vs) > 1})
     w = SummaryWriter(log_dir=logdir)
     w.file_writer.add_summary(exp)

@@ -150,8 +150,8 @@ def draw(path: str, models: list[str], workers: list[int], methods: list[costmod
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.colors import ListedColormap
-    from matplotlib.patches import Patch
     from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
     labels = [m.label for m in methods]
     cmap = ListedColormap([colour(lb) for lb in labels])

@@ -44,7 +44,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-
 NAME_PREFIX = "art-"
 NAME_RE = re.compile(r"^art-(\d+)-\d+-(head|h\d+)$")
 SUBNET = "10.213.0"  # /24, private, and only ever configured inside our own namespaces
@@ -336,7 +335,7 @@ class EmulatedCluster:
         self.log = log
         self._old_handlers: dict[int, object] = {}
 
-    def create(self) -> "EmulatedCluster":
+    def create(self) -> EmulatedCluster:
         old = leftovers()
         if old:
             raise ClusterError(f"leftovers of an earlier emulated run exist ({', '.join(old)}); "
@@ -356,7 +355,7 @@ class EmulatedCluster:
     def destroy(self) -> None:
         remove([n for n in self.spec.namespaces if os.path.exists(f"/run/netns/{n}")])
 
-    def __enter__(self) -> "EmulatedCluster":
+    def __enter__(self) -> EmulatedCluster:
         if _is_main_thread():
             for sig in (signal.SIGTERM, signal.SIGHUP):
                 self._old_handlers[sig] = signal.signal(sig, _raise_exit)

@@ -33,8 +33,8 @@ from typing import Any
 from ..common import costmodel, engines, gradients, tblog
 from ..common.links import RateError, link_network, parse_rates
 from . import grid as scaling
-from .spec import DEFAULT_STRATEGIES, parse_list
 from . import report as grid_report
+from .spec import DEFAULT_STRATEGIES, parse_list
 
 TRAFFIC_RE = re.compile(r"(h\d+) (\d+)/(\d+)")
 
@@ -237,9 +237,9 @@ def main(args: argparse.Namespace) -> int:
     except (scaling.GridError, RateError) as e:
         print(f"scaling-netns: error: {e}", file=sys.stderr)
         return 2
-    from launch.mpirun import describe_mpi_allreduce
     from lab.common.jobs import emulated_launcher
     from lab.emulation.netns import unavailable_reason
+    from launch.mpirun import describe_mpi_allreduce
 
     reason = unavailable_reason()
     if reason:

@@ -8,9 +8,10 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import ROOT, check
 from lab.commbench.exchanges import expected_sum, parse_size, rank_input, shard_bounds
 from lab.commbench.main import timeline_phases
+
+from helpers import ROOT, check
 
 IMPLS = ("mpi", "mpi-ring", "ps-colocated", "horovod", "horovod-fp16", "ps-dedicated")
 

@@ -25,8 +25,8 @@ def row(model, strategy, method, step, pred, rate="10mbit", n=2):
 
 
 def test_the_map_has_a_panel_per_model_and_n_in_a_png_and_tensorboard(tmp_path, capsys):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     import matplotlib.image as mpimg
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     measured = measured_results(tmp_path / "results.json", [
         row("ptb-lstm-small", "allreduce-mpi", "fp32", 16000.0, 15000.0),

@@ -5,7 +5,14 @@ import math
 import pytest
 
 from lab.common.costmodel import (
-    ALLREDUCE, PS_COLOCATED, PS_DEDICATED, Network, bus_factor, exchange_time, fit_alpha_beta, predict,
+    ALLREDUCE,
+    PS_COLOCATED,
+    PS_DEDICATED,
+    Network,
+    bus_factor,
+    exchange_time,
+    fit_alpha_beta,
+    predict,
 )
 
 NET = Network(alpha=10e-6, bandwidth=1e9)  # 10 us, 1 GB/s

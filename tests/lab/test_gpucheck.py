@@ -14,8 +14,9 @@ import sys
 
 import pytest
 
-from helpers import ROOT as REPO
 from models import MODELS as MODELS_BY_NAME
+
+from helpers import ROOT as REPO
 
 MODELS = ("lenet5", "resnet18", "ptb-lstm-small")
 WAYS = ("trainer", "trainer-exchange", "horovod", "ddp")

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from helpers import ROOT
-
 from lab.gpucheck import accounting, parts_table
+
+from helpers import ROOT
 
 
 def row(way, step_ms, batch=256):

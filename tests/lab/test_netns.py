@@ -19,9 +19,9 @@ import torch
 
 from lab.common import jobs
 from lab.emulation import netns, probe
+from lab.emulation.__main__ import run_emulated
 from launch import LaunchSpec, build_command
 from launch.mpirun import RING_RULES
-from lab.emulation.__main__ import run_emulated
 
 from helpers import RANKS, ROOT, check, load_params
 
@@ -58,7 +58,7 @@ def test_emulated_command_runs_mpirun_in_the_head_namespace_over_tcp():
     env = {"PATH": "/bin", "HOROVOD_GLOO_IFACE": "eth0", "HOROVOD_FUSION_THRESHOLD": "1"}
     cmd = build_command(LaunchSpec(np=2, cluster=spec, trainer_args=["--steps", "3"]), environ=env, is_root=True)
     assert cmd[:4] == ["ip", "netns", "exec", "art-1-0-head"]
-    assert "ALLREDUCE_TRAIN_NETNS=art-1-0" in cmd and ["unshare", "--uts"] == cmd[cmd.index("unshare"):][:2]
+    assert "ALLREDUCE_TRAIN_NETNS=art-1-0" in cmd and cmd[cmd.index("unshare"):][:2] == ["unshare", "--uts"]
     mpirun = cmd.index("mpirun")
     assert cmd[mpirun + 1] == "--allow-run-as-root" and cmd[cmd.index("-H") + 1] == "h1:1,h2:1"
     mca = {cmd[i + 1]: cmd[i + 2] for i in range(len(cmd) - 2) if cmd[i] == "-mca"}

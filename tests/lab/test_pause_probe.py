@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from helpers import check, launch
+from lab.pause_probe import IMPLS
 
-from lab.pause_probe import IMPLS  # noqa: E402
+from helpers import check, launch
 
 MODULE = "lab.pause_probe"
 

@@ -14,6 +14,7 @@ from lab.scaling.calibrate import choose_cycle
 from lab.scaling.grid import available
 from lab.scaling.report import aggregate
 from lab.scaling.spec import GridConfig, variants
+
 from helpers import ROOT, check
 
 

@@ -16,6 +16,7 @@ from lab.common.browser import find_chromium
 from lab.scaling import report
 from lab.scaling.netns import add_arguments as netns_arguments
 from lab.scaling.netns import grid_config
+
 from helpers import ROOT
 
 STRATEGIES = ("allreduce", "ps-colocated", "ps-dedicated")
@@ -47,11 +48,11 @@ def results(workers=(1, 2), models=("lenet5",), curves=True):
             "config": {"data": "synthetic", "repeats": 1, "workers": list(workers), "horovod_cycle_ms": "auto"},
             "models": list(models), "strategies": list(STRATEGIES),
             "plans": {m: {"batch_size": 64, "warmup": 1, "steps": 4, "samples": 640} for m in models},
-            "gradient_bytes": {m: 246824 for m in models}, "horovod_cycle": {"knob": "Horovod's default"},
-            "loadavg": "1.0", "rows": rows, "jobs": jobs, "notes": [], "compute_s": {m: 0.01 for m in models},
+            "gradient_bytes": dict.fromkeys(models, 246824), "horovod_cycle": {"knob": "Horovod's default"},
+            "loadavg": "1.0", "rows": rows, "jobs": jobs, "notes": [], "compute_s": dict.fromkeys(models, 0.01),
             "calibration": {}, "calibration_source": "",
             "given_network": {"gbps": 10, "latency_us": 50, "label": "10 Gbit/s, 50 us"},
-            "curves": {m: {s: pts for s in ("allreduce", "ps-dedicated")} for m in models} if curves else {}}
+            "curves": {m: dict.fromkeys(("allreduce", "ps-dedicated"), pts) for m in models} if curves else {}}
 
 
 def scalars(path, tag):

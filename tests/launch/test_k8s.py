@@ -28,9 +28,8 @@ import yaml
 from kubernetes.client import models
 from pydantic import ValidationError
 
-from launch import LaunchSpec, build_command
+from launch import LaunchSpec, build_command, k8s
 from launch.mpirun import RING_RULES
-from launch import k8s
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = Path(__file__).with_name("schemas")
@@ -276,7 +275,7 @@ def test_trainjob_every_pod_trainer_starts_runs_ranks_in_the_hostfiles_node_firs
     assert k8s.hostfile(spec) == hosts  # the order the launch module (and the pod check) assumes
     assert hosts[0].startswith("lm-node-0-0.lm ") and hosts[-1] == f"lm-launcher-0-0.lm slots={slots}"
     args = job["spec"]["trainer"]["args"]
-    assert np_of(args) == workers * slots and "slot" == args[args.index("-map-by") + 1]
+    assert np_of(args) == workers * slots and args[args.index("-map-by") + 1] == "slot"
     # -map-by slot from mpirun's own node (Open MPI 4.1 orte/mca/rmaps/base/rmaps_base_support_fns.c
     # orte_rmaps_base_get_target_nodes: the HNP's node first when allocated), then the hostfile's order:
     # rank 0 in the launcher pod although it is listed last (tools/k8s_pod_check.sh LAYOUT=trainjob ran it)

@@ -20,7 +20,7 @@ def test_local_command():
     assert "--allow-run-as-root" not in cmd and "--oversubscribe" not in cmd
     i = cmd.index("-bind-to")
     assert cmd[i:i + 4] == ["-bind-to", "none", "-map-by", "slot"]
-    assert ["-mca", "pml", "ob1"] == cmd[cmd.index("pml") - 1:cmd.index("pml") + 2]
+    assert cmd[cmd.index("pml") - 1:cmd.index("pml") + 2] == ["-mca", "pml", "ob1"]
     assert cmd[cmd.index("btl") + 1] == "^openib"
     assert cmd[-5:] == ["-m", "allreduce_train", "train", "--epochs", "1"]
     assert "-H" not in cmd and "--hostfile" not in cmd
@@ -46,7 +46,7 @@ def test_hostfile_and_mca():
     cmd = build_command(LaunchSpec(np=4, hostfile="hosts.txt", mca=[("btl_tcp_if_include", "eth0")]),
                         environ={}, is_root=False)
     assert cmd[cmd.index("--hostfile") + 1] == "hosts.txt"
-    assert ["-mca", "btl_tcp_if_include", "eth0"] == cmd[cmd.index("btl_tcp_if_include") - 1:cmd.index("btl_tcp_if_include") + 2]
+    assert cmd[cmd.index("btl_tcp_if_include") - 1:cmd.index("btl_tcp_if_include") + 2] == ["-mca", "btl_tcp_if_include", "eth0"]
 
 
 def test_cli_prints_exact_line_and_rejects_bad_input(tmp_path):

@@ -10,8 +10,9 @@ import time
 
 import pytest
 
-from helpers import ROOT, Job, job_pids
 from launch import bound
+
+from helpers import ROOT, Job, job_pids
 
 pytestmark = pytest.mark.mpi
 

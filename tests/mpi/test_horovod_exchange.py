@@ -8,10 +8,10 @@ import subprocess
 
 import pytest
 
-from helpers import RANKS, check, launch
-
 from allreduce_train.distributed.horovod import check_horovod_env, wants_connect_first
 from allreduce_train.errors import UserError
+
+from helpers import RANKS, check, launch
 
 
 @pytest.mark.mpi

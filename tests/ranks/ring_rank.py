@@ -47,7 +47,7 @@ def run(flags: list[str], passes: int, tol: float) -> None:
         for i, (g, w) in enumerate(zip(got, want)):
             assert torch.equal(g, everyone[0][1][i]), f"{flags} step {step}: tensor {i} differs from rank 0's"
             err = float((g.double() - w).abs().max()) / max(float(w.abs().max()), 1e-30)
-            assert err <= tol or not w.any() and not g.any(), f"{flags} step {step}: tensor {i} off by {err:.2e}"
+            assert err <= tol or (not w.any() and not g.any()), f"{flags} step {step}: tensor {i} off by {err:.2e}"
             if "--compression" in flags and w.numel() > 100:
                 # the control: 16 bits really were on the wire
                 assert not torch.equal(g, w.float()), f"{flags}: tensor {i} exact in float32"

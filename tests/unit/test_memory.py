@@ -5,10 +5,11 @@ import subprocess
 import sys
 
 import pytest
-from helpers import RANKS, check
 
 from allreduce_train.errors import UserError
 from allreduce_train.memory import keep_freed_memory
+
+from helpers import RANKS, check
 
 PROBE = str(RANKS / "page_fault_probe.py")
 

@@ -8,6 +8,7 @@ from allreduce_train.errors import DataError
 
 from helpers import write_corpus
 
+
 def test_reader_vocabulary_eos_and_unk(tmp_path):
     d = tmp_path / "c"
     d.mkdir()
@@ -18,7 +19,7 @@ def test_reader_vocabulary_eos_and_unk(tmp_path):
     # counts: b 3, <eos> 2, a 1, c 1, <unk> 1; ties by spelling
     assert c.vocab == ["b", "<eos>", "<unk>", "a", "c"]
     ids = {w: i for i, w in enumerate(c.vocab)}
-    assert c.train.tolist() == [ids[w] for w in "b a b <unk> <eos> c b <eos>".split()]
+    assert c.train.tolist() == [ids[w] for w in ["b", "a", "b", "<unk>", "<eos>", "c", "b", "<eos>"]]
     assert c.valid.tolist() == [ids["a"], ids["<unk>"], ids["<eos>"]]
     assert c.test.tolist() == [ids["c"], ids["<eos>"], ids["<eos>"]]
 

@@ -10,8 +10,8 @@ import pytest
 from allreduce_train.distributed.local import LocalExchange
 from allreduce_train.errors import ConfigError
 from allreduce_train.run_logger import RunLogger
-from allreduce_train.trainer import Trainer
 from allreduce_train.stragglers import Straggler, StragglerRule, scan, slow_workers, window_median_ms
+from allreduce_train.trainer import Trainer
 
 from helpers import parse
 

@@ -46,8 +46,18 @@ from ...config import ExchangeConfig, PSConfig
 from ...errors import ConfigError, UserError
 from ..base import GradientExchange
 from ..buffers import elements_in, pack, unpack
-from ..mpi import (MAX_BUCKETS, abort, allgather_pickle, bcast_pickle, end_sum, import_mpi, node_rank, poll, start_sum,
-                   sum_now)
+from ..mpi import (
+    MAX_BUCKETS,
+    abort,
+    allgather_pickle,
+    bcast_pickle,
+    end_sum,
+    import_mpi,
+    node_rank,
+    poll,
+    start_sum,
+    sum_now,
+)
 from .server import ELEM, TAG_DONE, TAG_STATE, Server, message
 from .sharding import plan
 

@@ -17,7 +17,6 @@ from ..buffers import element_size, pack
 from ..mpi import poll
 from .sharding import Layout
 
-
 HEADER_BYTES = 16  # two float64. Push: (lr, server version the gradient was computed from); reply: (version, staleness)
 TAG_DONE = 32766  # worker -> server: this worker has finished
 TAG_STATE = 32765  # worker -> server: send me your optimizer state (checkpoint); the reply uses the same tag
