@@ -338,7 +338,8 @@ class TrainConfig:
 
     epochs: int = _f(2, "passes over the training data (ignored when --steps is set)")
     steps: int = _f(0, "total optimizer steps of the schedule (0 = derive from --epochs)")
-    exit_after_steps: int = _f(0, "stop after this many steps in this invocation, checkpoint, exit 0; continue later with --resume (0 = run to the end)")
+    exit_after_steps: int = _f(0, "stop after this many steps in this invocation, checkpoint, exit 0; "
+                                   "continue later with --resume (0 = run to the end)")
     seed: int = _f(42, "seed for parameters and data order (identical on every rank)")
     log_every: int = _f(20, "log training figures every N steps")
     eval_every: int = _f(0, "evaluate every N steps (0 = at the end of every epoch)")

@@ -15,7 +15,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -260,14 +260,15 @@ class Trainer:
         ckpt_every = cfg.run.checkpoint_every or spe
         stop_at = min(s.total_steps, step + cfg.train.exit_after_steps) if cfg.train.exit_after_steps else s.total_steps
 
-        log.message(f"{cfg.model.task or cfg.model.model} on {'its own data' if cfg.model.task else cfg.data.dataset}: {workers} workers x batch {per_step} = global batch "
+        data = "its own data" if cfg.model.task else cfg.data.dataset
+        log.message(f"{cfg.model.task or cfg.model.model} on {data}: {workers} workers x batch {per_step} = global batch "
                     f"{workers * per_step}, {s.total_steps} steps ({spe}/epoch), strategy {ex.name}, from step {step}")
         if self.task.note:  # e.g. which text a language model reads, and whether its figures compare with PTB
             log.message(self.task.note)
             log.text("data", self.task.note)
         meter = Throughput(workers * per_step, cfg.train.perf_warmup_steps)
         # communication: each worker's global rank and host, by worker index, for naming a straggler
-        ranks, hosts = zip(*ex.gather_from_workers((ex.rank, socket.gethostname())))
+        ranks, hosts = zip(*ex.gather_from_workers((ex.rank, socket.gethostname())), strict=True)
         rule = StragglerRule(cfg.train.straggler_factor, cfg.train.straggler_window, ranks, hosts)
         target = TimeToTarget(cfg.train.target)
         loss_sum, since_log = torch.zeros((), device=device), 0
@@ -282,6 +283,10 @@ class Trainer:
             task_state = None
             batches = s.batches.batches(epoch, in_epoch)  # the shard order of this epoch
             ahead = [next(batches, None)]
+
+            def gather_next(ahead: list = ahead, batches: Iterator = batches) -> None:  # this epoch's, bound here
+                ahead[0] = next(batches, None)
+
             while ahead[0] is not None:
                 inputs, targets = ahead[0]
                 started = time.perf_counter()
@@ -293,7 +298,7 @@ class Trainer:
                 # the next batch is gathered while this step's last gradients travel (the same batches in
                 # the same order; at 2 ranks the gather leaves the step's critical path)
                 loss, wait, stop = self.train_step(model, optimizer, inputs, targets, k, step + 1,
-                                                   after_backward=lambda: ahead.__setitem__(0, next(batches, None)))
+                                                   after_backward=gather_next)
                 if device.type == "cuda":
                     torch.cuda.synchronize()  # honest step times
                 step += 1
@@ -306,7 +311,7 @@ class Trainer:
                     train_loss, figures = self.log_figures(loss_sum, since_log, meter)
                     values = {"train/loss": train_loss, "train/lr": lr, "train/epoch": step / spe,
                               **meter.recent(since_log)}
-                    for r, (compute_ms, wait_ms, _) in zip(ranks, figures.tolist()):
+                    for r, (compute_ms, wait_ms, _) in zip(ranks, figures.tolist(), strict=True):
                         values.update({f"perf/compute_ms/rank{r}": compute_ms, f"perf/wait_ms/rank{r}": wait_ms})
                     if window_median_ms(meter.computes, cfg.train.straggler_window, meter.warmup) is not None:
                         for found in rule.check(step, figures[:, 2].tolist()):  # the same figures on every worker
@@ -346,7 +351,7 @@ class Trainer:
         total = ex.sum_over_workers(mine)
         cpu_s = total[0].item()
         per_rank = [{"rank": r, "host": h, "compute_ms": c, "wait_ms": w, "peak_rss_mib": m}
-                    for r, h, (c, w, m) in zip(ranks, hosts, total[1:].view(workers, 3).tolist())]
+                    for r, h, (c, w, m) in zip(ranks, hosts, total[1:].view(workers, 3).tolist(), strict=True)]
         stragglers = {"ranks": per_rank, "stragglers": [found.record() for found in rule.found],
                       "straggler_rule": {"factor": cfg.train.straggler_factor, "window": cfg.train.straggler_window}}
         if cfg.run.dump_params:

@@ -175,7 +175,7 @@ class TaskAdapter:
         return torch.tensor([totals.get(name, 0.0) for name in self.keys], dtype=torch.float64)
 
     def eval_metrics(self, totals: torch.Tensor) -> dict[str, float]:
-        sums = dict(zip(self.keys or [], totals.tolist()))
+        sums = dict(zip(self.keys or [], totals.tolist(), strict=False))
         return {name if name.startswith("eval/") else f"eval/{name}": float(v)
                 for name, v in self.task.eval_metrics(sums).items()}
 

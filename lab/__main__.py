@@ -1,4 +1,5 @@
-"""``python -m lab bench|commbench|commbench-netns|concept-map|gpucheck|paper|recommend|scaling|scaling-netns|time-to-accuracy ...``"""
+"""``python -m lab EXPERIMENT ...``: bench, commbench, commbench-netns, concept-map, gpucheck, paper, recommend,
+scaling, scaling-netns, time-to-accuracy."""
 
 from __future__ import annotations
 

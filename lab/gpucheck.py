@@ -56,6 +56,7 @@ import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import torch
 
@@ -249,7 +250,7 @@ class _KVStore(BaseHTTPRequestHandler):
     what horovodrun serves (horovod.runner.http.http_server), in the standard library only:
     Horovod's runner module needs psutil, which a bare GPU node's Python may lack."""
 
-    store: dict[str, bytes] = {}
+    store: ClassVar[dict[str, bytes]] = {}  # one store for all requests (a handler per request)
     lock = threading.Lock()
 
     def do_GET(self) -> None:

@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
             if i:  # the first exchange of each pause is untimed
                 times.append(dt * 1000)
         if rank == 0:
-            print(f"{args.impl}, {size} ranks, {n * 4 / 1e6:.1f} MB, pause {pause:g} ms: median {statistics.median(times):.0f} ms "
+            print(f"{args.impl}, {size} ranks, {n * 4 / 1e6:.1f} MB, pause {pause:g} ms: "
+                  f"median {statistics.median(times):.0f} ms "
                   f"({min(times):.0f}-{max(times):.0f}; {', '.join(f'{t:.0f}' for t in times)})", flush=True)
     if args.impl.startswith("horovod"):
         hvd.shutdown()

@@ -110,7 +110,7 @@ class TensorBoard:
 
     def __init__(self, logdir: str, port: int, timeout: float = 180.0, stock: bool = False) -> None:
         self.port, self.logdir = port, logdir
-        self.log = tempfile.TemporaryFile()
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 (the server's output, kept until close)
         self.proc = subprocess.Popen(tbview.command(logdir, port, stock), stdout=self.log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL)
         want = run_dirs(logdir)

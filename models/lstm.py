@@ -75,7 +75,8 @@ register(ModelSpec(
                                                          init_range=0.1),
     input_shape=(20,),
     num_classes=PTB_VOCAB,
-    description="Zaremba et al. 2014 small LSTM LM: 2x200, 20 steps, 4.65 M parameters with 10 k words (seed paper)",
+    description="Zaremba et al. 2014 small LSTM LM: 2x200, 20 steps, 4.65 M parameters with 10 k words "
+                "(seed paper)",
     task="lm",
     defaults=zaremba_recipe(20, epochs=13, full_epochs=4, decay=0.5),
 ))

@@ -82,7 +82,7 @@ class GradientExchange(ABC):
         get views of it); engines with a grouped collective of their own override it. ``name``
         labels the collective where an engine names them."""
         total = self.sum_over_workers(flatten([t.detach() for t in tensors], device="cpu"))  # communication
-        return [v.to(t.device) for v, t in zip(views(total, tensors), tensors)]  # CPU: the view itself
+        return [v.to(t.device) for v, t in zip(views(total, tensors), tensors, strict=True)]  # CPU: the view itself
 
     def start_vote(self, flags: torch.Tensor) -> None:
         """Begin summing a few float64 flags over the workers without waiting (the trainer's per-step

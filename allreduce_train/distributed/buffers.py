@@ -8,6 +8,7 @@ wire: packing narrows, unpacking widens). One element-size rule goes with them: 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import pairwise
 
 import torch
 
@@ -55,7 +56,7 @@ def flatten(tensors: Sequence[torch.Tensor], dtype: torch.dtype | None = None,
 def views(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """The segments of ``flat`` shaped as ``like``'s tensors (views: no copy)."""
     cut = offsets(t.numel() for t in like)
-    return [flat[lo:hi].view_as(t) for t, lo, hi in zip(like, cut, cut[1:])]
+    return [flat[lo:hi].view_as(t) for t, (lo, hi) in zip(like, pairwise(cut), strict=True)]
 
 
 def unpack(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:

@@ -65,9 +65,9 @@ class DiLoCo(Sync):
         if not self.outer_step(step):
             return
         params = list(model.parameters())
-        deltas = [o - p for o, p in zip(self.outer, params)]
+        deltas = [o - p for o, p in zip(self.outer, params, strict=True)]
         # communication: every parameter's delta, summed over the workers (the outer gradient's sum)
-        for o, p, m, total in zip(self.outer, params, self.momentum, self.ex.sum_tensors(deltas, "diloco.delta")):
+        for o, p, m, total in zip(self.outer, params, self.momentum, self.ex.sum_tensors(deltas, "diloco.delta"), strict=True):
             grad = total.div_(self.ex.num_workers)
             m.mul_(self.mu).add_(grad)  # torch.optim.SGD(momentum=mu, nesterov=True, dampening=0)'s update
             o.sub_(grad.add(m, alpha=self.mu) if self.mu else grad, alpha=self.lr)
@@ -80,10 +80,10 @@ class DiLoCo(Sync):
 
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        for p, saved in zip(model.parameters(), state["params"]):
+        for p, saved in zip(model.parameters(), state["params"], strict=True):
             p.copy_(saved)
         optimizer.load_state_dict(state["optimizer"])
-        for mine, saved in zip(self.outer + self.momentum, state["outer"] + state["momentum"]):
+        for mine, saved in zip(self.outer + self.momentum, state["outer"] + state["momentum"], strict=True):
             mine.copy_(saved)
 
     def describe(self) -> dict[str, Any]:

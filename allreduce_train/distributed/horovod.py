@@ -306,7 +306,7 @@ class HorovodAllreduce(GradientExchange):
         wire = [self._compression.compress(p.grad) for p in params]
         # communication: the step's gradients, one grouped (fused) allreduce
         handle = self.hvd.grouped_allreduce_async([t for t, _ in wire], op=self.hvd.Average, name="grads")
-        for p, out, (_, ctx) in zip(params, self._wait(handle), wire):
+        for p, out, (_, ctx) in zip(params, self._wait(handle), wire, strict=True):
             p.grad.copy_(self._compression.decompress(out, ctx))
 
     def sum_tensors(self, tensors: list[torch.Tensor], name: str = "") -> list[torch.Tensor]:

@@ -61,7 +61,7 @@ class LocalSGD(Sync):
             return
         params = list(model.parameters())
         # communication: every parameter, summed over the workers (identical on every worker after)
-        for p, total in zip(params, self.ex.sum_tensors(params, "localsgd.params")):
+        for p, total in zip(params, self.ex.sum_tensors(params, "localsgd.params"), strict=True):
             p.copy_(total.div_(self.ex.num_workers))
 
     def state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -72,7 +72,7 @@ class LocalSGD(Sync):
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Resume this worker where it stood (after the exchange's prepare() gave it rank 0's)."""
-        for p, saved in zip(model.parameters(), state["params"]):
+        for p, saved in zip(model.parameters(), state["params"], strict=True):
             p.copy_(saved)
         optimizer.load_state_dict(state["optimizer"])
 

@@ -74,7 +74,7 @@ class PowerSGD:
                 p.grad = torch.zeros_like(p)
             grads.append(p.grad)
         if self.error is not None:
-            for g, e in zip(grads, self.error):
+            for g, e in zip(grads, self.error, strict=True):
                 g.add_(e)
         sent = [g.clone() for g in grads]
         mats = [self._matrix(grads[i]) for i in self.packed]
@@ -88,7 +88,7 @@ class PowerSGD:
             self.q = drawn[::-1]
         for q in self.q:
             orthogonalize(q)
-        ps = [_bmm(m, q) for m, q in zip(mats, self.q)]
+        ps = [_bmm(m, q) for m, q in zip(mats, self.q, strict=True)]
         plain = [flatten([grads[i] for i in self.plain])] if self.plain else []
         # communication: the uncompressed tensors and the Ps, summed over the workers
         summed = sum_tensors([*plain, *ps], "powersgd.p")
@@ -98,10 +98,10 @@ class PowerSGD:
         for p in ps:
             orthogonalize(p)
         # communication: the Qs, summed over the workers
-        self.q = [q.div_(workers) for q in sum_tensors([_bmm(m.t(), p) for m, p in zip(mats, ps)], "powersgd.q")]
-        for m, p, q in zip(mats, ps, self.q):
+        self.q = [q.div_(workers) for q in sum_tensors([_bmm(m.t(), p) for m, p in zip(mats, ps, strict=True)], "powersgd.q")]
+        for m, p, q in zip(mats, ps, self.q, strict=True):
             m.copy_(_bmm(p, q.t()))
-        self.error = [s - g for s, g in zip(sent, grads)]
+        self.error = [s - g for s, g in zip(sent, grads, strict=True)]
 
     def state_dict(self) -> dict[str, Any]:
         """This worker's error feedback and the Qs (for the checkpoint; after the first step the

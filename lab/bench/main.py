@@ -12,11 +12,11 @@ the same round before their median is reported. The ``bound`` job is the same ra
 time, each training alone on its shard (``train --strategy none``): what N ranks reach on this
 machine with a free network; every implementation is also reported as a fraction of it
 (``of bound``, same-round pairs), beside the classic efficiency (throughput / N x one rank's).
-Every job excludes its warm-up steps and times wall clock over the rest, so the trainer's own overhead (data, logging, metrics) counts against
-it. The machine's load average is recorded next to every figure. Results: a table on stdout, and
-in the output directory ``bench.json``, ``tensorboard/`` (one run per implementation, step = ranks,
-a Custom Scalars chart per figure), ``hparams/`` (one session per job) and ``jobs/`` (the trainer
-jobs' own runs, the bare loops' results).
+Every job excludes its warm-up steps and times wall clock over the rest, so the trainer's own overhead
+(data, logging, metrics) counts against it. The machine's load average is recorded next to every
+figure. Results: a table on stdout, and in the output directory ``bench.json``, ``tensorboard/``
+(one run per implementation, step = ranks, a Custom Scalars chart per figure), ``hparams/`` (one
+session per job) and ``jobs/`` (the trainer jobs' own runs, the bare loops' results).
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ SAME_OPTIMIZER = ["--momentum", "0.9", "--weight-decay", "0", "--grad-clip", "0"
 
 @dataclass
 class Override:
-    """An implementation timed with other settings, as its own column: ``--variant "NAME=BASE [KEY=VALUE ...] [--flag ...]"``."""
+    """An implementation timed with other settings, as its own column:
+    ``--variant "NAME=BASE [KEY=VALUE ...] [--flag ...]"``."""
 
     name: str
     base: str  # trainer, horovod, ddp or trainer-<strategy>

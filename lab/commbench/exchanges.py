@@ -301,15 +301,16 @@ def run_rank(args: argparse.Namespace) -> int:
         for w in loads:
             src = rank_input(worker_index, w.n_elems) if is_worker else None
             if impl == "mpi":
-                make = lambda op: mpi_allreduce(comm, src)  # noqa: E731
+                make = lambda op, src=src: mpi_allreduce(comm, src)  # noqa: E731
             elif impl == "mpi-ring":
-                make = lambda op: mpi_ring(src, w.shapes, op == "sum", args.mpi_bucket_bytes)  # noqa: E731
+                make = lambda op, src=src, w=w: mpi_ring(src, w.shapes, op == "sum", args.mpi_bucket_bytes)  # noqa: E731
             elif impl == "ps-colocated":
-                make = lambda op: ps_colocated(comm, src)  # noqa: E731
+                make = lambda op, src=src: ps_colocated(comm, src)  # noqa: E731
             elif impl == "ps-dedicated":
-                make = lambda op: ps_dedicated(comm, src, w.n_elems, servers)  # noqa: E731
+                make = lambda op, src=src, w=w: ps_dedicated(comm, src, w.n_elems, servers)  # noqa: E731
             else:
-                make = lambda op: horovod_allreduce(hvd, src, w.shapes, impl == "horovod-fp16", op)  # noqa: E731
+                make = lambda op, src=src, w=w, impl=impl: horovod_allreduce(  # noqa: E731
+                    hvd, src, w.shapes, impl == "horovod-fp16", op)
             dst = np.empty(w.n_elems, dtype=np.float32) if is_worker else None
             # 1) correctness: one summing exchange of the fresh input
             make(hvd.Sum if hvd else "sum")(dst)
@@ -320,7 +321,7 @@ def run_rank(args: argparse.Namespace) -> int:
             times = _time(make(hvd.Average if hvd else "average"), dst, args.warmup, args.iters, args.budget, comm)
             everyone = comm.gather((times, max_err) if is_worker else None, root=0)  # communication
             if comm.rank == 0:
-                per_iter = [max(col) for col in zip(*(t for t, _ in filter(None, everyone)))]
+                per_iter = [max(col) for col in zip(*(t for t, _ in filter(None, everyone)), strict=True)]
                 results.append(summarise(impl, w, workers, servers, comm.size, per_iter,
                                          max(e for _, e in filter(None, everyone)), knobs))
                 r = results[-1]

@@ -36,7 +36,7 @@ class Browser:
             raise BrowserError("no Chromium found; install Debian's chromium (apt-get install chromium)")
         self.timeout = timeout
         self.profile = tempfile.mkdtemp(prefix="tbcheck-chromium-")
-        self._log = open(os.path.join(self.profile, "chromium.log"), "wb")
+        self._log = open(os.path.join(self.profile, "chromium.log"), "wb")  # noqa: SIM115 (closed in close())
         cmd_r, self._cmd_w = os.pipe()  # we write commands, Chromium reads fd 3
         self._out_r, out_w = os.pipe()  # Chromium writes fd 4, we read
         args = [exe, "--headless=new", "--remote-debugging-pipe", "--disable-gpu", "--no-first-run",

@@ -298,7 +298,7 @@ def as_shapes(grad: float | Iterable[Shape]) -> list[Shape]:
     if isinstance(grad, (int, float)):
         if grad < 0:
             raise ValueError(f"gradient bytes must be >= 0 (got {grad!r})")
-        return [(int(round(grad / 4)),)]
+        return [(round(grad / 4),)]
     return [tuple(int(d) for d in s) for s in grad]
 
 

@@ -20,7 +20,7 @@ def plot_measured(path: str, rows: list[dict], models: list[str]) -> list[str]:
     fig, axes = plt.subplots(1, max(1, len(models)), figsize=(4.6 * max(1, len(models)), 4.0), squeeze=False)
     if not models:
         no_data(axes[0][0], "no model ran: nothing to plot")
-    for ax, m in zip(axes[0], models):
+    for ax, m in zip(axes[0], models, strict=False):
         sel = [r for r in rows if r["model"] == m and r["repeats"]]
         ns = sorted({r["workers"] for r in sel}) or [1]
         curves = {s: sorted((r for r in sel if r["strategy"] == s and not math.isnan(r["speedup"])),
@@ -40,7 +40,7 @@ def plot_measured(path: str, rows: list[dict], models: list[str]) -> list[str]:
             pred = [(r["workers"], r["predicted_efficiency"] * r["workers"]) for r in pts
                     if not math.isnan(r.get("predicted_efficiency", math.nan))]
             if pred:
-                ax.plot(*zip(*pred), color=color, ls="--", marker=marker, mfc="none", alpha=0.7,
+                ax.plot(*zip(*pred, strict=True), color=color, ls="--", marker=marker, mfc="none", alpha=0.7,
                         label=f"{s} (model)")
         missing = [s for s, pts in curves.items() if not pts]
         ax.set_title(m + (f" ({', '.join(missing)}: no 1-worker baseline)" if missing else ""), fontsize=9)

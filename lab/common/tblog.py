@@ -69,7 +69,7 @@ def model_categories(models: Iterable[str], figures: Iterable[str]) -> list[tupl
 def clear_events(logdir: str) -> None:
     """Remove the event files under ``logdir`` (a redraw would otherwise add a second copy of
     every point) and the folders that this leaves empty; nothing else is touched."""
-    for root, dirs, files in os.walk(logdir, topdown=False):
+    for root, _dirs, files in os.walk(logdir, topdown=False):
         for f in files:
             if f.startswith("events.out.tfevents."):
                 os.remove(os.path.join(root, f))

@@ -40,6 +40,7 @@ import shlex
 import shutil
 import sys
 import time
+from itertools import pairwise
 from typing import Any
 
 from ..common import costmodel, gradients
@@ -159,7 +160,7 @@ def draw(path: str, models: list[str], workers: list[int], methods: list[costmod
                              squeeze=False, sharex=True, sharey=True)
     # cell edges for pcolormesh on log axes: geometric midpoints
     def edges(v):
-        mids = [math.sqrt(a * b) for a, b in zip(v, v[1:])]
+        mids = [math.sqrt(a * b) for a, b in pairwise(v)]
         return [v[0] ** 2 / mids[0], *mids, v[-1] ** 2 / mids[-1]]
     xe, ye = edges(bw), edges(lat)
     titles = []

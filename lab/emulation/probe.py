@@ -138,7 +138,7 @@ def one_connection(cluster: EmulatedCluster, seconds: float) -> list[float]:
 
 def duplex(link_rate: str, seconds: float, n_streams: int) -> None:
     """Does an emulated link carry its rate in both directions at once? Prints one line per pattern."""
-    print(f"load average before: {' '.join(open('/proc/loadavg').read().split()[:3])}")
+    print(f"load average before: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
     with EmulatedCluster(ClusterSpec(hosts=2, link_rate=link_rate), log=lambda m: None) as cluster:
         (one,) = streams(cluster, [(2, 1)], seconds)
         print(f"one way      h2 -> h1: {one:7.1f} Mbit/s")
@@ -149,7 +149,7 @@ def duplex(link_rate: str, seconds: float, n_streams: int) -> None:
         many = streams(cluster, [(2, 1)] * n_streams, seconds)
         print(f"{n_streams} streams  h2 -> h1: " + ", ".join(f"{v:.1f}" for v in many)
               + f" Mbit/s, together {sum(many):.1f}")
-    print(f"load average after: {' '.join(open('/proc/loadavg').read().split()[:3])}")
+    print(f"load average after: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -330,13 +330,14 @@ def _up(spec: SlurmClusterSpec, state: dict, log) -> None:
             if not _alive(pid, name.split("-")[0]):
                 raise SlurmClusterError(f"{name} exited during start-up: {_last_error(d / 'log', name)}")
         out = _run(["sinfo", "-h", "-N", "-o", "%N %t"], check=False, env=env).stdout.split()
-        states = dict(zip(out[::2], out[1::2]))
+        states = dict(zip(out[::2], out[1::2], strict=False))
         return all(states.get(n) == "idle" for n in spec.node_names)
 
     _wait_for(all_idle, START_TIMEOUT, f"the nodes did not become idle within {START_TIMEOUT:g}s", d / "log")
-    log(f"emulated Slurm cluster up: {spec.nodes} node(s) {spec.node_range()} ({spec.address(1)}..{spec.address(spec.nodes)}), "
-        f"{spec.cpus} CPUs each, partition {PARTITION}, each link {netns.format_rate(netns.parse_rate(spec.link_rate))} "
-        f"per direction; controller {spec.controller_host}({CONTROLLER_ADDR}):{CONTROLLER_PORT}")
+    link = netns.format_rate(netns.parse_rate(spec.link_rate))
+    log(f"emulated Slurm cluster up: {spec.nodes} node(s) {spec.node_range()} "
+        f"({spec.address(1)}..{spec.address(spec.nodes)}), {spec.cpus} CPUs each, partition {PARTITION}, "
+        f"each link {link} per direction; controller {spec.controller_host}({CONTROLLER_ADDR}):{CONTROLLER_PORT}")
     log(f"use it with: export SLURM_CONF={spec.conf}")
 
 

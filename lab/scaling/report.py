@@ -169,7 +169,7 @@ def plot_predicted(path: str, curves: dict, given_label: str) -> None:
 
     models = list(curves)
     fig, axes = plt.subplots(1, max(1, len(models)), figsize=(4.6 * max(1, len(models)), 4.0), squeeze=False)
-    for ax, m in zip(axes[0], models):
+    for ax, m in zip(axes[0], models, strict=False):
         for s, pts in curves[m].items():
             color, marker = STYLE.get(s, ("black", "x"))
             # dashed: the colocated PS's curve lies on the ring's (same bytes, same messages)

@@ -113,10 +113,10 @@ def plot_time_to_accuracy(path: str, res: dict[str, Any]) -> list[list[tuple[str
     fig, axes = plt.subplots(max(1, len(models)), len(panels), figsize=(4.2 * len(panels), 3.4 * max(1, len(models))),
                              squeeze=False)
     drawn: list[list[tuple[str, int]]] = []
-    for row, model in zip(axes, models):
+    for row, model in zip(axes, models, strict=False):
         _, op, value = parse_target(res["targets"][model])
         key = metric_key(res["targets"][model])
-        for ax, (n, rate) in zip(row, panels):
+        for ax, (n, rate) in zip(row, panels, strict=True):
             sel = [j for j in jobs if j["model"] == model and panel_key(j) == (n, rate)]
             hosts = next((j["hosts"] for j in res["jobs"] if j["model"] == model and panel_key(j) == (n, rate)), "")
             if not sel:
@@ -129,7 +129,7 @@ def plot_time_to_accuracy(path: str, res: dict[str, Any]) -> list[list[tuple[str
                 if not pts:
                     continue
                 color, ls = plot_style(j["method"])
-                ax.plot(*zip(*pts), color=color, ls=ls, lw=1.4, marker=".", ms=3,
+                ax.plot(*zip(*pts, strict=True), color=color, ls=ls, lw=1.4, marker=".", ms=3,
                         label=f"{j['method']}" + (f" r{j['repeat']}" if j["repeat"] > 1 else ""))
                 if j.get("reached"):  # the evaluation that reached the target
                     hit = next(e for e in j["evals"] if e["step"] == j["steps_to_target"])
@@ -284,10 +284,11 @@ def markdown(res: dict[str, Any]) -> str:
          "marked **(baseline)**) at the same N and link rate: a communication-reduction method has to beat it "
          "(docs/concepts.md); step ms = a worker's mean step (global batch / samples per second, evaluations "
          "excluded);",
-         *(["- model ratio: the measured mean step over the cost model's (lab/common/costmodel.py `predict_method`: "
-            "the job's own compute, its median step less its median exchange wait, plus the method's extra compute "
-            "and its exchange over the emulated link, no added latency); above 1 the job was slower than the model "
-            "says; emulated jobs only (this machine has no link to model);"] if any("model_ratio" in j for j in jobs)
+         *(["- model ratio: the measured mean step over the cost model's "
+            "(lab/common/costmodel.py `predict_method`: the job's own compute, its median step less its median "
+            "exchange wait, plus the method's extra compute and its exchange over the emulated link, no added "
+            "latency); above 1 the job was slower than the model says; emulated jobs only (this machine has no "
+            "link to model);"] if any("model_ratio" in j for j in jobs)
            else []),
          "- N = workers; dedicated servers run beside them; N from "
          + (f"{cfg['emulate_from']} up runs on emulated hosts (one rank per network namespace, "

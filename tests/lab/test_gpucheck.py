@@ -50,7 +50,7 @@ def test_dry_run_end_to_end(tmp_path):
     rows = {(r["model"], r["way"], r["batch"]): r for r in report["rows"] if r["ranks"] == 1}
     expected = {(m, w, OWN_BATCH) for m in MODELS for w in WAYS} | {(BUSY[0], w, BUSY[1]) for w in WAYS}
     assert set(rows) == expected
-    for (model, way, batch), r in rows.items():
+    for (model, way, _batch), r in rows.items():
         assert "error" not in r, r
         assert r["device"] == "cpu" and r["samples_per_sec"] > 0 and r["step_ms"] > 0
         assert math.isfinite(r["loss_first"]) and math.isfinite(r["loss_last"])
@@ -77,7 +77,7 @@ def test_dry_run_end_to_end(tmp_path):
     # exchange averaged every step's gradients
     pairs = {r["way"]: r for r in report["rows"] if r["ranks"] == 2}
     assert set(pairs) == {"ring-gloo", "ring-mpi", "ps"}
-    for way, r in pairs.items():
+    for r in pairs.values():
         assert "error" not in r and r["model"] == "lenet5", r
         assert r["world_size"] == 2 and r["params_identical"] is True, r
     assert "Horovod controller gloo" in pairs["ring-gloo"]["note"]

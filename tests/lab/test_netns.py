@@ -181,7 +181,8 @@ def _run_stand_in(mode: str, capfd, timeout: float = 120) -> tuple[int, list[dic
     rc = run_emulated(spec, cmd, env, timeout)
     out = capfd.readouterr().out
     ranks = [m.groupdict() for m in re.finditer(
-        r"rank (?P<rank>\d+) pid (?P<pid>\d+) host (?P<host>\S+) local_size (?P<local>\d+) netns net:\[(?P<ino>\d+)\]",
+        r"rank (?P<rank>\d+) pid (?P<pid>\d+) host (?P<host>\S+) local_size (?P<local>\d+) "
+        r"netns net:\[(?P<ino>\d+)\]",
         out)]
     return rc, ranks, spec.prefix
 
@@ -228,7 +229,7 @@ def test_interrupted_or_overdue_run_removes_the_cluster(tmp_path, namespaces_per
         assert len(netns._holders(inodes)) >= 4, "the job never started on the emulated hosts"
         if how != "timeout":
             proc.send_signal(signal.SIGINT if how == "ctrl-c" else signal.SIGTERM)
-        out, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -134,7 +134,7 @@ def check_mpijob(job: dict) -> None:
     assert spec["runPolicy"]["cleanPodPolicy"] in ("None", "Running", "All")
     replicas = spec["mpiReplicaSpecs"]
     assert set(replicas) == {"Launcher", "Worker"}
-    for role, rs in replicas.items():
+    for rs in replicas.values():
         assert rs["restartPolicy"] in ("Never", "OnFailure")  # what validation.go accepts
         check_model(rs["template"], "V1PodTemplateSpec")
     assert replicas["Launcher"]["replicas"] == 1
@@ -500,7 +500,8 @@ def test_trainjob_replaces_preempted_pods_without_counting_them_and_stops_on_bad
     for name, spec in rjobs.items():
         assert spec["backoffLimit"] == 5 and "terminationGracePeriodSeconds" not in spec["template"]["spec"]
         rules = spec["podFailurePolicy"]["rules"]
-        # exit 75 (the trainer after SIGUSR1; a worker entrypoint after SIGTERM) and an eviction: a new pod, not a failure
+        # exit 75 (the trainer after SIGUSR1; a worker entrypoint after SIGTERM) and an eviction: a new pod,
+        # not a failure
         assert {"action": "Ignore", "onExitCodes": {"containerName": "node", "operator": "In", "values": [75]}} in rules
         assert {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]} in rules
         fail_job = [r for r in rules if r["action"] == "FailJob"]

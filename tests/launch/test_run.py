@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -54,7 +55,7 @@ def test_the_ranks_see_the_wrappers_exit_directory_and_a_stop_they_answer_exits_
     job = Job(2, [], tag, command=[sys.executable, "-m", "launch", "run", "--grace-period", "60", "--", *line])
     try:
         job.wait_for(", from step 0")
-        env = open(f"/proc/{job_pids(tag)[0]}/environ", "rb").read().split(b"\0")
+        env = Path(f"/proc/{job_pids(tag)[0]}/environ").read_bytes().split(b"\0")
         assert any(v.startswith(b"ALLREDUCE_TRAIN_EXIT_DIR=/") for v in env)  # inherited from the wrapper
         job.proc.send_signal(signal.SIGUSR1)  # Slurm's warning before the time limit, passed on by the script
         rc = job.finish(timeout=120)

@@ -44,7 +44,7 @@ def test_diloco_resumes_exactly_mid_period_with_the_outer_state_and_every_worker
     check(launch(2, args + run_args(tmp_path, "cut", "--exit-after-steps", "9")))  # one step into a period
     saved = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)
     own = [w["diloco"]["params"] for w in saved["workers"]]
-    assert any(not torch.equal(a, b) for a, b in zip(*own)), "mid-period the workers' parameters differ"
+    assert any(not torch.equal(a, b) for a, b in zip(*own, strict=True)), "mid-period the workers' parameters differ"
     assert any(m.abs().sum() > 0 for m in saved["workers"][0]["diloco"]["momentum"])  # two outer steps taken
     check(launch(2, args + run_args(tmp_path, "cut", "--resume", "auto")))
     full, resumed = load_params(diloco_dir / "full-0.pt"), same_on_every_rank(tmp_path, "cut")

@@ -1,4 +1,5 @@
-"""Minor page faults per LeNet-5 training step (the quietest of 4 windows of 10 steps): ``python page_fault_probe.py keep|default``.
+"""Minor page faults per LeNet-5 training step (the quietest of 4 windows of 10 steps):
+``python page_fault_probe.py keep|default``.
 
 Both modes first hold glibc's default thresholds (mmap and trim at 128 kB) with ``mallopt()``, which
 turns off glibc's adaptation of them: left adaptive, the default's faults vary from run to run with

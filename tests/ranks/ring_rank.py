@@ -38,13 +38,13 @@ def run(flags: list[str], passes: int, tol: float) -> None:
         weights = [torch.randn(n, generator=gen) for n in SIZES[:-1]]
         opt.zero_grad()
         for _ in range(passes):
-            sum((p * w).sum() for p, w in zip(model, weights)).backward()  # d loss / d p = w
+            sum((p * w).sum() for p, w in zip(model, weights, strict=False)).backward()  # d loss / d p = w
         ex.synchronize()
         got = [p.grad.clone() for p in model]
         everyone = ex.allgather_object(([passes * w for w in weights], got))
         want = [torch.stack([raw[i].double() for raw, _ in everyone]).mean(0) for i in range(len(weights))]
         want.append(torch.zeros(SIZES[-1], dtype=torch.float64))
-        for i, (g, w) in enumerate(zip(got, want)):
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
             assert torch.equal(g, everyone[0][1][i]), f"{flags} step {step}: tensor {i} differs from rank 0's"
             err = float((g.double() - w).abs().max()) / max(float(w.abs().max()), 1e-30)
             assert err <= tol or (not w.any() and not g.any()), f"{flags} step {step}: tensor {i} off by {err:.2e}"

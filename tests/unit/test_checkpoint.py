@@ -70,5 +70,5 @@ def test_a_workers_state_round_trips_and_reads_the_keys_checkpoints_had_before_i
 
 
 def test_a_workers_state_without_rng_is_refused_in_one_line():
-    with pytest.raises(UserError, match="--resume x.pt: the checkpoint's per-worker state has no 'rng'"):
+    with pytest.raises(UserError, match=r"--resume x\.pt: the checkpoint's per-worker state has no 'rng'"):
         checkpoint.WorkerState.from_dict({"task": None}, "x.pt")

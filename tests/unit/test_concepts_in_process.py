@@ -37,7 +37,7 @@ def test_a_ps_message_carries_its_payload_in_the_wire_dtype_in_the_raw_bytes_mpi
 
 
 def test_bf16_with_horovod_is_refused_naming_the_flag_and_the_way_out():
-    with pytest.raises(ConfigError, match="--compression bf16.*--allreduce-engine mpi"):
+    with pytest.raises(ConfigError, match=r"--compression bf16.*--allreduce-engine mpi"):
         parse(["--compression", "bf16"])
 
 
@@ -104,5 +104,5 @@ def test_the_loop_exchanges_on_the_warm_up_and_period_ends_and_averages_every_pa
     assert ex.sums.count(numel) == 2  # the parameters, at the ends of the two periods after the warm-up
     # one worker: its own gradient is the average, so local SGD is plain SGD
     plain = train([], RecordingExchange())
-    for (name, p), q in zip(local.state_dict().items(), plain.state_dict().values()):
+    for (name, p), q in zip(local.state_dict().items(), plain.state_dict().values(), strict=True):
         assert torch.equal(p, q), name

@@ -131,4 +131,4 @@ def test_a_checkpoints_config_from_before_the_engine_sections_still_resumes(tmp_
                      "--no-tensorboard", "--no-progress", "--device", "cpu", "--resume", str(path)])
     again = Trainer(resumed, LocalExchange(), str(tmp_path / "resumed")).build()
     assert again.start_step == 1
-    assert all(torch.equal(a, b) for a, b in zip(again.model.state_dict().values(), setup.model.state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in zip(again.model.state_dict().values(), setup.model.state_dict().values(), strict=True))

@@ -85,7 +85,7 @@ def test_resume_mid_epoch_gives_the_same_batches():
     s = ShardedBatches(ds, 5, 1, 2, seed=3)
     full = [y for _, y in s.batches(2)]
     tail = [y for _, y in s.batches(2, start_step=3)]
-    assert all(torch.equal(a, b) for a, b in zip(full[3:], tail)) and len(tail) == len(full) - 3
+    assert all(torch.equal(a, b) for a, b in zip(full[3:], tail, strict=True)) and len(tail) == len(full) - 3
 
 
 def test_eval_shards_cover_everything_once():

@@ -51,12 +51,12 @@ def test_the_outer_step_is_torchs_nesterov_sgd_on_the_averaged_delta_at_each_per
     for step in range(1, 13):
         inner_move(model, step)
         if step % 4 == 0:  # the reference, before the schedule moves the parameters
-            for o, p in zip(outer, model.parameters()):
+            for o, p in zip(outer, model.parameters(), strict=True):
                 o.grad = (o - p).detach()  # the twins' average delta is this worker's own
             ref.step()
         sch.apply(opt, model, step)
         if step % 4 == 0:
-            for o, p in zip(outer, model.parameters()):
+            for o, p in zip(outer, model.parameters(), strict=True):
                 assert torch.allclose(p, o, rtol=0, atol=1e-6), step
     assert ex.sums == ["diloco.delta"] * 3
 
@@ -64,13 +64,13 @@ def test_the_outer_step_is_torchs_nesterov_sgd_on_the_averaged_delta_at_each_per
 def test_outer_lr_1_without_momentum_is_parameter_averaging():
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
-    ex, sch, opt = schedule_on(model, 1.0, 0.0, every=2)
+    _, sch, opt = schedule_on(model, 1.0, 0.0, every=2)
     inner_move(model, 1)
     sch.apply(opt, model, 1)
     inner_move(model, 2)
     moved = [p.detach().clone() for p in model.parameters()]
     sch.apply(opt, model, 2)
-    for p, m in zip(model.parameters(), moved):
+    for p, m in zip(model.parameters(), moved, strict=True):
         assert torch.allclose(p, m, rtol=0, atol=1e-6)  # the twins' average is where this worker went
 
 

@@ -40,7 +40,7 @@ def test_three_steps_equal_torchs_powersgd_hook(one_rank_group, rank, exact):
         (torch.relu(x @ mine[0].t() + mine[1]) @ mine[2].t() + mine[3]).square().sum().backward()
         if step >= 2:
             psgd.average(lambda tensors, name: [t.clone() for t in tensors], 1)
-        for ref, got in zip(net.parameters(), mine):
+        for ref, got in zip(net.parameters(), mine, strict=True):
             if exact:
                 assert torch.equal(ref.grad, got.grad), (step, tuple(ref.shape))
             else:

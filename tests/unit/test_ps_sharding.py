@@ -31,7 +31,7 @@ def owners(layout):
 def test_every_element_has_exactly_one_server_and_loads_differ_by_at_most_one_chunk(sizes, servers, split):
     layout = plan(sizes, servers, split, bucket_elems=2048)
     counts, by_chunk, by_segment = owners(layout)
-    for n, a, b in zip(counts, by_chunk, by_segment):
+    for n, a, b in zip(counts, by_chunk, by_segment, strict=True):
         assert (n == 1).all()
         assert torch.equal(a, b)  # the messages carry exactly the elements each server owns
     biggest = max(c.numel for c in layout.chunks)

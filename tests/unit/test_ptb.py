@@ -61,19 +61,19 @@ def test_eval_parts_predict_every_token_once():
 def test_missing_split_is_named(tmp_path):
     d = write_corpus(tmp_path / "c")
     (d / "ptb.valid.txt").unlink()
-    with pytest.raises(DataError, match="ptb.valid.txt: file not found"):
+    with pytest.raises(DataError, match=r"ptb\.valid\.txt: file not found"):
         ptb.load_ptb(str(d))
 
 
 def test_empty_file_is_named(tmp_path):
     d = write_corpus(tmp_path / "c")
     (d / "ptb.test.txt").write_text("\n\n")
-    with pytest.raises(DataError, match="ptb.test.txt: no words"):
+    with pytest.raises(DataError, match=r"ptb\.test\.txt: no words"):
         ptb.load_ptb(str(d))
 
 
 def test_missing_directory_is_named(tmp_path):
-    with pytest.raises(DataError, match="--data-dir .*nope: directory not found"):
+    with pytest.raises(DataError, match=r"--data-dir .*nope: directory not found"):
         ptb.load_ptb(str(tmp_path / "nope"))
 
 

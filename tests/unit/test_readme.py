@@ -1,7 +1,7 @@
 """The README stays a five-minute map: short, with a table of contents, every link landing (the docs' too),
 every doc listed in docs/index.md, every figure it quotes stated in a doc linked from the same section
-(where the figure's command and context live), and no doc naming a module or file of the tree that moved. The checkers are plain functions, run on the real files and
-on small made-up ones on which they must fail."""
+(where the figure's command and context live), and no doc naming a module or file of the tree that moved.
+The checkers are plain functions, run on the real files and on small made-up ones on which they must fail."""
 
 import re
 from pathlib import Path
@@ -155,10 +155,10 @@ def test_every_doc_is_listed_in_the_index_and_the_readme_links_the_index():
 
 def test_the_contents_link_every_section_after_them():
     text = README.read_text()
-    head, _, rest = text.partition("\n## Contents\n")
+    _, _, rest = text.partition("\n## Contents\n")
     assert rest, "README.md has no '## Contents' section"
     contents, _, sections = rest.partition("\n## ")
-    after = [s for s in slugs("## " + sections)]
+    after = list(slugs("## " + sections))
     listed = {t[1:] for t in links(contents) if t.startswith("#")}
     assert len(after) >= 4
     assert set(after) <= listed, f"sections missing from the contents: {sorted(set(after) - listed)}"

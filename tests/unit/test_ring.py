@@ -1,5 +1,7 @@
 """The mpi engine's pieces that need no MPI: ring chunks and the configurations it refuses."""
 
+from itertools import pairwise
+
 import pytest
 
 from allreduce_train.distributed.ring import chunk_bounds
@@ -11,7 +13,7 @@ from helpers import parse
 @pytest.mark.parametrize("numel, n", [(10, 3), (1000, 4), (2, 4), (0, 2), (7, 7)])
 def test_ring_chunks_cover_the_bucket_in_sizes_one_apart(numel, n):
     cut = chunk_bounds(numel, n)
-    sizes = [hi - lo for lo, hi in zip(cut, cut[1:])]
+    sizes = [hi - lo for lo, hi in pairwise(cut)]
     assert cut[0] == 0 and cut[-1] == numel and len(sizes) == n
     assert min(sizes) >= 0 and max(sizes) - min(sizes) <= 1
 

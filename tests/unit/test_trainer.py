@@ -52,13 +52,13 @@ def test_the_loop_is_plain_sgd_with_warm_up_on_the_shard_order(tmp_path):
             torch.nn.functional.cross_entropy(ref(x), y).backward()
             opt.step()
             step += 1
-    for (name, p), q in zip(model.state_dict().items(), ref.state_dict().values()):
+    for (name, p), q in zip(model.state_dict().items(), ref.state_dict().values(), strict=True):
         assert torch.equal(p, q), name
     assert result["steps"] == 12 and result["completed"] and result["strategy"] == "local"
 
 
 def test_metrics_json_and_the_done_line(tmp_path, capsys):
-    _, result = train(tmp_path)
+    train(tmp_path)
     saved = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert saved["steps"] == 12 and saved["workers"] == 1 and saved["global_batch"] == 32
     assert saved["samples_per_sec"] > 0 and saved["step_ms"] > 0
@@ -71,7 +71,7 @@ def test_exit_after_steps_then_resume_ends_bit_identical(tmp_path):
     train(tmp_path, ["--exit-after-steps", "5", "--checkpoint-every", "100"], name="parts")
     again, result = train(tmp_path, ["--resume", "auto"], name="parts")
     assert result["steps"] == 12
-    for (name, p), q in zip(whole.state_dict().items(), again.state_dict().values()):
+    for (name, p), q in zip(whole.state_dict().items(), again.state_dict().values(), strict=True):
         assert torch.equal(p, q), name
 
 
@@ -104,7 +104,7 @@ def test_a_target_stops_the_run_and_records_the_time_to_it(tmp_path):
 
 
 def test_an_unreadable_target_names_the_flag():
-    with pytest.raises(ConfigError, match="--target 'accuracy>0.9'"):
+    with pytest.raises(ConfigError, match=r"--target 'accuracy>0\.9'"):
         parse(["--target", "accuracy>0.9"])
 
 

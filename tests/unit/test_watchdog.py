@@ -77,9 +77,9 @@ def test_a_rank_waiting_for_a_frozen_peer_is_not_named_for_being_behind():
         with watchdog.waiting():
             ranks, how = w.missing()
         assert ranks == [0] and "no heartbeat from rank 0" in how and "behind" not in how
-        with pytest.raises(Stalled):  # a wait that gave up: still waiting when Watchdog.fire judges
-            with watchdog.waiting():
-                raise Stalled("waiting for the servers' optimizer state")
+        # a wait that gave up: still waiting when Watchdog.fire judges
+        with pytest.raises(Stalled), watchdog.waiting():
+            raise Stalled("waiting for the servers' optimizer state")
         assert w.missing()[0] == [0]
         w.waiting = False
         ranks, how = w.missing()  # the same step outside a wait: behind its peer

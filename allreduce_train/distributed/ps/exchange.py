@@ -183,7 +183,7 @@ class ParameterServer(GradientExchange):
         payload = self._bcast(self.world, payload, self.main_rank, "the main worker's parameters")
         self._start(payload)
         with torch.no_grad():  # every worker starts from the main worker's model, as with allreduce
-            for p, src in zip(params, payload["params"]):
+            for p, src in zip(params, payload["params"], strict=True):
                 p.copy_(src)
             for name, b in model.named_buffers():
                 b.copy_(payload["buffers"][name])
@@ -282,7 +282,7 @@ class ParameterServer(GradientExchange):
             return sd
         _, master = self._fetch_state()
         names = {id(p): n for n, p in model.named_parameters()}
-        for p, m in zip(self.params, master):
+        for p, m in zip(self.params, master, strict=True):
             sd[names[id(p)]] = m.view_as(p).to(p.device)
         return sd
 
