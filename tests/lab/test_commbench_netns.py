@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from lab.common import costmodel
 from lab.commbench.netns import predicted_s
+from lab.common import costmodel
 from lab.emulation import netns
 
 from helpers import ROOT, check, lab_in_process

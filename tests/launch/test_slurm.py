@@ -1,4 +1,5 @@
-"""Slurm: the batch script of ``python -m launch slurm`` and jobs on the emulated cluster (lab/emulation/slurm_cluster.py).
+"""Slurm: the batch script of ``python -m launch slurm`` and jobs on the emulated cluster
+(lab/emulation/slurm_cluster.py).
 
 The cluster tests start real daemons (munged, slurmctld, one slurmd per network namespace), submit
 real jobs with sbatch and skip, with the reason, where Slurm is not installed or namespaces are not
@@ -66,7 +67,8 @@ def test_the_job_step_is_the_launchers_mpirun_line_reading_the_allocation():
     local[local.index("-np") + 1] = "$SLURM_NTASKS"  # the allocation's task count, not a number
     assert step.startswith(" ".join(local[:-3]).replace("^openib", "'^openib'") + " ")
     assert "-H" not in step.split() and "--hostfile" not in step
-    assert step.endswith('-m allreduce_train train "${resume[@]}" --name "slurm-$SLURM_JOB_ID" --expect-hosts 2 --lr 0.1')
+    assert step.endswith(
+        '-m allreduce_train train "${resume[@]}" --name "slurm-$SLURM_JOB_ID" --expect-hosts 2 --lr 0.1')
     named = slurm.render_script(slurm.SlurmJob(trainer_args=["--name", "mine"]), environ=env, is_root=True)
     assert "slurm-$SLURM_JOB_ID\"" not in named and "--name mine" in named
 
@@ -79,7 +81,8 @@ def test_srun_mode_sets_open_mpi_parameters_in_the_environment():
             "export OMPI_MCA_btl_tcp_if_include=10.0.0.0/8") in text
     auto = slurm.render_script(dataclasses.replace(job, mpi_allreduce="auto"), environ={"PATH": "/bin"}, is_root=True)
     assert "coll_tuned" not in auto
-    assert "-m launch run -- \\\n    srun --mpi=pmix" in text and "mpirun -np" not in text and "mpirun --allow" not in text and "--export" not in text
+    assert "-m launch run -- \\\n    srun --mpi=pmix" in text
+    assert "mpirun -np" not in text and "mpirun --allow" not in text and "--export" not in text
     assert subprocess.run(["bash", "-n"], input=text, capture_output=True, text=True, timeout=30).returncode == 0
 
 
@@ -236,7 +239,7 @@ def uninterrupted(cluster, tmp_path_factory):
     before = [link_bytes(cluster, i) for i in (1, 2)]
     proc = submit(d, ["--nodes", "2"], QUICK + ["--steps", str(STEPS), "--run-dir", str(d),
                                                 "--dump-params", str(d / "params{rank}.pt")], "reference")
-    moved = [tuple(b - a for a, b in zip(before[i - 1], link_bytes(cluster, i))) for i in (1, 2)]
+    moved = [tuple(b - a for a, b in zip(before[i - 1], link_bytes(cluster, i), strict=True)) for i in (1, 2)]
     return d, proc, moved
 
 

@@ -101,7 +101,7 @@ def test_local_sgd_resumes_exactly_mid_period_with_every_workers_own_state(tmp_p
     check(launch(2, args + run_args(tmp_path, "cut", "--exit-after-steps", "9")))  # 9 = one step into a period
     saved = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)
     own = [w["local_sgd"]["params"] for w in saved["workers"]]
-    assert any(not torch.equal(a, b) for a, b in zip(*own)), "mid-period the workers' parameters differ"
+    assert any(not torch.equal(a, b) for a, b in zip(*own, strict=True)), "mid-period the workers' parameters differ"
     check(launch(2, args + run_args(tmp_path, "cut", "--resume", "auto")))
     full, resumed = load_params(local4_dir / "full-0.pt"), same_on_every_rank(tmp_path, "cut")
     for k in full:
@@ -135,7 +135,7 @@ def test_powersgd_resumes_exactly_with_every_workers_error_feedback_and_qs(tmp_p
     check(launch(2, args + run_args(tmp_path, "cut", "--exit-after-steps", "9")))
     saved = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)
     errors = [w["exchange"]["error"] for w in saved["workers"]]
-    assert any(not torch.equal(a, b) for a, b in zip(*errors)), "each worker keeps its own error"
+    assert any(not torch.equal(a, b) for a, b in zip(*errors, strict=True)), "each worker keeps its own error"
     check(launch(2, args + run_args(tmp_path, "cut", "--resume", "auto")))
     full, resumed = load_params(powersgd_mpi_dir / "full-0.pt"), same_on_every_rank(tmp_path, "cut")
     for k in full:

@@ -96,7 +96,7 @@ def reference_sgd(steps, batch, lr, warmup, workers, momentum, weight_decay, cli
     model = spec.build()
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
     batches = ShardedBatches(train_set, batch * workers, 0, 1, seed)
-    for step, (x, y) in zip(range(steps), batches.batches(0)):
+    for step, (x, y) in zip(range(steps), batches.batches(0), strict=False):
         target = lr * workers
         opt.param_groups[0]["lr"] = target if step >= warmup else lr + (target - lr) * step / warmup
         opt.zero_grad()
