@@ -115,16 +115,18 @@ def findings(data: dict[str, Any]) -> list[dict[str, Any]]:
         pthr = (col["pred_samples_per_sec"] / ded["pred_samples_per_sec"] if ded["pred_samples_per_sec"]
                 else math.nan)
         psp = col["pred_speedup"] / ded["pred_speedup"] if ded["pred_speedup"] else math.nan
+        # "scales better" judged on samples/s at the same N: a speedup is over the strategy's own N = 1, and
+        # the dedicated PS's N = 1 already pays its server's exchange, so its speedup starts from a slow base
         if model == SMALL:
             claim = "decentralized PS scales better"
-            holds = sp > 1 + TOLERANCE
+            holds, holds_sp = thr > 1 + TOLERANCE, sp > 1 + TOLERANCE
         else:
             claim = "no significant difference"
-            holds = abs(sp - 1) <= TOLERANCE
+            holds, holds_sp = abs(thr - 1) <= TOLERANCE, abs(sp - 1) <= TOLERANCE
         out.append({"model": model, "rate": rate, "workers": n, "claim": claim,
                     "speedup_dedicated": ded["speedup"], "speedup_colocated": col["speedup"],
                     "speedup_ratio": sp, "pred_speedup_ratio": psp, "throughput_ratio": thr,
-                    "pred_throughput_ratio": pthr, "holds": bool(holds),
+                    "pred_throughput_ratio": pthr, "holds": bool(holds), "holds_by_speedup": bool(holds_sp),
                     "speedup_says": _ratio_word(sp, "decentralized scales better", "centralized scales better"),
                     "throughput_says": _ratio_word(thr, "decentralized faster", "centralized faster")})
     return out
@@ -150,16 +152,21 @@ def markdown(data: dict[str, Any], meta: dict[str, Any]) -> str:
            "Speedup = samples/s at N / the same strategy's at N = 1; the cost model (lab/common/costmodel.py) "
            "predicts each step as the job's measured compute plus the modelled exchange at the link rate.", "",
            "## Verdicts per finding", "",
-           "| model | rate | N | paper's finding | speedup ded. | speedup col. | col./ded. speedup (model) | "
-           "col./ded. samples/s (model) | speedup says | holds here |",
-           "|---|---|---:|---|---:|---:|---:|---:|---|---|"]
+           "Holds here: judged on samples/s at the same N (col./ded.), with the cost model's ratio beside it. The "
+           "paper's own measure, speedup over each strategy's N = 1, is in its own columns: the dedicated PS's "
+           "N = 1 already pays its server's exchange, so its speedup starts from a slower base and can rise "
+           "above the colocated PS's while its samples/s stay below them.", "",
+           "| model | rate | N | paper's finding | col./ded. samples/s (model) | samples/s says | holds here | "
+           "speedup ded. | speedup col. | col./ded. speedup (model) | holds by speedup |",
+           "|---|---|---:|---|---:|---|---|---:|---:|---:|---|"]
     for r in f:
-        out.append(f"| {r['model']} | {r['rate']} | {r['workers']} | {r['claim']} | {r['speedup_dedicated']:.2f} | "
-                   f"{r['speedup_colocated']:.2f} | {r['speedup_ratio']:.2f} ({r['pred_speedup_ratio']:.2f}) | "
-                   f"{r['throughput_ratio']:.2f} ({r['pred_throughput_ratio']:.2f}) | {r['speedup_says']} | "
-                   f"{'yes' if r['holds'] else 'no'} |")
+        out.append(f"| {r['model']} | {r['rate']} | {r['workers']} | {r['claim']} | "
+                   f"{r['throughput_ratio']:.2f} ({_f(r['pred_throughput_ratio'], '.2f')}) | {r['throughput_says']} | "
+                   f"{'yes' if r['holds'] else 'no'} | {r['speedup_dedicated']:.2f} | {r['speedup_colocated']:.2f} | "
+                   f"{r['speedup_ratio']:.2f} ({_f(r['pred_speedup_ratio'], '.2f')}) | "
+                   f"{'yes' if r['holds_by_speedup'] else 'no'} |")
     if not f:
-        out.append("| no pair of dedicated and colocated PS jobs measured | | | | | | | | | |")
+        out.append("| no pair of dedicated and colocated PS jobs measured | | | | | | | | | | |")
     out += ["", "## Throughput and speedup", "",
             "| model | rate | strategy | N | samples/s | speedup | model's samples/s | step ms | wait ms | "
             "model's step ms | load |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]

@@ -102,15 +102,20 @@ def test_the_report_gives_a_verdict_per_finding_with_the_model_beside_and_draws_
     res = paper.report(str(tmp_path), {"command": "python -m lab paper", "started": "now", "minutes": 3.0,
                                        "cpus": 2, "load": "1.0"})
     by = {f["model"]: f for f in res["findings"]}
-    # LeNet-5: colocated speedup 1.83 vs dedicated 1.5 -> 1.22: the decentralized PS scales better (holds)
-    assert by["lenet5"]["holds"] and by["lenet5"]["speedup_says"] == "decentralized scales better"
+    # LeNet-5: colocated 2200 vs dedicated 1500 samples/s at N = 2 -> 1.47: decentralized faster (holds);
+    # in the paper's measure, speedup 1.83 vs 1.5 -> 1.22: scales better (holds too)
+    assert by["lenet5"]["holds"] and by["lenet5"]["throughput_says"] == "decentralized faster"
+    assert by["lenet5"]["holds_by_speedup"] and by["lenet5"]["speedup_says"] == "decentralized scales better"
     assert abs(by["lenet5"]["speedup_ratio"] - (2200 / 1200) / 1.5) < 1e-9
-    # LSTM: 1.527 vs 1.5 -> within 10 %: no significant difference (holds)
-    assert by["ptb-lstm-small"]["holds"] and by["ptb-lstm-small"]["speedup_says"].startswith("no significant")
+    # LSTM: 168 vs 150 samples/s -> 1.12, beyond 10 %: does not hold; its speedups 1.527 vs 1.5 are within 10 %,
+    # so by the paper's measure it would
+    assert not by["ptb-lstm-small"]["holds"] and by["ptb-lstm-small"]["holds_by_speedup"]
+    assert by["ptb-lstm-small"]["speedup_says"].startswith("no significant")
     # the model's step is 0.9x every measured one, so its ratios equal the measured ones
     assert abs(by["lenet5"]["pred_throughput_ratio"] - 2200 / 1500) < 1e-9
     text = (tmp_path / "report.md").read_text()
-    assert "| lenet5 | 1gbit | 2 | decentralized PS scales better | 1.50 | 1.83 | 1.22 (1.22) |" in text
+    assert ("| lenet5 | 1gbit | 2 | decentralized PS scales better | 1.47 (1.47) | decentralized faster | yes | "
+            "1.50 | 1.83 | 1.22 (1.22) | yes |") in text
     assert "Same engine (mpi4py), ring / colocated PS" in text  # concept and implementation apart
     # the cost model's K: more dedicated servers shorten the dedicated step toward the colocated one
     k = {r["model"]: r["ratio"] for r in res["k_model"]}
