@@ -16,6 +16,7 @@ import socket
 import sys
 import time
 import traceback
+from typing import TYPE_CHECKING
 
 from . import __version__
 from .config import add_arguments, build_config
@@ -32,6 +33,9 @@ from .errors import (
     UserError,
     record_exit,
 )
+
+if TYPE_CHECKING:
+    from .watchdog import Watchdog
 
 
 def env_rank() -> int:
@@ -176,18 +180,18 @@ class _Held:
     def __init__(self, ex) -> None:
         from .run_logger import NullLogger
 
-        self.ex, self.log, self.watchdog = ex, NullLogger(), None
+        self.ex, self.log = ex, NullLogger()
+        self.watchdog: Watchdog | None = None
 
     def __enter__(self) -> _Held:
         return self
 
-    def __exit__(self, typ, value, tb) -> bool:
+    def __exit__(self, typ, value, tb) -> None:  # None: an exception goes on to cmd_train's handlers
         self.log.close()
         if typ is None:
             if self.watchdog is not None:
                 self.watchdog.stop()
             self.ex.close()
-        return False  # an exception goes on to cmd_train's handlers
 
 
 def _gather_setup(ex, err: str | None) -> tuple[list[str], list[str]]:

@@ -32,7 +32,7 @@ STRATEGIES = ("allreduce", "ps", "none")  # distributed.create_exchange builds e
 
 
 def _f(default: Any, help: str, choices: tuple | None = None) -> Any:
-    meta = {"help": help}
+    meta: dict[str, Any] = {"help": help}
     if choices:
         meta["choices"] = choices
     if isinstance(default, list):  # a repeatable flag (``--model-arg k=v``): a fresh list per config
@@ -460,7 +460,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             assert name not in seen, f"config field {name} appears in two sections"
             seen.add(name)
             typ = hints[f.name]
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
             kwargs: dict[str, Any] = {"dest": f"{section}.{f.name}", "default": None,
                                       "help": f"{f.metadata['help']} (default: {default!r})"}
             if typ is list:

@@ -21,7 +21,7 @@ def _ranges(ranks: list[int]) -> str:
     """``[0, 1, 2, 5]`` -> ``0-2,5``."""
     parts: list[str] = []
     start = prev = ranks[0]
-    for r in ranks[1:] + [None]:  # type: ignore[list-item]
+    for r in ranks[1:] + [None]:
         if r is not None and r == prev + 1:
             prev = r
             continue

@@ -133,7 +133,7 @@ def scan(compute_s: Sequence[Sequence[float]], factor: float, window: int, every
     n = len(compute_s)
     rule = StragglerRule(factor, window, range(n), [f"host{w}" for w in range(n)])
     for step in range(every, len(compute_s[0]) + 1, every):
-        medians = [window_median_ms(s[:step], window, warmup) for s in compute_s]
-        if medians[0] is not None:
+        medians = [m for s in compute_s if (m := window_median_ms(s[:step], window, warmup)) is not None]
+        if len(medians) == n:  # every series past its warm-up (they are equally long)
             rule.check(step, medians)
     return rule.found

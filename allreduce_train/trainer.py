@@ -152,7 +152,8 @@ class Trainer:
         began = time.perf_counter()
         self.schedule.begin(step)  # e.g. local SGD: does this step's gradient travel?
         optimizer.zero_grad()
-        rows, loss_sum = len(inputs) // k, None
+        rows = len(inputs) // k
+        loss_sum: torch.Tensor | None = None
         for j in range(k):
             part = slice(j * rows, (j + 1) * rows)
             loss = self.task.loss(model, inputs[part] if k > 1 else inputs, targets[part] if k > 1 else targets, part)
@@ -185,6 +186,7 @@ class Trainer:
             if not torch.isfinite(norm):
                 raise Diverged(step, "the gradient norm", norm.item())
         self.schedule.apply(optimizer, model, step)  # the update (local SGD, DiLoCo: and the period's average)
+        assert loss_sum is not None  # k >= 1 micro-batches
         return loss_sum, wait, stops > 0
 
     @torch.no_grad()
@@ -329,8 +331,9 @@ class Trainer:
                     log.message(f"step {step}: " + ", ".join(f"{key.replace('/', ' ')} {v:.4f}"
                                                              for key, v in last_eval.items()))
                     if target.record(step, step / spe, last_eval):
+                        seconds = target.reached["seconds"] if target.reached else float("nan")
                         log.message(f"target {cfg.train.target} reached at step {step} (epoch {step / spe:.2f}) "
-                                    f"after {target.reached['seconds']:.1f} s")
+                                    f"after {seconds:.1f} s")
                         stop_at = step  # every rank evaluated the same global figures: all stop here
                 if step % ckpt_every == 0 or step == stop_at or stop:
                     self.save_checkpoint(model, optimizer, step)
@@ -344,11 +347,11 @@ class Trainer:
             log.scalars(step, last_eval)
         # communication: CPU seconds of all workers (a busy-polling exchange shows up here) and, in
         # each worker's own row, its median compute and wait over the run and its peak resident memory
-        mine = torch.zeros(1 + 3 * workers, dtype=torch.float64)
-        mine[0] = meter.cpu_seconds
-        mine[1 + 3 * ex.worker_index:4 + 3 * ex.worker_index] = torch.tensor([*meter.run_medians(), peak_rss_mib()],
-                                                                             dtype=torch.float64)
-        total = ex.sum_over_workers(mine)
+        own = torch.zeros(1 + 3 * workers, dtype=torch.float64)
+        own[0] = meter.cpu_seconds
+        own[1 + 3 * ex.worker_index:4 + 3 * ex.worker_index] = torch.tensor([*meter.run_medians(), peak_rss_mib()],
+                                                                            dtype=torch.float64)
+        total = ex.sum_over_workers(own)
         cpu_s = total[0].item()
         per_rank = [{"rank": r, "host": h, "compute_ms": c, "wait_ms": w, "peak_rss_mib": m}
                     for r, h, (c, w, m) in zip(ranks, hosts, total[1:].view(workers, 3).tolist(), strict=True)]

@@ -24,7 +24,7 @@ class BasicBlock(nn.Module):
             nn.Conv2d(c_out, c_out, 3, padding=1, bias=False),
             nn.BatchNorm2d(c_out),
         )
-        self.shortcut = nn.Identity()
+        self.shortcut: nn.Module = nn.Identity()
         if stride != 1 or c_in != c_out:
             self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out))
 

@@ -88,7 +88,7 @@ class DatasetBatches:
         self._sampler.set(epoch, start_step)
         # the loader's workers draw their seeds from this generator: fixed per (seed, epoch), and it
         # leaves the training process's own RNG (dropout masks) untouched
-        self._loader.generator.manual_seed(self.seed * 1_000_003 + epoch + 7)  # type: ignore[union-attr]
+        self._loader.generator.manual_seed(self.seed * 1_000_003 + epoch + 7)
         yield from self._loader
 
 

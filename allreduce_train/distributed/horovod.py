@@ -299,15 +299,17 @@ class HorovodAllreduce(GradientExchange):
 
     def _average_local_grads(self) -> None:
         """An exchanging step without the DistributedOptimizer: every gradient averaged, as it would."""
-        params = self._local_params
-        for p in params:
+        assert self._local_params is not None  # synchronize() calls this only when prepare() kept them
+        grads = []
+        for p in self._local_params:
             if p.grad is None:  # outside this step's loss: zeros, as Horovod sends for it
                 p.grad = torch.zeros_like(p)
-        wire = [self._compression.compress(p.grad) for p in params]
+            grads.append(p.grad)
+        wire = [self._compression.compress(g) for g in grads]
         # communication: the step's gradients, one grouped (fused) allreduce
         handle = self.hvd.grouped_allreduce_async([t for t, _ in wire], op=self.hvd.Average, name="grads")
-        for p, out, (_, ctx) in zip(params, self._wait(handle), wire, strict=True):
-            p.grad.copy_(self._compression.decompress(out, ctx))
+        for g, out, (_, ctx) in zip(grads, self._wait(handle), wire, strict=True):
+            g.copy_(self._compression.decompress(out, ctx))
 
     def sum_tensors(self, tensors: list[torch.Tensor], name: str = "") -> list[torch.Tensor]:
         """The grouped sum as Horovod does it: one grouped (fused) allreduce, on the tensors' device (not

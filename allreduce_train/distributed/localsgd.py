@@ -59,7 +59,7 @@ class LocalSGD(Sync):
         self.ex.apply(optimizer)
         if self.every == 1 or step <= self.warmup or not self.synchronous(step):
             return
-        params = list(model.parameters())
+        params: list[torch.Tensor] = list(model.parameters())
         # communication: every parameter, summed over the workers (identical on every worker after)
         for p, total in zip(params, self.ex.sum_tensors(params, "localsgd.params"), strict=True):
             p.copy_(total.div_(self.ex.num_workers))

@@ -71,8 +71,8 @@ def bcast_pickle(comm, MPI, obj: Any, root: int, wait: Wait, what: str) -> Any:
     """``comm.bcast`` of a picklable object, non-blocking underneath, so that it times out like every
     other wait (and a colocated rank keeps serving while it waits)."""
     mine = comm.Get_rank() == root
-    data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy() if mine else None
-    size = np.array([data.size if mine else 0], dtype=np.int64)
+    data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy() if mine else np.empty(0, dtype=np.uint8)
+    size = np.array([data.size], dtype=np.int64)
     wait(comm.Ibcast(size, root=root).Test, what)  # communication
     buf = data if mine else np.empty(int(size[0]), dtype=np.uint8)
     wait(comm.Ibcast([buf, MPI.BYTE], root=root).Test, what)  # communication

@@ -172,7 +172,8 @@ class MPIRingAllreduce(GradientExchange):
 
     def _start(self, bucket: _Bucket) -> None:
         # the copy in is the cast to the wire's dtype; a parameter outside this step's loss sends zeros
-        pack([self.params[p].grad for p in bucket.members], bucket.flat, [self.params[p].numel() for p in bucket.members])
+        members = [self.params[p] for p in bucket.members]
+        pack([p.grad for p in members], bucket.flat, [p.numel() for p in members])
         bucket.step = 0
         if self.algorithm == "iallreduce":
             # communication: the whole bucket, summed by MPI's own algorithm
@@ -268,10 +269,13 @@ class MPIRingAllreduce(GradientExchange):
                 avg = bucket.flat.float() if self.dtype != torch.float32 else bucket.flat
                 if self.divisor != 1:
                     avg.div_(self.divisor)
+                grads = []
                 for p in bucket.members:
-                    if self.params[p].grad is None:
-                        self.params[p].grad = torch.zeros_like(self.params[p])
-                unpack(avg, [self.params[p].grad for p in bucket.members])
+                    param = self.params[p]
+                    if param.grad is None:
+                        param.grad = torch.zeros_like(param)
+                    grads.append(param.grad)
+                unpack(avg, grads)
         self._reset_step()
 
     def apply(self, optimizer) -> None:

@@ -70,7 +70,7 @@ def add_bound(rows: list[dict[str, Any]], records: list[dict[str, Any]]) -> None
     means = {(r["model"], r["workers"]): r["samples_per_sec_mean"] for r in rows if r["strategy"] == BOUND}
     for row in rows:
         key = (row["model"], row["workers"])
-        pairs = [r["samples_per_sec"] / bound[(*key, r["repeat"])] for r in records
+        pairs = [r["samples_per_sec"] / bound[key + (r["repeat"],)] for r in records
                  if r["ok"] and r["model"] == row["model"] and r["strategy"] == row["strategy"]
                  and r["workers"] == row["workers"] and (*key, r["repeat"]) in bound]
         row.update(bound_samples_per_sec=means.get(key, math.nan),

@@ -159,6 +159,7 @@ class ParameterServer(GradientExchange):
         # communication: the main worker's parameters and optimizer state (from prepare()).
         self._start(self._bcast(self.world, None, self.main_rank, "the main worker's parameters"))
         server = self._server
+        assert server is not None  # _start() makes it on a server rank, which is what calls serve()
         poll(lambda: server.finished, self.xcfg.stall_timeout, "pushes from the workers", server.progress)
         server.flush()
 
