@@ -46,7 +46,7 @@ def remove_stale_exit_dirs(parent: str | None = None) -> list[str]:
     """Remove the exit-record directories of launchers that are gone (one killed with SIGKILL had no
     chance to remove its own); a directory's name carries its launcher's pid. Returns those removed."""
     parent = parent or tempfile.gettempdir()
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(parent)
     except OSError:
@@ -73,7 +73,7 @@ def exit_dir(env: dict[str, str]) -> Iterator[str]:
 
 def read_exits(exit_dir: str) -> dict[int, tuple[int, str, float]]:
     """The ranks that have exited, from their records in ``exit_dir``: rank -> (code, host, when written)."""
-    found = {}
+    found: dict[int, tuple[int, str, float]] = {}
     try:
         names = [n for n in os.listdir(exit_dir) if n.isdigit()] if exit_dir else []
     except OSError:

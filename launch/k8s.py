@@ -48,6 +48,7 @@ import json
 import re
 import shlex
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .exitcodes import EXIT_PREEMPTED, NO_RETRY
@@ -316,7 +317,8 @@ def _placement(spec: K8sSpec) -> dict:
 
 def _rank_volumes(spec: K8sSpec) -> tuple[list[dict], list[dict]]:
     """Volumes and mounts of a pod that runs ranks, besides /dev/shm: the runs and the data volume."""
-    volumes, mounts = [], []
+    volumes: list[dict] = []
+    mounts: list[dict] = []
     if spec.runs_pvc:
         volumes.append({"name": "runs", "persistentVolumeClaim": {"claimName": spec.runs_pvc}})
         mounts.append({"name": "runs", "mountPath": RUNS_DIR})
@@ -600,7 +602,7 @@ def _scalar(value: object) -> str:
     return json.dumps(value)  # a JSON string is a valid double-quoted YAML scalar
 
 
-def _emit(value: object, indent: int, out: list[str]) -> None:
+def _emit(value: dict | list, indent: int, out: list[str]) -> None:
     pad = " " * indent
     if isinstance(value, dict):
         for key, item in value.items():
@@ -610,7 +612,7 @@ def _emit(value: object, indent: int, out: list[str]) -> None:
             else:
                 out.append(f"{pad}{_scalar(key)}: {_inline(item)}")
     else:
-        for item in value:  # type: ignore[union-attr]
+        for item in value:
             if isinstance(item, (dict, list)) and item:
                 sub: list[str] = []
                 _emit(item, indent + 2, sub)
@@ -628,7 +630,7 @@ def _inline(value: object) -> str:
     return _scalar(value)
 
 
-def to_yaml(docs: list[dict], header: list[str] = ()) -> str:
+def to_yaml(docs: list[dict], header: Sequence[str] = ()) -> str:
     """YAML documents separated by ``---``, each ``header`` line first as a comment."""
     out = [f"# {line}" for line in header]
     for doc in docs:
