@@ -71,7 +71,8 @@ class Throughput:
             "samples_per_sec": self.rate(measured),
             "step_ms": 1e3 * statistics.median(measured) if measured else 0.0,
             # everything between the end of warm-up and the end of the last step: what `bench` compares
-            "wall_samples_per_sec": self.samples_per_step * after / (self.wall_to - self.wall_from) if after > 0 else 0.0,
+            "wall_samples_per_sec": (self.samples_per_step * after / (self.wall_to - self.wall_from)
+                                     if after > 0 else 0.0),
             "cpu_ms_per_step": 1e3 * cpu_seconds_all_workers / after if after > 0 else 0.0,
             "comm_wait_ms": 1e3 * statistics.median(self.waits[self.warmup:] or self.waits) if self.waits else 0.0,
         }
@@ -106,5 +107,6 @@ class TimeToTarget:
         if self.target:
             metric, op, value = self.target
             out["target"] = {"metric": metric, "op": op, "value": value, "reached": self.reached is not None,
-                             **({key: self.reached[key] for key in ("step", "epoch", "seconds")} if self.reached else {})}
+                             **({key: self.reached[key] for key in ("step", "epoch", "seconds")}
+                                if self.reached else {})}
         return out

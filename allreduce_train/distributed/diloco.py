@@ -67,7 +67,8 @@ class DiLoCo(Sync):
         params = list(model.parameters())
         deltas = [o - p for o, p in zip(self.outer, params, strict=True)]
         # communication: every parameter's delta, summed over the workers (the outer gradient's sum)
-        for o, p, m, total in zip(self.outer, params, self.momentum, self.ex.sum_tensors(deltas, "diloco.delta"), strict=True):
+        totals = self.ex.sum_tensors(deltas, "diloco.delta")
+        for o, p, m, total in zip(self.outer, params, self.momentum, totals, strict=True):
             grad = total.div_(self.ex.num_workers)
             m.mul_(self.mu).add_(grad)  # torch.optim.SGD(momentum=mu, nesterov=True, dampening=0)'s update
             o.sub_(grad.add(m, alpha=self.mu) if self.mu else grad, alpha=self.lr)
