@@ -337,9 +337,13 @@ def write_tensorboard(out: str, data: dict[str, Any]) -> None:
             tblog.add_point(series, TTA_RUNS.get(j["method"], j["method"]),
                             f"paper/time_to_target_s/{j['model']}/{j.get('link_rate')}", j["workers"],
                             j["seconds_to_target"])
-    tags = sorted({t for tags in series.values() for t in tags})
     titles = {"samples_per_sec": "samples/s, all workers", "speedup": "speedup = samples/s(N) / samples/s(1)",
               "time_to_target_s": "seconds to the quality target"}
+    rates = list(dict.fromkeys([*(p["rate"] for p in data["points"]), *(j.get("link_rate") for j in data["tta"])]))
+    # per model, rate by rate (as the grids ran them), each rate's figures in the order of ``titles``
+    tags = sorted({t for tags in series.values() for t in tags},
+                  key=lambda t: (rates.index(t.split("/")[3]) if t.split("/")[3] in rates else len(rates),
+                                 list(titles).index(t.split("/")[1])))
     for t in tags:
         _, fig, model, rate = t.split("/")
         charts.setdefault(model, []).append((f"{model} at {rate}: {titles[fig]}", t))
