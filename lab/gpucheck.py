@@ -56,7 +56,7 @@ import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -118,7 +118,7 @@ def run_trainer(args: argparse.Namespace, device: torch.device) -> dict:
         "--synthetic-samples", str(args.synthetic_samples), "--seed", str(args.seed),
         "--threads", str(args.threads)])
     cfg = build_config(cli)
-    sent = {"calls": 0, "bytes": 0, "devices": set()}
+    sent: dict[str, Any] = {"calls": 0, "bytes": 0, "devices": set()}
     if args.way == "trainer-exchange":
         os.environ["ALLREDUCE_TRAIN_EXCHANGE_AT_ONE_RANK"] = "1"
         count_allreduces(sent)
@@ -471,6 +471,7 @@ def run_single(args: argparse.Namespace, tmp: str, model: str, way: str, batch: 
            "--steps", str(args.steps), "--warmup-steps", str(args.warmup_steps),
            "--batch-size", str(batch), "--synthetic-samples", str(args.synthetic_samples),
            "--threads", str(args.threads), *(["--parts"] if parts else [])]
+    rc: int | str  # "timeout" when the job gave no result in time
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
         rc, out = proc.returncode, proc.stdout + proc.stderr

@@ -246,7 +246,7 @@ def verify(exp: dict[str, Any], page: dict[str, Any]) -> list[str]:
             problems.append(f"chart {name}: empty, no run has data for {chart['regexes']}")
         elif drawn != chart["runs"]:
             problems.append(f"chart {name}: draws {drawn or 'nothing'}, the data is in {chart['runs']}")
-        colors = {}
+        colors: dict[str, list[str]] = {}
         for run in drawn:  # TensorBoard has 7 run colours and repeats them from the 8th run on
             colors.setdefault(page["colors"].get(run, ""), []).append(run)
         shared = [runs for c, runs in colors.items() if c and len(runs) > 1]

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,7 @@ def launcher_module(launcher) -> str:
 
 def launch(np: int, args: list[str], timeout: float = 240, command: str = "train", module: str = "",
            oversubscribe: bool = False, env: dict[str, str] | None = None,
-           launcher: list[str] = ()) -> subprocess.CompletedProcess:
+           launcher: Sequence[str] = ()) -> subprocess.CompletedProcess:
     """``python -m launch -np N [LAUNCHER...] -- ARGS`` with a hard timeout: a hanging rank fails the test.
     ``module``: run that rank program (``python -m MODULE ARGS``) instead of the trainer."""
     cmd = [sys.executable, "-m", launcher_module(launcher), "-np", str(np), "--command", command, *launcher]
@@ -123,7 +124,7 @@ class Job:
     """A launcher run in the background whose output lines are collected as they come."""
 
     def __init__(self, np: int, args: list[str], tag: str, oversubscribe: bool = False,
-                 launcher: list[str] = (), command: list[str] | None = None) -> None:
+                 launcher: Sequence[str] = (), command: list[str] | None = None) -> None:
         """``command``: run this instead of ``python -m launch -np NP [launcher] -- ARGS``."""
         cmd = command or [sys.executable, "-m", launcher_module(launcher), "-np", str(np),
                           *(["--oversubscribe"] if oversubscribe else []), *launcher, "--", *args]

@@ -55,6 +55,7 @@ class GPT(nn.Module):
             if isinstance(m, nn.Linear) and m.bias is not None:
                 nn.init.zeros_(m.bias)
         for block in self.blocks:  # scaled residual projections (GPT-2)
+            assert isinstance(block, Block)
             nn.init.normal_(block.proj.weight, std=0.02 / math.sqrt(2 * layers))
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,7 @@ builds offline (Python's documentation; any text file does).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -54,7 +55,8 @@ class CharGPT(allreduce_train.Task):
         self.chars = sorted(set(text))
         index = {c: i for i, c in enumerate(self.chars)}
         self.ids = torch.tensor([index[c] for c in text], dtype=torch.long)
-        self.block, self.dims = block, dict(dim=dim, layers=layers, heads=heads, dropout=dropout)
+        self.block = block
+        self.dims: dict[str, Any] = dict(dim=dim, layers=layers, heads=heads, dropout=dropout)
         self.words_per_sample = block  # characters per sample: the words/s figure counts characters
         self.note = f"data: {path} ({len(text)} characters, {len(self.chars)} distinct)"
 

@@ -40,7 +40,7 @@ def launcher_rank() -> tuple[int, int]:
 
 
 def grads_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
 def setup_horovod(model: torch.nn.Module, lr: float, loss=None):

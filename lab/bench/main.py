@@ -225,7 +225,7 @@ def summarise(jobs: list[dict[str, Any]], spec: BenchSpec, impls: list[str]) -> 
                     row["impls"][impl] = {"median": med, "min": min(v), "max": max(v),
                                           "spread": (max(v) - min(v)) / med, "n": len(v),
                                           "cpu_ms_per_step": statistics.median(cpu) if cpu else None}
-            by_tag = {}
+            by_tag: dict[str, dict[str, Any]] = {}
             for j in mine:
                 by_tag.setdefault(j["tag"], {})[j["impl"]] = j.get("samples_per_sec")
             for base in (b for b in impls if b not in ("trainer", BOUND)):  # trainer/bound: of_bound below
@@ -433,7 +433,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return fail(f"--np {args.np!r}: expected a comma-separated list of rank counts, e.g. 1,2")
     if not nps or min(nps) < 1:
         return fail(f"--np {args.np!r}: rank counts must be >= 1")
-    variants = []
+    variants: list[Override] = []
     for text in args.variant:
         try:
             variants.append(parse_variant(text, default_impls() + [v.name for v in variants]))

@@ -53,8 +53,9 @@ def run_trainer(args: argparse.Namespace, meter: Meter) -> int:
         from allreduce_train.distributed.ps import exchange
 
         for cls in (horovod.HorovodAllreduce, ring.MPIRingAllreduce, exchange.ParameterServer, local.NoExchange):
-            cls.start_vote = GradientExchange.start_vote
-            cls.end_vote = lambda self: self._vote
+            # the ablation replaces the engines' vote methods on purpose (in this process only)
+            cls.start_vote = GradientExchange.start_vote  # type: ignore[method-assign]
+            cls.end_vote = lambda self: self._vote  # type: ignore[method-assign]
     instrument_trainer(meter, spec.warmup_for(args.model), spec.steps_for(args.model))
     rc = train_main(trainer_argv(args, args.out))
     return rc

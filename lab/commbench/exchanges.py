@@ -8,6 +8,7 @@ the results. The implementations are listed in :mod:`.main`'s docstring.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -88,7 +89,10 @@ def rank_input(rank: int, n_elems: int) -> np.ndarray:
 
 
 def expected_sum(workers: int, n_elems: int) -> np.ndarray:
-    return sum(rank_input(r, n_elems) for r in range(workers))
+    total = np.zeros(n_elems, dtype=np.float32)
+    for r in range(workers):
+        total += rank_input(r, n_elems)
+    return total
 
 
 def shard_bounds(n_elems: int, parts: int) -> list[int]:
@@ -158,7 +162,8 @@ def mpi_ring(src: np.ndarray, shapes, total: bool, bucket_bytes: int) -> Callabl
     # communication: its own communicator
     ex = MPIRingAllreduce(ExchangeConfig(allreduce_engine="mpi"), MPIConfig(bucket_bytes=bucket_bytes), average=not total)
     flat = torch.from_numpy(src.copy())
-    params, off = [], 0
+    params: list[torch.Tensor] = []
+    off = 0
     for s in shapes:
         n = int(np.prod(s))
         p = torch.nn.Parameter(torch.zeros(s))
@@ -221,6 +226,21 @@ def ps_dedicated(comm, src: np.ndarray | None, n_elems: int, servers: int) -> Ca
         np.sum(inbox, axis=0, out=acc)
         MPI.Request.Waitall([comm.Isend(acc, dest=w, tag=2) for w in workers])
     return serve
+
+
+def exchange_for(impl: str, op: Any, *, comm, hvd, src: Any, load: Workload, servers: int,
+                 bucket_bytes: int) -> Callable[[Any], None]:
+    """``impl``'s exchange of ``src`` reducing by ``op``, called with its destination (src and the
+    destination are None on a dedicated server: ps-dedicated only)."""
+    if impl == "mpi":
+        return mpi_allreduce(comm, src)
+    if impl == "mpi-ring":
+        return mpi_ring(src, load.shapes, op == "sum", bucket_bytes)
+    if impl == "ps-colocated":
+        return ps_colocated(comm, src)
+    if impl == "ps-dedicated":
+        return ps_dedicated(comm, src, load.n_elems, servers)
+    return horovod_allreduce(hvd, src, load.shapes, impl == "horovod-fp16", op)
 
 
 def horovod_allreduce(hvd, src: np.ndarray, shapes, fp16: bool, op) -> Callable[[np.ndarray], None]:
@@ -289,38 +309,31 @@ def run_rank(args: argparse.Namespace) -> int:
     is_worker = comm.rank >= servers
     worker_index = comm.rank - servers
     results: list[dict[str, Any]] = []
-    hvd = None
+    hvd: Any = None
     knobs = {k: os.environ[k] for k in ("HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD") if k in os.environ}
     # MPI and PS first: once Horovod is up its background thread polls every cycle and would
     # share the cores with the raw-MPI measurements.
     for impl in sorted(impls, key=lambda i: i.startswith("horovod")):
         if impl.startswith("horovod") and hvd is None:
-            import horovod.torch as hvd
+            import horovod.torch
 
+            hvd = horovod.torch
             hvd.init()  # communication: forms Horovod's process group over the same ranks
         for w in loads:
             src = rank_input(worker_index, w.n_elems) if is_worker else None
-            if impl == "mpi":
-                make = lambda op, src=src: mpi_allreduce(comm, src)  # noqa: E731
-            elif impl == "mpi-ring":
-                make = lambda op, src=src, w=w: mpi_ring(src, w.shapes, op == "sum", args.mpi_bucket_bytes)  # noqa: E731
-            elif impl == "ps-colocated":
-                make = lambda op, src=src: ps_colocated(comm, src)  # noqa: E731
-            elif impl == "ps-dedicated":
-                make = lambda op, src=src, w=w: ps_dedicated(comm, src, w.n_elems, servers)  # noqa: E731
-            else:
-                make = lambda op, src=src, w=w, impl=impl: horovod_allreduce(  # noqa: E731
-                    hvd, src, w.shapes, impl == "horovod-fp16", op)
+            make = functools.partial(exchange_for, impl, comm=comm, hvd=hvd, src=src, load=w, servers=servers,
+                                     bucket_bytes=args.mpi_bucket_bytes)
             dst = np.empty(w.n_elems, dtype=np.float32) if is_worker else None
             # 1) correctness: one summing exchange of the fresh input
             make(hvd.Sum if hvd else "sum")(dst)
             max_err = float(np.abs(dst - expected_sum(workers, w.n_elems)).max()) if is_worker else 0.0
-            if args.dump_dir and is_worker:
+            if args.dump_dir and dst is not None:  # a worker's
                 np.save(os.path.join(args.dump_dir, f"{impl}-{w.name}-worker{worker_index}.npy"), dst)
             # 2) timing; Horovod averages as in training (in-place sums would grow without bound)
             times = _time(make(hvd.Average if hvd else "average"), dst, args.warmup, args.iters, args.budget, comm)
             everyone = comm.gather((times, max_err) if is_worker else None, root=0)  # communication
             if comm.rank == 0:
+                assert everyone is not None  # gathered at rank 0
                 per_iter = [max(col) for col in zip(*(t for t, _ in filter(None, everyone)), strict=True)]
                 results.append(summarise(impl, w, workers, servers, comm.size, per_iter,
                                          max(e for _, e in filter(None, everyone)), knobs))

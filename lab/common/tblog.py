@@ -132,11 +132,13 @@ def write_hparams(logdir: str, sessions: list[tuple[str, dict[str, Any], dict[st
     exp, _, _ = hparams_summary({k: vs[0] for k, vs in values.items()}, dict.fromkeys(metric_names, 0.0), discrete)
     mark_differing(exp, {k for k, vs in values.items() if len(vs) > 1})
     w = SummaryWriter(log_dir=logdir)
+    assert w.file_writer is not None  # the constructor opens it
     w.file_writer.add_summary(exp)
     w.close()
     for name, hp, ms in sessions:
         _, ssi, sei = hparams_summary(hp, {})
         w = SummaryWriter(log_dir=os.path.join(logdir, name))
+        assert w.file_writer is not None
         w.file_writer.add_summary(ssi)
         w.file_writer.add_summary(sei)
         for m, v in ms.items():

@@ -150,6 +150,7 @@ def draw(path: str, models: list[str], workers: list[int], methods: list[costmod
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.artist import Artist
     from matplotlib.colors import ListedColormap
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -192,7 +193,7 @@ def draw(path: str, models: list[str], workers: list[int], methods: list[costmod
                             zorder=6, bbox={"boxstyle": "round,pad=0.15", "fc": "white", "alpha": 0.8, "lw": 0})
             ax.set_xlim(xe[0], xe[-1])
             ax.set_ylim(ye[0], ye[-1])
-    handles = [Patch(color=colour(lb), label=lb) for lb in labels]
+    handles: list[Artist] = [Patch(color=colour(lb), label=lb) for lb in labels]
     handles.append(Patch(facecolor="white", edgecolor="0.6", label=f"pale: within {pale:g} % of fp32"))
     if points:
         handles.append(Line2D([], [], marker="^", color="white", markeredgecolor="black", markerfacecolor="0.8",
@@ -392,7 +393,8 @@ def main(args: argparse.Namespace) -> int:
     except MapError as e:
         print(f"concept-map: error: {e}", file=sys.stderr)
         return 2
-    grids, reference = {}, {}
+    grids: dict[tuple[str, int], Any] = {}
+    reference: dict[str, dict[str, dict]] = {}
     for model in cfg["models"]:
         shapes = gradients.shapes(model)
         compute_s = cfg["compute_ms"][model] / 1e3

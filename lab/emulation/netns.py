@@ -43,6 +43,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 NAME_PREFIX = "art-"
 NAME_RE = re.compile(r"^art-(\d+)-\d+-(head|h\d+)$")
@@ -219,7 +220,7 @@ def _pid_alive(pid: int) -> bool:
 
 def leftovers() -> list[str]:
     """Namespaces of runs whose creating process is gone."""
-    return [n for n in list_namespaces() if not _pid_alive(int(NAME_RE.match(n).group(1)))]
+    return [n for n in list_namespaces() if (m := NAME_RE.match(n)) and not _pid_alive(int(m.group(1)))]
 
 
 def cleanup_command() -> str:
@@ -333,7 +334,7 @@ class EmulatedCluster:
     def __init__(self, spec: ClusterSpec, log=print):
         self.spec = spec
         self.log = log
-        self._old_handlers: dict[int, object] = {}
+        self._old_handlers: dict[int, Any] = {}  # what signal.signal returned: a handler, SIG_DFL or None
 
     def create(self) -> EmulatedCluster:
         old = leftovers()

@@ -37,7 +37,7 @@ def tcp_sink(port: int) -> None:
         t1 = time.perf_counter()
         t0 = t0 or t1
         n += len(chunk)
-    print(f"{8 * n / (t1 - t0) if t1 and t1 > t0 else 0.0:.0f} {n}")
+    print(f"{8 * n / (t1 - t0) if t0 is not None and t1 is not None and t1 > t0 else 0.0:.0f} {n}")
 
 
 def tcp_source(addr: str, port: int, seconds: float) -> None:
@@ -83,7 +83,8 @@ def streams(cluster: EmulatedCluster, pairs: list[tuple[int, int]], seconds: flo
     spec = cluster.spec
     python = [sys.executable, "-m", "lab.emulation.probe"]
     cwd = CHECKOUT
-    sinks, sources = [], []
+    sinks: list[subprocess.Popen] = []
+    sources: list[subprocess.Popen] = []
     try:
         for i, (_src, dst) in enumerate(pairs):
             sinks.append(subprocess.Popen(spec.exec_prefix(dst) + python + ["tcp-sink", str(5301 + i)],

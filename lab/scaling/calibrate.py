@@ -85,7 +85,7 @@ def known_network(vs: list[Variant], net: costmodel.Network, label: str) -> dict
 
 
 def predictions(rows, vs: list[Variant], models: list[str], plans: dict[str, Plan], calib, given: costmodel.Network,
-                sizes: dict[str, int]) -> tuple[dict, dict]:
+                sizes: dict[str, int]) -> tuple[dict[str, float], dict[str, str], dict[str, dict[str, list[dict]]]]:
     """(per model: compute seconds per step and where they came from; beside each measured row:
     the calibrated prediction; per model and strategy: the curve to 1024 workers on the given network)."""
     compute, source = compute_times(rows, plans)

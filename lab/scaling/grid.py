@@ -220,7 +220,7 @@ def run(cfg: GridConfig, launcher: Launcher = local_launcher,
     given_label = f"{cfg.net_gbps:g} Gbit/s, {cfg.net_latency_us:g} us"
     compute, compute_source, curves = predictions(rows, vs, models, plans, calib, given, sizes)
 
-    res = {"started": started, "seconds": time.perf_counter() - t_start,
+    res: dict[str, Any] = {"started": started, "seconds": time.perf_counter() - t_start,
            "command": ["python", "-m", "lab", *sys.argv[1:]], "out_dir": out, "code": code,
            "machine": {"cores": os.cpu_count(), "platform": platform.platform()},
            "config": asdict(cfg), "models": models, "strategies": [v.name for v in vs],

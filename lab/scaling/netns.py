@@ -130,7 +130,8 @@ def write_tensorboard(out_dir: str, grids: list[dict[str, Any]]) -> None:
     figure, model and rate; each rate's grid also has its own in ``<rate>/tensorboard``.
     ``out_dir/hparams``: every job, with its link rate."""
     series: tblog.Series = {}
-    sessions, charts = [], {}
+    sessions: list = []
+    charts: dict = {}
     figures = ("scaling/speedup", "scaling/efficiency", "perf/samples_per_sec", "perf/step_ms")
     for res in grids:
         rate = res["config"]["link_rate"]
@@ -219,12 +220,12 @@ def methods_markdown(rows: list[dict[str, Any]]) -> list[str]:
             base[key] = r
         else:
             pairs.append((key, r))
-    pairs = [(base[k], r) for k, r in pairs if k in base]
-    if not pairs:
+    against = [(base[k], r) for k, r in pairs if k in base]
+    if not against:
         return []
     out = ["Methods against fp32 on the same exchange (step / fp32's step; docs/concepts.md):", "",
            "| model | N | strategy | measured | model | measured / model |", "|---|---:|---|---:|---:|---:|"]
-    for b, r in pairs:
+    for b, r in against:
         meas, pred = r["step_ms"] / b["step_ms"], r["pred_step_ms"] / b["pred_step_ms"]
         out.append(f"| {r['model']} | {r['workers']} | {r['strategy']} | {meas:.2f} | {pred:.2f} | {meas / pred:.2f} |")
     return out + [""]

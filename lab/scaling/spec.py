@@ -38,7 +38,8 @@ def concept_variants(base: Variant) -> list[Variant]:
     """The concepts a base exchange runs in the trainer (the rest it refuses): 16-bit on every exchange
     (bf16 not on Horovod), PowerSGD and local SGD on the allreduce engines."""
     C = costmodel
-    concepts = [("fp16", ("--compression", "fp16"), C.Method(C.FP16), "16-bit (fp16) on the wire")]
+    concepts: list[tuple[str, tuple[str, ...], costmodel.Method, str]] = [
+        ("fp16", ("--compression", "fp16"), C.Method(C.FP16), "16-bit (fp16) on the wire")]
     if base.strategy == "allreduce":
         if base.commbench_impl != "horovod":
             concepts.append(("bf16", ("--compression", "bf16"), C.Method(C.BF16), "16-bit (bf16) on the wire"))

@@ -93,7 +93,7 @@ def run_point(cfg: TtaConfig, out: str, model: str, method: Method, workers: int
         "name": name, "concept": method.concept,
         "hosts": f"{world} emulated, {rate}" if rate is not None else "this machine",
         "target": cfg.target(model), "steps_per_epoch": spe, "eval_every": eval_every, "job_seconds": res.seconds,
-        "loadavg_before": load[0] if load else None, "loadavg_after": (loadavg() or [None])[0],
+        "loadavg_before": load[0] if load else None, "loadavg_after": after[0] if (after := loadavg()) else None,
         "log": os.path.relpath(log_path, out), "run": os.path.relpath(os.path.join(run_dir, name), out),
         "argv": argv}
     if model in cfg.own:  # the cost model's gradient (report.add_model_ratios) without importing the user's code
@@ -147,10 +147,10 @@ def run(cfg: TtaConfig, launcher: Launcher = local_launcher) -> dict[str, Any]:
     if reason:
         notes.append(f"worker counts >= {cfg.emulate_from} skipped: emulated hosts unavailable ({reason})")
         workers = [n for n in workers if not cfg.emulated(n)]
-    launchers = {None: launcher}
+    launchers: dict[str | None, Launcher] = {None: launcher}
     if not reason:
-        for rate in cfg.rates:
-            launchers[rate] = emulated_launcher(rate, timeout=max(60.0, cfg.job_timeout - 60),
+        for link in cfg.rates:
+            launchers[link] = emulated_launcher(link, timeout=max(60.0, cfg.job_timeout - 60),
                                                 mpi_allreduce=cfg.mpi_allreduce)
     table = methods()
     points = grid_points(cfg, workers)

@@ -232,9 +232,10 @@ def cost_model_method(method: str) -> tuple[Any, str, int]:
     m = methods()[method]
     kind = (costmodel.ALLREDUCE if method.startswith("ring-") else
             costmodel.PS_DEDICATED if "-dedicated" in method else costmodel.PS_COLOCATED)
-    flags = {"powersgd": dict(compression="powersgd", powersgd_rank=m.param),
-             "localsgd": dict(average_every=m.param),
-             "diloco": dict(diloco_every=m.param)}.get(m.concept, dict(compression=m.concept))
+    by_concept: dict[str, dict[str, Any]] = {"powersgd": dict(compression="powersgd", powersgd_rank=m.param),
+                                             "localsgd": dict(average_every=m.param),
+                                             "diloco": dict(diloco_every=m.param)}
+    flags = by_concept.get(m.concept, dict(compression=m.concept))
     return costmodel.Method.from_flags(**flags), kind, max(1, m.servers)
 
 
@@ -255,7 +256,7 @@ def add_model_ratios(jobs: list[dict[str, Any]]) -> None:
                                      j["global_batch"] // j["workers"], link_network(j["link_rate"]), servers)
         j.update(compute_ms=1e3 * compute_s, pred_step_ms=1e3 * p.step_s, pred_exchange_ms=1e3 * p.exchange_s,
                  pred_extra_compute_ms=1e3 * p.extra_compute_s, model_bytes_per_step=p.volume,
-                 model_ratio=mean_step_ms(j) / (1e3 * p.step_s))
+                 model_ratio=(mean_step_ms(j) or math.nan) / (1e3 * p.step_s))
 
 
 def markdown(res: dict[str, Any]) -> str:
@@ -306,7 +307,8 @@ def markdown(res: dict[str, Any]) -> str:
         sync_steps = {(j["method"], panel_key(j), j["repeat"]): j.get("steps_to_target") for j in sel if j["ok"]}
         for j in sel:
             b = base.get((panel_key(j), j["repeat"]))
-            name = f"**{j['method']}** (baseline)" if b is j else j["method"]
+            is_base = b is j  # (compared apart: `b is j` in the expression would narrow j to b's type for mypy)
+            name = f"**{j['method']}** (baseline)" if is_base else j["method"]
             head = f"| {name} | {j['workers']} | {j['hosts']} |"
             if not j["ok"]:
                 L.append(f"{head} failed: {j['error']} (see {j['log']}) |" + " |" * (10 + model_column))

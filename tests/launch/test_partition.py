@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 
 import pytest
 import torch
@@ -34,7 +35,7 @@ def namespaces_permitted():
         pytest.skip(reason)
 
 
-def emulated_job(tmp_path, hosts: int, np: int, args: list[str], tag: str, launcher: list[str] = ()) -> Job:
+def emulated_job(tmp_path, hosts: int, np: int, args: list[str], tag: str, launcher: Sequence[str] = ()) -> Job:
     return Job(np, QUICK + ["--run-dir", str(tmp_path), "--checkpoint-every", "10", *args], f"{os.getpid()}-{tag}",
                launcher=["--emulate-hosts", str(hosts), "--grace-period", str(GRACE), *launcher])
 

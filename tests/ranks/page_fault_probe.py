@@ -32,7 +32,7 @@ from allreduce_train.data.images import ShardedBatches, synthetic  # noqa: E402
 from models import MODELS  # noqa: E402
 
 torch.set_num_threads(1)
-train_set, _ = synthetic((1, 28, 28), 10, 6400, 42)
+train_set, _eval_set = synthetic((1, 28, 28), 10, 6400, 42)
 batches = ShardedBatches(train_set, 64, 0, 1, 42).batches(0)  # a fresh batch every step, as in the trainer
 model = MODELS["lenet5"].build()
 opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)

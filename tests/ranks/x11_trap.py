@@ -18,7 +18,7 @@ subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
 listener = socket.socket()
 listener.bind(("127.0.0.1", 6006))
 listener.listen(16)
-held = []  # accepted and never answered, like an X server that never sends its handshake
+held: list[socket.socket] = []  # accepted and never answered, like an X server that never sends its handshake
 
 
 def accept():
@@ -30,6 +30,7 @@ def accept():
 threading.Thread(target=accept, daemon=True).start()
 env = {k: v for k, v in os.environ.items() if k != "HWLOC_COMPONENTS"}
 try:
+    rc: int | None  # None: timed out
     proc = subprocess.run(sys.argv[2:], env=env, capture_output=True, text=True, timeout=float(sys.argv[1]))
     rc, out = proc.returncode, proc.stdout + proc.stderr
 except subprocess.TimeoutExpired as e:

@@ -20,7 +20,8 @@ class Gpus:
     """torch.cuda's four calls on a host with ``count`` GPUs."""
 
     def __init__(self, count: int) -> None:
-        self.count, self.current = count, None
+        self.count = count
+        self.current: int | None = None  # no set_device yet
 
     def is_available(self) -> bool:
         return self.count > 0
@@ -32,7 +33,7 @@ class Gpus:
         assert 0 <= index < self.count
         self.current = index
 
-    def current_device(self) -> int:
+    def current_device(self) -> int | None:
         return self.current
 
 

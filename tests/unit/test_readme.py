@@ -84,7 +84,9 @@ def figures(text: str) -> list[str]:
 
 def figure_pattern(figure: str) -> re.Pattern:
     """Where a doc states ``figure``: the same digits (not part of a longer number), and the same unit."""
-    number = re.match(r"\d+(?:\.\d+)*", figure).group(0)
+    m = re.match(r"\d+(?:\.\d+)*", figure)
+    assert m, f"{figure!r}: a figure starts with digits"
+    number = m.group(0)
     unit = figure[len(number):].strip()
     tail = rf"\s?{re.escape(unit)}(?![\w/])" if unit else r"(?!\.?\d)"
     return re.compile(rf"(?<![\w.]){re.escape(number)}{tail}")
