@@ -55,8 +55,8 @@ def lab_in_process(capsys, *argv: str) -> tuple[int, str]:
     capsys.readouterr()
     try:
         code = main(list(argv))
-    except SystemExit as e:
-        code = e.code
+    except SystemExit as e:  # argparse's refusals; a str or None code exits as Python's interpreter does it
+        code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
     return code, capsys.readouterr().err
 
 
