@@ -1,5 +1,6 @@
-"""pytest set-up for every test folder: tests/ goes on sys.path (pytest puts a rootdir conftest's
-folder there), so test files import ``helpers`` and nothing imports conftest. Before the first test,
+"""pytest set-up for every test folder: tests/ goes on sys.path (pyproject's ``pythonpath``; test modules
+are imported with ``--import-mode=importlib``, so two folders may hold test files of the same name), so
+test files import ``helpers`` and nothing imports conftest. Before the first test,
 emulated hosts left by a dead run are removed (see pytest_sessionstart)."""
 
 
