@@ -76,6 +76,25 @@ SHARED_RUN = ["--dataset", "synthetic", "--synthetic-samples", "2050", "--no-pro
               "--checkpoint-every", "7"]
 
 
+# The engines' comparison (tests/mpi/test_ring_engine.py, test_torch_engine.py): no warm-up and no LR scaling,
+# so one process with the global batch runs the workers' schedule; momentum and weight decay on, so every
+# step's gradient carries into the end parameters; a checkpoint every 5 steps (which must not change the
+# result: the 2-rank mpi-engine job is also the resume tests' uncut reference). MPI_ENGINE: LeNet-5's ten
+# tensors in buckets of at most 3,000 bytes: 9 buckets of 10 to 48,000 elements, most of them not a multiple
+# of 3 or 4, so the ring's chunks differ in size.
+ENGINE_RUN = ["--dataset", "synthetic", "--synthetic-samples", "960", "--no-progress", "--log-every", "4",
+              "--batch-size", "8", "--steps", "12", "--warmup-steps", "0", "--no-scale-lr", "--lr", "0.05",
+              "--weight-decay", "1e-3", "--checkpoint-every", "5"]
+MPI_ENGINE = ["--allreduce-engine", "mpi", "--mpi-bucket-bytes", "3000"]
+
+# The small LSTM on a tiny corpus (write_corpus): lr 1 rather than the recipe's 20 (gentler steps keep rounding
+# differences from growing); a clip below the gradient norm on this corpus (about 0.12 at the start), so that
+# clipping takes part. LM_STEPS: the length of tests/mpi/conftest.py's lstm_run.
+LM = ["--model", "ptb-lstm-small", "--no-progress", "--log-every", "5", "--warmup-steps", "0", "--no-scale-lr",
+      "--lr", "1", "--grad-clip", "0.05"]
+LM_STEPS = ["--steps", "15", "--eval-every", "15"]
+
+
 def run_args(run_dir, name: str, *extra: str) -> list[str]:
     """The trainer flags that put run NAME in RUN_DIR and dump every rank's end parameters beside it
     (NAME-RANK.pt)."""
@@ -84,7 +103,8 @@ def run_args(run_dir, name: str, *extra: str) -> list[str]:
 
 
 def check(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
-    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, (f"exit {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\n"
+                                  f"stderr:\n{proc.stderr[-4000:]}")
     return proc
 
 
@@ -108,8 +128,8 @@ def job_pids(tag: str) -> dict[int, int]:
         if not entry.isdigit():
             continue
         try:
-            env = open(f"/proc/{entry}/environ", "rb").read().split(b"\0")
-            cmd = open(f"/proc/{entry}/cmdline", "rb").read()
+            env = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
         except OSError:
             continue
         if b"allreduce_train" not in cmd:
@@ -196,14 +216,14 @@ def write_split(d, prefix, n, gz=True, labels=None):
     return imgs, lbls
 
 
-WORDS = "the cat dog sat on mat a ran fast slow big small red blue".split()
+WORDS = ["the", "cat", "dog", "sat", "on", "mat", "a", "ran", "fast", "slow", "big", "small", "red", "blue"]
 
 
 def write_corpus(d, lines=(300, 40, 40), seed=0, words=WORDS):
     """A tiny corpus in PTB format: one sentence per line, a space before and after, some <unk>."""
     rng = random.Random(seed)
     d.mkdir(parents=True, exist_ok=True)
-    for split, n in zip(ptb.SPLITS, lines):
+    for split, n in zip(ptb.SPLITS, lines, strict=True):
         with open(d / f"ptb.{split}.txt", "w") as fh:
             for _ in range(n):
                 sent = [rng.choice(words) if rng.random() > 0.05 else "<unk>" for _ in range(rng.randint(3, 12))]

@@ -4,7 +4,7 @@ different properties of the same job share it instead of each running its own co
 
 import pytest
 
-from helpers import SHARED_RUN, check, launch, run_args, run_single
+from helpers import ENGINE_RUN, LM, LM_STEPS, MPI_ENGINE, SHARED_RUN, check, launch, run_args, run_single, write_corpus
 
 
 @pytest.fixture(scope="session")
@@ -35,3 +35,32 @@ def alone_run(tmp_path_factory):
     d = tmp_path_factory.mktemp("alone")
     check(launch(2, SHARED_RUN + run_args(d, "alone", "--batch-size", "16", "--average-every", "1000")))
     return d
+
+
+@pytest.fixture(scope="session")
+def lstm_run(tmp_path_factory):
+    """2 ranks of the small LSTM (LM, 15 steps of batch 4) on a tiny corpus (``corpus/``): run ``np2``, dumps
+    ``np2-0.pt``, ``np2-1.pt``. For test_lstm_ranks (equality with one process) and test_faults (the
+    reference of the mid-epoch resume)."""
+    d = tmp_path_factory.mktemp("lstm")
+    corpus = write_corpus(d / "corpus", lines=(400, 30, 30))
+    check(launch(2, LM + LM_STEPS + ["--data-dir", str(corpus), "--batch-size", "4"] + run_args(d, "np2")))
+    return d
+
+
+@pytest.fixture(scope="session")
+def mpi_engine_run(tmp_path_factory):
+    """np -> a run dir holding the mpi engine's job at np ranks (ENGINE_RUN + MPI_ENGINE, run ``mpi``) and
+    one process at the np-fold batch (run ``one``), each run once: the references of test_ring_engine
+    (Horovod against them, the resume test) and test_torch_engine (the torch engine against them)."""
+    done = {}
+
+    def run(np: int):
+        if np not in done:
+            d = tmp_path_factory.mktemp(f"mpi-engine-np{np}")
+            check(launch(np, ENGINE_RUN + MPI_ENGINE + run_args(d, "mpi"), oversubscribe=True))
+            check(run_single(ENGINE_RUN + run_args(d, "one", "--batch-size", str(8 * np))))
+            done[np] = d
+        return done[np]
+
+    return run

@@ -8,6 +8,7 @@ checkpoint is never lost or replaced by a bad one.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import Job, check, job_pids, launch, load_params
+from helpers import LM, LM_STEPS, SHARED_RUN, Job, check, job_pids, launch, load_params
 
 pytestmark = pytest.mark.mpi
 
@@ -125,31 +126,30 @@ def test_a_stop_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path):
     assert f"preempted (a signal to another rank) after step {step};" in "".join(job.err), job.text()
 
 
-def test_divergence_exits_65_naming_the_step_and_keeps_a_good_checkpoint(tmp_path):
-    args = QUICK + ["--run-dir", str(tmp_path), "--name", "div"]
-    check(launch(2, args + ["--steps", "10"]))
+def test_divergence_exits_65_naming_the_step_and_keeps_a_good_checkpoint(tmp_path, sync_run):
+    """Resumed from the good checkpoint of tests/mpi/conftest.py's sync_run (step 20, batch 16)."""
+    (tmp_path / "div").mkdir()
+    shutil.copy(sync_run / "sync" / "checkpoint.pt", tmp_path / "div" / "checkpoint.pt")
+    args = SHARED_RUN + ["--batch-size", "16", "--run-dir", str(tmp_path), "--name", "div"]
     # a LR that blows up at once; a checkpoint after every step tempts the trainer to save the wreck
-    proc = launch(2, args + ["--steps", "200", "--resume", "auto", "--lr", "1e8", "--checkpoint-every", "1"], timeout=120)
+    proc = launch(2, args + ["--steps", "200", "--resume", "auto", "--lr", "1e8", "--checkpoint-every", "1"],
+                  timeout=120)
     assert proc.returncode == 65, proc.stderr
     said = [ln for ln in proc.stderr.splitlines() if "diverged at step" in ln]
     assert len(said) == 1, proc.stderr
     diverged = int(said[0].split("diverged at step ")[1].split(":")[0])
     saved = torch.load(tmp_path / "div" / "checkpoint.pt", weights_only=True)
-    assert 10 <= saved["step"] < diverged
+    assert 20 <= saved["step"] < diverged
     assert all(torch.isfinite(t).all() for t in saved["model"].values())
 
 
-def test_lstm_mid_epoch_resume_is_bit_identical(tmp_path):
+def test_lstm_mid_epoch_resume_is_bit_identical(tmp_path, lstm_run):
     """The hidden state carried between windows is part of the checkpoint: without it a resumed
-    language model starts the rest of the epoch from zeros and ends elsewhere."""
-    from helpers import write_corpus
-
-    corpus = str(write_corpus(tmp_path / "corpus", lines=(400, 30, 30)))
-    args = ["--model", "ptb-lstm-small", "--data-dir", corpus, "--no-progress", "--warmup-steps", "0", "--lr", "1",
-            "--batch-size", "4", "--steps", "14", "--eval-every", "1000", "--run-dir", str(tmp_path)]
-    check(launch(2, args + dump(tmp_path, "ref")))
+    language model starts the rest of the epoch from zeros and ends elsewhere (the uncut run:
+    tests/mpi/conftest.py's lstm_run)."""
+    args = LM + LM_STEPS + ["--data-dir", str(lstm_run / "corpus"), "--batch-size", "4", "--run-dir", str(tmp_path)]
     first = check(launch(2, args + ["--name", "cut", "--exit-after-steps", "5"]))
     spe = int(first.stdout.split("steps (")[1].split("/epoch")[0])
     assert 5 % spe and spe > 5, f"step 5 must be mid-epoch ({spe} steps per epoch)"
     check(launch(2, args + dump(tmp_path, "cut") + ["--resume", "auto"]))
-    assert_same_params(tmp_path / "cut-0.pt", tmp_path / "ref-0.pt")
+    assert_same_params(tmp_path / "cut-0.pt", lstm_run / "np2-0.pt")

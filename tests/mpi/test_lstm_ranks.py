@@ -8,23 +8,18 @@ import torch
 
 from allreduce_train.data import ptb
 
-from helpers import check, launch, load_params, rel_diff, run_single, write_corpus
-
-# lr 1 rather than the recipe's 20: gentler steps keep rounding differences from growing; a clip
-# below the gradient norm on this corpus (about 0.12 at the start) so that clipping takes part
-LM = ["--model", "ptb-lstm-small", "--no-progress", "--log-every", "5", "--warmup-steps", "0", "--no-scale-lr",
-      "--lr", "1", "--grad-clip", "0.05"]
+from helpers import LM, LM_STEPS, check, launch, load_params, rel_diff, run_single, write_corpus
 
 
 @pytest.mark.mpi
-def test_two_ranks_equal_one_process_on_the_same_token_streams(tmp_path):
-    corpus = str(write_corpus(tmp_path / "corpus", lines=(400, 30, 30)))
-    args = LM + ["--data-dir", corpus, "--steps", "15", "--eval-every", "15", "--run-dir", str(tmp_path)]
+def test_two_ranks_equal_one_process_on_the_same_token_streams(lstm_run):
+    """tests/mpi/conftest.py's lstm_run against one process with the double batch."""
+    tmp_path = lstm_run
+    args = LM + LM_STEPS + ["--data-dir", str(lstm_run / "corpus"), "--run-dir", str(tmp_path)]
 
     def dump(name):
         return ["--name", name, "--dump-params", str(tmp_path / f"{name}-{{rank}}.pt")]
 
-    check(launch(2, args + ["--batch-size", "4"] + dump("np2")))
     r0, r1 = load_params(tmp_path / "np2-0.pt"), load_params(tmp_path / "np2-1.pt")
     for k in r0:
         assert torch.equal(r0[k], r1[k]), f"{k} differs between ranks"
