@@ -7,18 +7,11 @@ import json
 import pytest
 import torch
 
-from helpers import RANKS, ROOT, check, launch, load_params, rel_diff, run_args, run_single
+from helpers import ENGINE_RUN, MPI_ENGINE, RANKS, ROOT, check, launch, load_params, rel_diff, run_args, run_single
 
 pytestmark = pytest.mark.mpi
 
-# No warm-up and no LR scaling: one process with the global batch runs the workers' schedule.
-# Momentum and weight decay on, so every step's gradient carries into the end parameters.
-QUICK = ["--dataset", "synthetic", "--synthetic-samples", "960", "--no-progress", "--log-every", "4",
-         "--batch-size", "8", "--steps", "12", "--warmup-steps", "0", "--no-scale-lr", "--lr", "0.05",
-         "--weight-decay", "1e-3"]
-# LeNet-5's ten tensors in buckets of at most 3,000 bytes: 9 buckets of 10 to 48,000 elements,
-# most of them not a multiple of 3 or 4, so the ring's chunks differ in size.
-MPI_ENGINE = ["--allreduce-engine", "mpi", "--mpi-bucket-bytes", "3000"]
+QUICK = ENGINE_RUN  # tests/helpers.py: no warm-up or LR scaling; momentum, weight decay, a checkpoint every 5
 
 
 def same_on_every_rank(tmp_path, name, np):
@@ -30,35 +23,18 @@ def same_on_every_rank(tmp_path, name, np):
     return first
 
 
-# A checkpoint every 5 steps (which must not change the result): the 2-rank job is also the resume
-# test's uncut reference.
-CKPT = ["--checkpoint-every", "5"]
-
-
-@pytest.fixture(scope="module")
-def mpi2_dir(tmp_path_factory):
-    """The mpi engine's 2-rank job (run ``mpi``), shared by the equality and the resume tests."""
-    d = tmp_path_factory.mktemp("mpi2")
-    check(launch(2, QUICK + MPI_ENGINE + CKPT + run_args(d, "mpi")))
-    return d
-
-
 @pytest.mark.parametrize("np", [2, 3, 4])
-def test_mpi_engine_ends_where_horovod_and_one_process_end(request, tmp_path, np):
-    if np == 2:
-        tmp_path = request.getfixturevalue("mpi2_dir")
-    else:
-        check(launch(np, QUICK + MPI_ENGINE + CKPT + run_args(tmp_path, "mpi"), oversubscribe=True))
-    mine = same_on_every_rank(tmp_path, "mpi", np)  # bit-identical: every rank holds the same sums
+def test_mpi_engine_ends_where_horovod_and_one_process_end(tmp_path, mpi_engine_run, np):
+    d = mpi_engine_run(np)  # tests/mpi/conftest.py: the mpi engine's job and one process, shared
+    mine = same_on_every_rank(d, "mpi", np)  # bit-identical: every rank holds the same sums
     check(launch(np, QUICK + run_args(tmp_path, "hvd"), oversubscribe=True))
     # Horovod too, with momentum and weight decay (tests/mpi/test_train.py runs it without): the same on
     # every rank and within 1e-5 of one process
     hvd = same_on_every_rank(tmp_path, "hvd", np)
     assert rel_diff(mine, hvd) <= 1e-5
-    check(run_single(QUICK + run_args(tmp_path, "one", "--batch-size", str(8 * np))))
-    single = load_params(tmp_path / "one-0.pt")
+    single = load_params(d / "one-0.pt")
     assert rel_diff(mine, single) <= 1e-5 and rel_diff(hvd, single) <= 1e-5
-    m = json.loads((tmp_path / "mpi" / "metrics.json").read_text())
+    m = json.loads((d / "mpi" / "metrics.json").read_text())
     assert (m["strategy"], m["allreduce_engine"], m["mpi_algorithm"]) == ("allreduce", "mpi", "ring")
     assert (m["workers"], m["global_batch"], m["mpi_buckets"]) == (np, 8 * np, 9)
     if np == 2:  # the control: training moved the parameters far more than the tolerance above
@@ -66,14 +42,14 @@ def test_mpi_engine_ends_where_horovod_and_one_process_end(request, tmp_path, np
         assert rel_diff(load_params(tmp_path / "short-0.pt"), single) > 1e-2
 
 
-def test_resume_continues_exactly_with_rank_0s_optimizer_state(tmp_path, mpi2_dir):
+def test_resume_continues_exactly_with_rank_0s_optimizer_state(tmp_path, mpi_engine_run):
     """The momentum saved by rank 0 reaches every rank at the restart: a cut run ends where an
-    uncut one does, bit for bit."""
-    args = QUICK + MPI_ENGINE + CKPT
+    uncut one (tests/mpi/conftest.py's) does, bit for bit."""
+    args = QUICK + MPI_ENGINE
     check(launch(2, args + run_args(tmp_path, "cut", "--exit-after-steps", "5")))
     assert torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)["optimizer"]["state"]
     check(launch(2, args + run_args(tmp_path, "cut", "--resume", "auto")))
-    full = load_params(mpi2_dir / "mpi-1.pt")
+    full = load_params(mpi_engine_run(2) / "mpi-1.pt")
     resumed = same_on_every_rank(tmp_path, "cut", 2)
     for k in full:
         assert torch.equal(full[k], resumed[k]), k

@@ -7,14 +7,12 @@ import json
 import pytest
 import torch
 
-from helpers import check, launch, load_params, rel_diff, run_args, run_single
+from helpers import ENGINE_RUN, check, launch, load_params, rel_diff, run_args
 
 pytestmark = pytest.mark.mpi
 
 # As tests/mpi/test_ring_engine.py: no warm-up, no LR scaling, momentum and weight decay on.
-QUICK = ["--dataset", "synthetic", "--synthetic-samples", "960", "--no-progress", "--log-every", "4",
-         "--batch-size", "8", "--steps", "12", "--warmup-steps", "0", "--no-scale-lr", "--lr", "0.05",
-         "--weight-decay", "1e-3"]
+QUICK = ENGINE_RUN
 # LeNet-5's ten tensors in buckets of at most 3,000 bytes: 9 buckets, as the mpi engine's test.
 TORCH = ["--allreduce-engine", "torch", "--torch-bucket-bytes", "3000"]
 
@@ -37,16 +35,16 @@ def torch2_dir(tmp_path_factory):
 
 
 @pytest.mark.parametrize("np", [2, 3])
-def test_torch_engine_ends_where_the_mpi_engine_and_one_process_end(request, tmp_path, np):
+def test_torch_engine_ends_where_the_mpi_engine_and_one_process_end(request, tmp_path, mpi_engine_run, np):
     d = request.getfixturevalue("torch2_dir") if np == 2 else tmp_path
     if np != 2:
         check(launch(np, QUICK + TORCH + run_args(d, "sync"), oversubscribe=True))
     mine = same_on_every_rank(d, "sync", np)  # bit-identical: every rank holds the same sums
-    check(launch(np, QUICK + ["--allreduce-engine", "mpi", "--mpi-bucket-bytes", "3000"] + run_args(tmp_path, "mpi"),
-                 oversubscribe=True))
-    assert rel_diff(mine, same_on_every_rank(tmp_path, "mpi", np)) <= 1e-5
-    check(run_single(QUICK + run_args(tmp_path, "one", "--batch-size", str(8 * np))))
-    assert rel_diff(mine, load_params(tmp_path / "one-0.pt")) <= 1e-5
+    # the mpi engine's job and one process with the np-fold batch: tests/mpi/conftest.py's, shared with
+    # test_ring_engine (the same flags, and a checkpoint every 5 steps, which changes nothing)
+    ref = mpi_engine_run(np)
+    assert rel_diff(mine, same_on_every_rank(ref, "mpi", np)) <= 1e-5
+    assert rel_diff(mine, load_params(ref / "one-0.pt")) <= 1e-5
     m = json.loads((d / "sync" / "metrics.json").read_text())
     assert (m["allreduce_engine"], m["torch_backend"], m["workers"], m["torch_buckets"]) == ("torch", "gloo", np, 9)
 
