@@ -55,6 +55,7 @@ cleanup() {
     ip netns del "$L" 2>/dev/null || true
     ip netns del "$W" 2>/dev/null || true
     rm -rf "/etc/netns/$L" "/etc/netns/$W"
+    rmdir /etc/netns 2>/dev/null || true  # only if no one else keeps files there
     if [ -n "$ctr" ]; then
         buildah --storage-driver "$STORAGE_DRIVER" umount "$ctr" >/dev/null 2>&1 || true
         buildah --storage-driver "$STORAGE_DRIVER" rm "$ctr" >/dev/null 2>&1 || true
