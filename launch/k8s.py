@@ -453,7 +453,8 @@ def training_runtime(spec: K8sSpec) -> dict:
             "volumes": [SHM_VOLUME],
         },
     }
-    meta = {"name": spec.runtime, "labels": {**_labels(spec, "runtime", instance=spec.runtime), FRAMEWORK_LABEL: FRAMEWORK}}
+    labels = {**_labels(spec, "runtime", instance=spec.runtime), FRAMEWORK_LABEL: FRAMEWORK}
+    meta = {"name": spec.runtime, "labels": labels}
     return {
         "apiVersion": f"{TRAINER_API}/v1alpha1",
         "kind": "ClusterTrainingRuntime",

@@ -332,8 +332,8 @@ def test_per_job_values_are_in_the_trainjob_and_jobs_share_one_runtime():
     assert short[0] == long[0]  # the same ClusterTrainingRuntime: applying one job does not change the other's
     for (runtime, job), grace in ((short, 60), (long, 600)):
         check_trainjob(runtime, job)
-        patched = {r["name"]: r["template"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-                   for r in job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]}
+        rjobs = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+        patched = {r["name"]: r["template"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] for r in rjobs}
         assert patched == {"node": grace, "launcher": grace}
         env = {e["name"]: e["value"] for e in job["spec"]["trainer"]["env"]}
         assert int(env["ALLREDUCE_TRAIN_GRACE_PERIOD"]) < grace  # the launcher's bound ends before the pod's SIGKILL
@@ -732,7 +732,8 @@ def test_pod_check_names_the_pods_as_the_operator_and_resolves_each_name_to_its_
     spec = k8s.K8sSpec(api=layout, workers=2 if layout == "trainjob" else 1,
                        slots_per_worker=1 if layout == "trainjob" else 2)
     assert (tmp_path / "hostfile").read_text().splitlines() == k8s.hostfile(spec)
-    hosts = {name: line.split()[0] for line in (tmp_path / "hosts").read_text().splitlines() for name in line.split()[1:]}
+    hosts = {name: line.split()[0] for line in (tmp_path / "hosts").read_text().splitlines()
+             for name in line.split()[1:]}
     launcher, worker = (tmp_path / "pods").read_text().split()
     for line in k8s.hostfile(spec):
         name = line.split()[0]
