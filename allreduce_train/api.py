@@ -40,13 +40,17 @@ def _config(argv: list[str] | None, settings: dict[str, Any]):
     add_arguments(parser)
     ns, unknown = parser.parse_known_args(argv or [])
     if unknown:
-        raise ConfigError(f"unknown argument {unknown[0]!r}: the arguments given to fit()/init() are the trainer's "
-                          "flags (python -m allreduce_train train --help)")
+        raise ConfigError(
+            f"unknown argument {unknown[0]!r}: the arguments given to fit()/init() are the trainer's "
+            "flags (python -m allreduce_train train --help)"
+        )
     owners = _owners()
     for name, value in settings.items():
         if name not in owners:
-            raise ConfigError(f"unknown setting {name}={value!r}: settings are the trainer's flags with _ for -, "
-                              "e.g. batch_size=32 (python -m allreduce_train train --help)")
+            raise ConfigError(
+                f"unknown setting {name}={value!r}: settings are the trainer's flags with _ for -, "
+                "e.g. batch_size=32 (python -m allreduce_train train --help)"
+            )
         section, field = owners[name]
         if getattr(ns, f"{section}.{field}", None) is None:
             setattr(ns, f"{section}.{field}", value)
@@ -70,8 +74,9 @@ def _reference(obj: Any) -> str:
     return f"{module}:{name}"
 
 
-def fit(model: Any = None, data: Any = None, *, task: Any = None, argv: list[str] | None = None,
-        **settings: Any) -> dict[str, Any] | None:
+def fit(
+    model: Any = None, data: Any = None, *, task: Any = None, argv: list[str] | None = None, **settings: Any
+) -> dict[str, Any] | None:
     """Train with the trainer's own loop; every rank of the job calls it alike.
 
     ``model``: an ``nn.Module`` or a callable returning one; ``data``: ``(train, eval)`` map-style

@@ -43,11 +43,18 @@ class WorkerState:
     @classmethod
     def from_dict(cls, saved: dict[str, Any], path: str = "") -> WorkerState:
         if not isinstance(saved, dict) or "rng" not in saved:
-            raise UserError(f"--resume {path}: the checkpoint's per-worker state has no 'rng'; it was not written by "
-                            "allreduce_train's trainer (start afresh without --resume)")
+            raise UserError(
+                f"--resume {path}: the checkpoint's per-worker state has no 'rng'; it was not written by "
+                "allreduce_train's trainer (start afresh without --resume)"
+            )
         own = ("rng", "task", "exchange", "cuda_rng")
-        return cls(saved["rng"], saved.get("task"), saved.get("exchange"),
-                   {k: v for k, v in saved.items() if k not in own}, saved.get("cuda_rng"))
+        return cls(
+            saved["rng"],
+            saved.get("task"),
+            saved.get("exchange"),
+            {k: v for k, v in saved.items() if k not in own},
+            saved.get("cuda_rng"),
+        )
 
 
 def save(path: str, state: dict[str, Any]) -> None:

@@ -114,7 +114,9 @@ def run_job(cfg, task=None) -> tuple[int, dict | None]:
             except OSError as e:
                 err = f"{e.filename or run_dir}: {e.strerror}"
             errors, hosts = _gather_setup(ex, err)
-            if cfg.run.expect_hosts:  # the launcher's placement, checked on every rank alike (allreduce_train/placement.py)
+            if (
+                cfg.run.expect_hosts
+            ):  # the launcher's placement, checked on every rank alike (allreduce_train/placement.py)
                 from .placement import check, describe
 
                 if ex.is_main:
@@ -128,21 +130,29 @@ def run_job(cfg, task=None) -> tuple[int, dict | None]:
                 return EXIT_USAGE, None
 
             if cfg.exchange.stall_timeout:
-                held.watchdog = Watchdog(ex.rank, ex.size, cfg.exchange.stall_timeout, compare=ex.is_worker, hosts=hosts)
+                held.watchdog = Watchdog(
+                    ex.rank, ex.size, cfg.exchange.stall_timeout, compare=ex.is_worker, hosts=hosts
+                )
                 # communication: where the main rank's heartbeat board listens
                 held.watchdog.start(ex.broadcast_object(held.watchdog.address() if ex.is_main else None))
             if not ex.is_worker:
                 ex.serve()
                 return 0, None
             if ex.is_main:
-                held.log = RunLogger(run_dir, setup.total_steps, setup.start_step, cfg.run.tensorboard, cfg.run.progress)
+                held.log = RunLogger(
+                    run_dir, setup.total_steps, setup.start_step, cfg.run.tensorboard, cfg.run.progress
+                )
                 held.log.text("config", config_text(cfg))
             try:
                 result = trainer.run(setup, held.log)
             except (Diverged, Preempted) as e:  # every worker raised it at the same step
                 held.log.close()  # the progress bar ends before the line below (closing twice is harmless)
                 if ex.is_main:
-                    print(f"allreduce_train: {'error: ' if isinstance(e, Diverged) else ''}{e}", file=sys.stderr, flush=True)
+                    print(
+                        f"allreduce_train: {'error: ' if isinstance(e, Diverged) else ''}{e}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 return (EXIT_DIVERGED if isinstance(e, Diverged) else EXIT_PREEMPTED), None
             result["run_dir"] = run_dir
             result["hosts"] = hosts
@@ -235,8 +245,8 @@ def make_parser() -> _Parser:
     parser = _Parser(
         prog="allreduce_train",
         description="Data-parallel PyTorch training: ring allreduce (Horovod) or a parameter server behind "
-                    "one trainer. Launch with `python -m launch -np N -- ARGS` or mpirun. Experiments (bench, "
-                    "scaling, commbench): `python -m lab --help`.",
+        "one trainer. Launch with `python -m launch -np N -- ARGS` or mpirun. Experiments (bench, "
+        "scaling, commbench): `python -m lab --help`.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -63,19 +63,28 @@ def _check_choices(section: Any) -> None:
         choices = f.metadata.get("choices")
         value = getattr(section, f.name)
         if choices and value not in choices:
-            raise ConfigError(f"{flag(key(section, f.name))}: unknown value {value!r}; choose one of: {', '.join(choices)}")
+            raise ConfigError(
+                f"{flag(key(section, f.name))}: unknown value {value!r}; choose one of: {', '.join(choices)}"
+            )
 
 
 @dataclass
 class ModelConfig:
     """Which network to train: a name from models/, or your own code (docs/own_model.md)."""
 
-    model: str = _f("lenet5", "a registered model (see the `models` subcommand), or MODULE:CALLABLE returning your "
-                              "own nn.Module, e.g. mypkg.net:build (docs/own_model.md)")
-    model_arg: list = _f([], "KEY=VALUE keyword argument for --model's or --task's callable (repeatable), "
-                             "e.g. --model-arg depth=4")
-    task: str = _f("", "MODULE:CALLABLE returning an allreduce_train.Task (model, data, loss, evaluation, state) "
-                       "for anything beyond classification; replaces --model and --dataset (docs/own_model.md)")
+    model: str = _f(
+        "lenet5",
+        "a registered model (see the `models` subcommand), or MODULE:CALLABLE returning your "
+        "own nn.Module, e.g. mypkg.net:build (docs/own_model.md)",
+    )
+    model_arg: list = _f(
+        [], "KEY=VALUE keyword argument for --model's or --task's callable (repeatable), e.g. --model-arg depth=4"
+    )
+    task: str = _f(
+        "",
+        "MODULE:CALLABLE returning an allreduce_train.Task (model, data, loss, evaluation, state) "
+        "for anything beyond classification; replaces --model and --dataset (docs/own_model.md)",
+    )
 
     def __post_init__(self) -> None:
         from models import MODELS
@@ -92,8 +101,10 @@ class ModelConfig:
                 "or name your own as MODULE:CALLABLE (docs/own_model.md)"
             )
         if self.model_arg and not (self.task or is_reference(self.model)):
-            raise ConfigError(f"--model-arg is for your own --model MODULE:CALLABLE or --task; --model {self.model} "
-                              "is registered: drop --model-arg")
+            raise ConfigError(
+                f"--model-arg is for your own --model MODULE:CALLABLE or --task; --model {self.model} "
+                "is registered: drop --model-arg"
+            )
         parse_kwargs("--model-arg", self.model_arg)
 
     @property
@@ -109,16 +120,25 @@ class ModelConfig:
 class DataConfig:
     """Dataset and batching. Batch sizes are per worker; the global batch is batch x workers."""
 
-    dataset: str = _f("fashion-mnist", "dataset to train on: " + " | ".join(DATASETS) + " (ptb: Penn-Treebank-format "
-                                       "text, language models), or MODULE:CALLABLE returning your own (train, eval) "
-                                       "map-style torch Datasets of (input, target) pairs (docs/own_model.md)")
+    dataset: str = _f(
+        "fashion-mnist",
+        "dataset to train on: " + " | ".join(DATASETS) + " (ptb: Penn-Treebank-format "
+        "text, language models), or MODULE:CALLABLE returning your own (train, eval) "
+        "map-style torch Datasets of (input, target) pairs (docs/own_model.md)",
+    )
     dataset_arg: list = _f([], "KEY=VALUE keyword argument for --dataset's callable (repeatable)")
-    data_dir: str = _f("", "directory with the dataset files, used as they are (default: fashion-mnist "
-                           f"{DEFAULT_FASHION_MNIST_DIR}; ptb: an offline corpus built from Python's "
-                           "documentation, NOT the real Penn Treebank, which you must supply)")
-    data_workers: int = _f(0, "background processes that load your own --dataset's batches (torch DataLoader; the "
-                              "batch order is the same for a given seed and worker count); 0 = load in the training "
-                              "process")
+    data_dir: str = _f(
+        "",
+        "directory with the dataset files, used as they are (default: fashion-mnist "
+        f"{DEFAULT_FASHION_MNIST_DIR}; ptb: an offline corpus built from Python's "
+        "documentation, NOT the real Penn Treebank, which you must supply)",
+    )
+    data_workers: int = _f(
+        0,
+        "background processes that load your own --dataset's batches (torch DataLoader; the "
+        "batch order is the same for a given seed and worker count); 0 = load in the training "
+        "process",
+    )
     batch_size: int = _f(64, "training batch size per worker")
     eval_batch_size: int = _f(1000, "evaluation batch size per worker")
     synthetic_samples: int = _f(6400, "samples in the synthetic dataset (fixed-shape random data, no I/O)")
@@ -129,11 +149,14 @@ class DataConfig:
         if is_reference(self.dataset):
             check_reference("--dataset", self.dataset)
         elif self.dataset not in DATASETS:
-            raise ConfigError(f"--dataset: unknown value {self.dataset!r}; choose one of: {', '.join(DATASETS)}, "
-                              "or name your own as MODULE:CALLABLE (docs/own_model.md)")
+            raise ConfigError(
+                f"--dataset: unknown value {self.dataset!r}; choose one of: {', '.join(DATASETS)}, "
+                "or name your own as MODULE:CALLABLE (docs/own_model.md)"
+            )
         if self.dataset_arg and not is_reference(self.dataset):
-            raise ConfigError(f"--dataset-arg is for your own --dataset MODULE:CALLABLE; drop it with --dataset "
-                              f"{self.dataset}")
+            raise ConfigError(
+                f"--dataset-arg is for your own --dataset MODULE:CALLABLE; drop it with --dataset {self.dataset}"
+            )
         parse_kwargs("--dataset-arg", self.dataset_arg)
         if not self.data_dir and self.dataset == "fashion-mnist":
             self.data_dir = DEFAULT_FASHION_MNIST_DIR
@@ -153,8 +176,11 @@ class OptimConfig:
     scale_lr: bool = _f(True, "multiply the LR by the number of workers (Goyal et al. 2017)")
     warmup_steps: int = _f(100, "linear LR warm-up from lr/workers to the scaled LR over this many steps")
     grad_clip: float = _f(0.0, "clip the averaged gradient to this global L2 norm (0 = off)")
-    lr_decay: float = _f(1.0, "multiply the LR by this after every epoch past --lr-decay-after (Zaremba et al.'s "
-                              "schedule for the LSTMs; 1 = constant)")
+    lr_decay: float = _f(
+        1.0,
+        "multiply the LR by this after every epoch past --lr-decay-after (Zaremba et al.'s "
+        "schedule for the LSTMs; 1 = constant)",
+    )
     lr_decay_after: int = _f(0, "epochs at the full LR before --lr-decay applies")
 
     def __post_init__(self) -> None:
@@ -171,40 +197,69 @@ class OptimConfig:
 class ExchangeConfig:
     """How gradients travel between workers."""
 
-    strategy: str = _f("allreduce", "gradient exchange: ring allreduce (Horovod) or parameter servers (ps); none = "
-                                    "every rank trains alone on its shard, the bound of docs/performance.md",
-                       STRATEGIES)
-    allreduce_engine: str = _f("horovod", "allreduce: horovod, or mpi = a ring of mpi4py messages from gradient hooks, "
-                                          "the PS's machinery, or torch = torch.distributed (Gloo on CPU, NCCL on "
-                                          "GPU) (docs/engines.md)", ("horovod", "mpi", "torch"))
-    compression: str = _f("none", "fp16/bf16: 16 bits on the wire for gradients (allreduce; bf16 not with Horovod) "
-                                  "and with ps also the pulled parameters; powersgd: rank-r factors with error "
-                                  "feedback (allreduce) (docs/concepts.md)", ("none", "fp16", "bf16", "powersgd"))
+    strategy: str = _f(
+        "allreduce",
+        "gradient exchange: ring allreduce (Horovod) or parameter servers (ps); none = "
+        "every rank trains alone on its shard, the bound of docs/performance.md",
+        STRATEGIES,
+    )
+    allreduce_engine: str = _f(
+        "horovod",
+        "allreduce: horovod, or mpi = a ring of mpi4py messages from gradient hooks, "
+        "the PS's machinery, or torch = torch.distributed (Gloo on CPU, NCCL on "
+        "GPU) (docs/engines.md)",
+        ("horovod", "mpi", "torch"),
+    )
+    compression: str = _f(
+        "none",
+        "fp16/bf16: 16 bits on the wire for gradients (allreduce; bf16 not with Horovod) "
+        "and with ps also the pulled parameters; powersgd: rank-r factors with error "
+        "feedback (allreduce) (docs/concepts.md)",
+        ("none", "fp16", "bf16", "powersgd"),
+    )
     powersgd_rank: int = _f(1, "--compression powersgd: the rank r of each gradient matrix's approximation")
     backward_passes_per_step: int = _f(1, "local gradient accumulation steps per exchange (allreduce)")
-    average_every: int = _f(0, "local SGD (allreduce): workers step on their own gradients and every H-th step "
-                               "averages gradients and then parameters; 1 = synchronous SGD through that path, "
-                               "0 = off (docs/concepts.md)")
+    average_every: int = _f(
+        0,
+        "local SGD (allreduce): workers step on their own gradients and every H-th step "
+        "averages gradients and then parameters; 1 = synchronous SGD through that path, "
+        "0 = off (docs/concepts.md)",
+    )
     average_warmup_steps: int = _f(0, "local SGD: the first W steps are synchronous (post-local SGD)")
-    diloco_every: int = _f(0, "DiLoCo (allreduce): H inner steps on each worker's own gradients, then an outer "
-                              "Nesterov step on the averaged parameter delta; 0 = off (docs/concepts.md)")
+    diloco_every: int = _f(
+        0,
+        "DiLoCo (allreduce): H inner steps on each worker's own gradients, then an outer "
+        "Nesterov step on the averaged parameter delta; 0 = off (docs/concepts.md)",
+    )
     diloco_outer_lr: float = _f(0.7, "DiLoCo: the outer optimizer's learning rate (1 with momentum 0 = averaging)")
     diloco_outer_momentum: float = _f(0.9, "DiLoCo: the outer optimizer's Nesterov momentum")
     reduce_op: str = _f("average", "allreduce reduction", ("average", "adasum"))
-    stall_timeout: float = _f(120.0, "seconds without progress after which every live rank ends the job, naming the "
-                                     "rank(s) that did not arrive (exit 69; 0 = wait forever; docs/faults.md)")
+    stall_timeout: float = _f(
+        120.0,
+        "seconds without progress after which every live rank ends the job, naming the "
+        "rank(s) that did not arrive (exit 69; 0 = wait forever; docs/faults.md)",
+    )
 
     def __post_init__(self) -> None:
         _check_choices(self)
-        _check(self.backward_passes_per_step >= 1, "backward_passes_per_step", "must be >= 1", self.backward_passes_per_step)
+        _check(
+            self.backward_passes_per_step >= 1,
+            "backward_passes_per_step",
+            "must be >= 1",
+            self.backward_passes_per_step,
+        )
         _check(self.stall_timeout >= 0, "stall_timeout", "must be >= 0 (0 = off)", self.stall_timeout)
         _check(self.average_every >= 0, "average_every", "must be >= 0 (0 = off)", self.average_every)
         _check(self.average_warmup_steps >= 0, "average_warmup_steps", "must be >= 0", self.average_warmup_steps)
         _check(self.powersgd_rank >= 1, "powersgd_rank", "must be >= 1", self.powersgd_rank)
         _check(self.diloco_every >= 0, "diloco_every", "must be >= 0 (0 = off)", self.diloco_every)
         _check(self.diloco_outer_lr > 0, "diloco_outer_lr", "must be > 0", self.diloco_outer_lr)
-        _check(0 <= self.diloco_outer_momentum < 1, "diloco_outer_momentum", "must be in [0, 1)",
-               self.diloco_outer_momentum)
+        _check(
+            0 <= self.diloco_outer_momentum < 1,
+            "diloco_outer_momentum",
+            "must be in [0, 1)",
+            self.diloco_outer_momentum,
+        )
         check_combination(self)
 
     @property
@@ -222,41 +277,83 @@ class ExchangeConfig:
 # need it, --mpi-algorithm, which is None while the exchange section alone is checked).
 SIXTEEN_BIT = ("fp16", "bf16")
 COMBINATIONS: tuple[tuple[Any, Any], ...] = (
-    (lambda x, alg: x.average_every and x.strategy == "ps",
-     lambda x: "--average-every is local SGD over an allreduce (workers average parameters with each other); "
-               "--strategy ps keeps one copy on the servers: use --strategy allreduce"),
-    (lambda x, alg: x.diloco_every and x.strategy == "ps",
-     lambda x: "--diloco-every is DiLoCo over an allreduce (workers average parameter deltas with each other); "
-               "--strategy ps keeps one copy on the servers: use --strategy allreduce"),
-    (lambda x, alg: x.average_every and x.reduce_op != "average",
-     lambda x: "--average-every with --reduce-op adasum: local SGD averages; use --reduce-op average"),
-    (lambda x, alg: x.compression == "powersgd" and (x.strategy == "ps" or x.average_every
-                                                     or x.reduce_op != "average"),
-     lambda x: "--compression powersgd runs over an allreduce of gradients every step: not with --strategy ps, "
-               "--average-every or --reduce-op adasum; use --compression fp16 or none"),
-    (lambda x, alg: x.strategy == "none" and (x.average_every or x.diloco_every or x.compression != "none"),
-     lambda x: "--strategy none exchanges nothing: drop --average-every and --compression, or use --strategy "
-               "allreduce"),
-    (lambda x, alg: x.average_warmup_steps and not x.average_every,
-     lambda x: "--average-warmup-steps without --average-every: set --average-every H (local SGD)"),
-    (lambda x, alg: x.diloco_every and x.average_every,
-     lambda x: "--diloco-every with --average-every: DiLoCo is local SGD with an outer optimizer; choose one"),
-    (lambda x, alg: x.diloco_every and x.compression != "none",
-     lambda x: f"--diloco-every with --compression {x.compression}: DiLoCo sends no gradients, only float32 "
-               "parameter deltas; drop --compression"),
-    (lambda x, alg: x.diloco_every and x.reduce_op != "average",
-     lambda x: "--diloco-every with --reduce-op adasum: DiLoCo averages; use --reduce-op average"),
-    (lambda x, alg: x.engine == "horovod" and x.compression == "bf16",
-     lambda x: "--compression bf16: Horovod 0.28.1's PyTorch binding has no bfloat16 allreduce; use "
-               "--allreduce-engine mpi (it sums bfloat16 itself) or --compression fp16"),
-    (lambda x, alg: x.engine in ("mpi", "torch") and x.reduce_op != "average",
-     lambda x: f"--reduce-op adasum is Horovod's; --allreduce-engine {x.engine} averages (use --reduce-op average, "
-               "or --allreduce-engine horovod)"),
-    (lambda x, alg: x.engine == "ps" and x.reduce_op != "average",
-     lambda x: "--reduce-op adasum is an allreduce option; --strategy ps averages (use --reduce-op average)"),
-    (lambda x, alg: x.engine == "mpi" and alg == "iallreduce" and x.compression in SIXTEEN_BIT,
-     lambda x: f"--compression {x.compression} with --mpi-algorithm iallreduce: MPI has no 16-bit float sum; use "
-               "--mpi-algorithm ring (it sums 16-bit floats itself) or --compression none"),
+    (
+        lambda x, alg: x.average_every and x.strategy == "ps",
+        lambda x: (
+            "--average-every is local SGD over an allreduce (workers average parameters with each other); "
+            "--strategy ps keeps one copy on the servers: use --strategy allreduce"
+        ),
+    ),
+    (
+        lambda x, alg: x.diloco_every and x.strategy == "ps",
+        lambda x: (
+            "--diloco-every is DiLoCo over an allreduce (workers average parameter deltas with each other); "
+            "--strategy ps keeps one copy on the servers: use --strategy allreduce"
+        ),
+    ),
+    (
+        lambda x, alg: x.average_every and x.reduce_op != "average",
+        lambda x: "--average-every with --reduce-op adasum: local SGD averages; use --reduce-op average",
+    ),
+    (
+        lambda x, alg: (
+            x.compression == "powersgd" and (x.strategy == "ps" or x.average_every or x.reduce_op != "average")
+        ),
+        lambda x: (
+            "--compression powersgd runs over an allreduce of gradients every step: not with --strategy ps, "
+            "--average-every or --reduce-op adasum; use --compression fp16 or none"
+        ),
+    ),
+    (
+        lambda x, alg: x.strategy == "none" and (x.average_every or x.diloco_every or x.compression != "none"),
+        lambda x: (
+            "--strategy none exchanges nothing: drop --average-every and --compression, or use --strategy allreduce"
+        ),
+    ),
+    (
+        lambda x, alg: x.average_warmup_steps and not x.average_every,
+        lambda x: "--average-warmup-steps without --average-every: set --average-every H (local SGD)",
+    ),
+    (
+        lambda x, alg: x.diloco_every and x.average_every,
+        lambda x: "--diloco-every with --average-every: DiLoCo is local SGD with an outer optimizer; choose one",
+    ),
+    (
+        lambda x, alg: x.diloco_every and x.compression != "none",
+        lambda x: (
+            f"--diloco-every with --compression {x.compression}: DiLoCo sends no gradients, only float32 "
+            "parameter deltas; drop --compression"
+        ),
+    ),
+    (
+        lambda x, alg: x.diloco_every and x.reduce_op != "average",
+        lambda x: "--diloco-every with --reduce-op adasum: DiLoCo averages; use --reduce-op average",
+    ),
+    (
+        lambda x, alg: x.engine == "horovod" and x.compression == "bf16",
+        lambda x: (
+            "--compression bf16: Horovod 0.28.1's PyTorch binding has no bfloat16 allreduce; use "
+            "--allreduce-engine mpi (it sums bfloat16 itself) or --compression fp16"
+        ),
+    ),
+    (
+        lambda x, alg: x.engine in ("mpi", "torch") and x.reduce_op != "average",
+        lambda x: (
+            f"--reduce-op adasum is Horovod's; --allreduce-engine {x.engine} averages (use --reduce-op average, "
+            "or --allreduce-engine horovod)"
+        ),
+    ),
+    (
+        lambda x, alg: x.engine == "ps" and x.reduce_op != "average",
+        lambda x: "--reduce-op adasum is an allreduce option; --strategy ps averages (use --reduce-op average)",
+    ),
+    (
+        lambda x, alg: x.engine == "mpi" and alg == "iallreduce" and x.compression in SIXTEEN_BIT,
+        lambda x: (
+            f"--compression {x.compression} with --mpi-algorithm iallreduce: MPI has no 16-bit float sum; use "
+            "--mpi-algorithm ring (it sums 16-bit floats itself) or --compression none"
+        ),
+    ),
 )
 
 
@@ -272,9 +369,12 @@ class HorovodConfig:
     """--allreduce-engine horovod (the default): Horovod's own settings (distributed/horovod.py)."""
 
     prefix: ClassVar[str] = "horovod"  # the flags: --horovod-backend
-    backend: str = _f("mpi", "Horovod's controller and CPU collectives; gloo (one host only under mpirun) waits in "
-                             "blocking sockets, which helps on an oversubscribed host (docs/performance.md)",
-                      ("mpi", "gloo"))
+    backend: str = _f(
+        "mpi",
+        "Horovod's controller and CPU collectives; gloo (one host only under mpirun) waits in "
+        "blocking sockets, which helps on an oversubscribed host (docs/performance.md)",
+        ("mpi", "gloo"),
+    )
 
     def __post_init__(self) -> None:
         _check_choices(self)
@@ -285,10 +385,15 @@ class MPIConfig:
     """--allreduce-engine mpi: the ring of mpi4py messages from gradient hooks (distributed/ring.py)."""
 
     prefix: ClassVar[str] = "mpi"  # the flags: --mpi-bucket-bytes, --mpi-algorithm
-    bucket_bytes: int = _f(1 << 20, "gradients reduced together (bytes on the wire), started as soon as backward has "
-                                     "produced them")
-    algorithm: str = _f("ring", "ring = reduce-scatter + allgather of Isend/Irecv; iallreduce = MPI_Iallreduce per "
-                                "bucket (Open MPI's algorithm)", ("ring", "iallreduce"))
+    bucket_bytes: int = _f(
+        1 << 20, "gradients reduced together (bytes on the wire), started as soon as backward has produced them"
+    )
+    algorithm: str = _f(
+        "ring",
+        "ring = reduce-scatter + allgather of Isend/Irecv; iallreduce = MPI_Iallreduce per "
+        "bucket (Open MPI's algorithm)",
+        ("ring", "iallreduce"),
+    )
 
     def __post_init__(self) -> None:
         _check_choices(self)
@@ -301,8 +406,11 @@ class TorchConfig:
 
     prefix: ClassVar[str] = "torch"  # the flags: --torch-backend, --torch-bucket-bytes
     backend: str = _f("auto", "auto = NCCL for a CUDA device, Gloo on CPU", ("auto", "gloo", "nccl"))
-    bucket_bytes: int = _f(1 << 20, "gradients summed together (bytes on the wire, as --mpi-bucket-bytes), started "
-                                     "from gradient hooks as soon as backward has produced them")
+    bucket_bytes: int = _f(
+        1 << 20,
+        "gradients summed together (bytes on the wire, as --mpi-bucket-bytes), started "
+        "from gradient hooks as soon as backward has produced them",
+    )
 
     def __post_init__(self) -> None:
         _check_choices(self)
@@ -314,16 +422,27 @@ class PSConfig:
     """--strategy ps: the parameter servers (distributed/ps/)."""
 
     prefix: ClassVar[str] = "ps"  # the flags: --ps-placement, --ps-servers, ...
-    placement: str = _f("dedicated", "dedicated = the first --ps-servers ranks only serve (TensorFlow-style); "
-                                     "colocated = every rank trains and serves 1/N (MXNet-style)",
-                        ("dedicated", "colocated"))
+    placement: str = _f(
+        "dedicated",
+        "dedicated = the first --ps-servers ranks only serve (TensorFlow-style); "
+        "colocated = every rank trains and serves 1/N (MXNet-style)",
+        ("dedicated", "colocated"),
+    )
     servers: int = _f(0, "server ranks (0 = 1 with dedicated placement, every rank with colocated)")
-    mode: str = _f("sync", "sync = average every worker's gradient, then update (allreduce's maths); "
-                           "async = apply each worker's gradient as it arrives", ("sync", "async"))
-    bucket_bytes: int = _f(1 << 20, "gradients pushed in one message per server (bytes on the wire, as "
-                                     "--mpi-bucket-bytes) as soon as backward has produced them")
-    split_bytes: int = _f(1 << 16, "parameters larger than this are cut into chunks of at most this size, "
-                                   "spread over the servers")
+    mode: str = _f(
+        "sync",
+        "sync = average every worker's gradient, then update (allreduce's maths); "
+        "async = apply each worker's gradient as it arrives",
+        ("sync", "async"),
+    )
+    bucket_bytes: int = _f(
+        1 << 20,
+        "gradients pushed in one message per server (bytes on the wire, as "
+        "--mpi-bucket-bytes) as soon as backward has produced them",
+    )
+    split_bytes: int = _f(
+        1 << 16, "parameters larger than this are cut into chunks of at most this size, spread over the servers"
+    )
 
     def __post_init__(self) -> None:
         _check_choices(self)
@@ -338,25 +457,40 @@ class TrainConfig:
 
     epochs: int = _f(2, "passes over the training data (ignored when --steps is set)")
     steps: int = _f(0, "total optimizer steps of the schedule (0 = derive from --epochs)")
-    exit_after_steps: int = _f(0, "stop after this many steps in this invocation, checkpoint, exit 0; "
-                                   "continue later with --resume (0 = run to the end)")
+    exit_after_steps: int = _f(
+        0,
+        "stop after this many steps in this invocation, checkpoint, exit 0; "
+        "continue later with --resume (0 = run to the end)",
+    )
     seed: int = _f(42, "seed for parameters and data order (identical on every rank)")
     log_every: int = _f(20, "log training figures every N steps")
     eval_every: int = _f(0, "evaluate every N steps (0 = at the end of every epoch)")
     perf_warmup_steps: int = _f(10, "steps excluded from throughput figures")
     threads: int = _f(0, "torch intra-op threads per rank (0 = cores on this host / ranks on this host)")
-    flush_denormal: bool = _f(False, "CPU: treat denormal floats as zero (torch.set_flush_denormal; TensorFlow's "
-                                     "default): a step whose values underflow otherwise runs up to ~6x slower "
-                                     "(docs/performance.md)")
+    flush_denormal: bool = _f(
+        False,
+        "CPU: treat denormal floats as zero (torch.set_flush_denormal; TensorFlow's "
+        "default): a step whose values underflow otherwise runs up to ~6x slower "
+        "(docs/performance.md)",
+    )
     device: str = _f("auto", "auto = CUDA pinned to the local rank when present, else CPU", ("auto", "cpu", "cuda"))
-    target: str = _f("", "stop once an evaluation reaches this, e.g. eval/accuracy>=0.89 or eval/perplexity<=150; "
-                         "metrics.json records the steps and seconds to it (time to accuracy)")
-    straggler_factor: float = _f(1.5, "name a rank (once, with its host) whose median compute time per step over "
-                                      "--straggler-window steps is at least this many times the other ranks' median, "
-                                      "and still is a window later; 0 = off (docs/faults.md)")
+    target: str = _f(
+        "",
+        "stop once an evaluation reaches this, e.g. eval/accuracy>=0.89 or eval/perplexity<=150; "
+        "metrics.json records the steps and seconds to it (time to accuracy)",
+    )
+    straggler_factor: float = _f(
+        1.5,
+        "name a rank (once, with its host) whose median compute time per step over "
+        "--straggler-window steps is at least this many times the other ranks' median, "
+        "and still is a window later; 0 = off (docs/faults.md)",
+    )
     straggler_window: int = _f(50, "steps that --straggler-factor's medians cover (checked at every --log-every)")
-    debug_slow_rank: str = _f("", "for tests: R:FACTOR makes global rank R's forward and backward FACTOR times as "
-                                  "long (a sleep before the exchange), a straggler on purpose")
+    debug_slow_rank: str = _f(
+        "",
+        "for tests: R:FACTOR makes global rank R's forward and backward FACTOR times as "
+        "long (a sleep before the exchange), a straggler on purpose",
+    )
 
     def __post_init__(self) -> None:
         _check(self.epochs >= 1, "epochs", "must be >= 1", self.epochs)
@@ -368,8 +502,12 @@ class TrainConfig:
         _check(self.threads >= 0, "threads", "must be >= 0", self.threads)
         if self.target:
             parse_target(self.target)
-        _check(self.straggler_factor == 0 or self.straggler_factor > 1, "straggler_factor",
-               "must be > 1 (or 0 = off)", self.straggler_factor)
+        _check(
+            self.straggler_factor == 0 or self.straggler_factor > 1,
+            "straggler_factor",
+            "must be > 1 (or 0 = off)",
+            self.straggler_factor,
+        )
         _check(self.straggler_window >= 1, "straggler_window", "must be >= 1", self.straggler_window)
         if self.debug_slow_rank:
             parse_slow_rank(self.debug_slow_rank)
@@ -385,8 +523,10 @@ def parse_target(text: str) -> tuple[str, str, float]:
     try:
         return m.group(1), m.group(2), float(m.group(3))  # type: ignore[union-attr]
     except (AttributeError, ValueError):
-        raise ConfigError(f"--target {text!r}: write METRIC>=VALUE or METRIC<=VALUE with an evaluation metric, "
-                          "e.g. eval/accuracy>=0.89 or eval/perplexity<=150") from None
+        raise ConfigError(
+            f"--target {text!r}: write METRIC>=VALUE or METRIC<=VALUE with an evaluation metric, "
+            "e.g. eval/accuracy>=0.89 or eval/perplexity<=150"
+        ) from None
 
 
 def parse_slow_rank(text: str) -> tuple[int, float]:
@@ -397,8 +537,9 @@ def parse_slow_rank(text: str) -> tuple[int, float]:
     except ValueError:
         out = (-1, 0.0)
     if out[0] < 0 or not out[1] >= 1:
-        raise ConfigError(f"--debug-slow-rank {text!r}: write RANK:FACTOR with a global rank >= 0 and a factor "
-                          ">= 1, e.g. 1:3")
+        raise ConfigError(
+            f"--debug-slow-rank {text!r}: write RANK:FACTOR with a global rank >= 0 and a factor >= 1, e.g. 1:3"
+        )
     return out
 
 
@@ -412,9 +553,14 @@ class RunConfig:
     resume: str = _f("", "checkpoint file to continue from, or 'auto' for <run dir>/checkpoint.pt")
     tensorboard: bool = _f(True, "write TensorBoard event files (global rank 0)")
     progress: bool = _f(True, "show a progress bar (global rank 0)")
-    dump_params: str = _f("", "at the end, every rank saves its parameters to this file with {rank} replaced (tests, debugging)")
-    expect_hosts: int = _f(0, "refuse to train unless the ranks run on at least this many distinct hosts, and print "
-                              "every rank's host at start (set by the Kubernetes and Slurm launchers; 0 = no check)")
+    dump_params: str = _f(
+        "", "at the end, every rank saves its parameters to this file with {rank} replaced (tests, debugging)"
+    )
+    expect_hosts: int = _f(
+        0,
+        "refuse to train unless the ranks run on at least this many distinct hosts, and print "
+        "every rank's host at start (set by the Kubernetes and Slurm launchers; 0 = no check)",
+    )
 
     def __post_init__(self) -> None:
         _check(self.checkpoint_every >= 0, "checkpoint_every", "must be >= 0", self.checkpoint_every)
@@ -461,8 +607,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             seen.add(name)
             typ = hints[f.name]
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            kwargs: dict[str, Any] = {"dest": f"{section}.{f.name}", "default": None,
-                                      "help": f"{f.metadata['help']} (default: {default!r})"}
+            kwargs: dict[str, Any] = {
+                "dest": f"{section}.{f.name}",
+                "default": None,
+                "help": f"{f.metadata['help']} (default: {default!r})",
+            }
             if typ is list:
                 group.add_argument(flag(name), action="append", metavar="KEY=VALUE", **kwargs)
             elif typ is bool:
@@ -515,8 +664,10 @@ def _read_toml(path: str, values: dict[str, dict[str, Any]]) -> None:
                 continue
             moved = owner.get(name)
             if section == "exchange" and moved and moved[0] != section:
-                raise ConfigError(f"--config: {k!r} in [exchange] of {path} moved to its engine's table: write "
-                                  f"{moved[1]} = ... in [{moved[0]}] (the flag {flag(name)} is unchanged)")
+                raise ConfigError(
+                    f"--config: {k!r} in [exchange] of {path} moved to its engine's table: write "
+                    f"{moved[1]} = ... in [{moved[0]}] (the flag {flag(name)} is unchanged)"
+                )
             raise ConfigError(f"--config: unknown key {k!r} in [{section}] of {path}; keys are: {', '.join(known)}")
 
 

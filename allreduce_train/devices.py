@@ -16,8 +16,15 @@ import torch
 from .errors import ConfigError
 
 
-def pick_device(want: str, local_rank: int, *, announce: bool = True, cuda: Any = torch.cuda,
-                cuda_build: str | None = torch.version.cuda, out: TextIO | None = None) -> torch.device:
+def pick_device(
+    want: str,
+    local_rank: int,
+    *,
+    announce: bool = True,
+    cuda: Any = torch.cuda,
+    cuda_build: str | None = torch.version.cuda,
+    out: TextIO | None = None,
+) -> torch.device:
     """The device for ``--device want`` on the rank with this local rank.
 
     ``announce``: this rank prints the no-GPU line (rank 0 only, so a job says it once).
@@ -31,10 +38,17 @@ def pick_device(want: str, local_rank: int, *, announce: bool = True, cuda: Any 
         cuda.set_device(local_rank % cuda.device_count())
         return torch.device("cuda", cuda.current_device())
     if want == "cuda":
-        build = f"torch {torch.__version__} is a CPU build" if not cuda_build else \
-            f"torch {torch.__version__} (CUDA {cuda_build}) finds no GPU or driver"
+        build = (
+            f"torch {torch.__version__} is a CPU build"
+            if not cuda_build
+            else f"torch {torch.__version__} (CUDA {cuda_build}) finds no GPU or driver"
+        )
         raise ConfigError(f"--device cuda: no CUDA device is visible ({build}); use --device auto or cpu")
     if cuda_build and announce:
-        print(f"--device auto: no GPU found (torch {torch.__version__}, CUDA {cuda_build}; no device or driver "
-              f"visible); training on the CPU", file=out or sys.stdout, flush=True)
+        print(
+            f"--device auto: no GPU found (torch {torch.__version__}, CUDA {cuda_build}; no device or driver "
+            f"visible); training on the CPU",
+            file=out or sys.stdout,
+            flush=True,
+        )
     return torch.device("cpu")

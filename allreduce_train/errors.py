@@ -53,8 +53,10 @@ class Diverged(Exception):
     """A non-finite loss or gradient norm: every rank agreed at the same step (see trainer)."""
 
     def __init__(self, step: int, what: str, value: float) -> None:
-        super().__init__(f"diverged at step {step}: {what} is {value}; the last good checkpoint is kept "
-                         "(lower --lr, raise --warmup-steps or set --grad-clip)")
+        super().__init__(
+            f"diverged at step {step}: {what} is {value}; the last good checkpoint is kept "
+            "(lower --lr, raise --warmup-steps or set --grad-clip)"
+        )
         self.step, self.what, self.value = step, what, value
 
 

@@ -45,18 +45,24 @@ class Throughput:
     def recent(self, n: int) -> dict[str, float]:
         """The figures of the last ``n`` steps, for the log."""
         times = self.step_times[-n:]
-        return {"perf/step_ms": 1e3 * statistics.median(times), "perf/samples_per_sec": self.rate(times),
-                "comm/wait_ms": 1e3 * statistics.median(self.waits[-n:])}
+        return {
+            "perf/step_ms": 1e3 * statistics.median(times),
+            "perf/samples_per_sec": self.rate(times),
+            "comm/wait_ms": 1e3 * statistics.median(self.waits[-n:]),
+        }
 
     def per_rank(self, n: int, window: int) -> list[float]:
         """This rank's figures for the per-rank log: median compute and wait ms over the last ``n``
         steps, and the straggler rule's median compute ms over the last ``window`` (0 until it is full)."""
-        return [1e3 * statistics.median(self.computes[-n:]), 1e3 * statistics.median(self.waits[-n:]),
-                window_median_ms(self.computes, window, self.warmup) or 0.0]
+        return [
+            1e3 * statistics.median(self.computes[-n:]),
+            1e3 * statistics.median(self.waits[-n:]),
+            window_median_ms(self.computes, window, self.warmup) or 0.0,
+        ]
 
     def run_medians(self) -> list[float]:
         """Median compute and wait ms over the measured steps (metrics.json's ``ranks``)."""
-        computes, waits = self.computes[self.warmup:] or self.computes, self.waits[self.warmup:] or self.waits
+        computes, waits = self.computes[self.warmup :] or self.computes, self.waits[self.warmup :] or self.waits
         return [1e3 * statistics.median(computes), 1e3 * statistics.median(waits)] if computes else [0.0, 0.0]
 
     @property
@@ -65,16 +71,17 @@ class Throughput:
 
     def summary(self, cpu_seconds_all_workers: float) -> dict[str, float]:
         """metrics.json's throughput fields (``cpu_seconds_all_workers``: :attr:`cpu_seconds` summed)."""
-        measured = self.step_times[self.warmup:] or self.step_times
+        measured = self.step_times[self.warmup :] or self.step_times
         after = len(self.step_times) - self.warmup  # steps after warm-up
         return {
             "samples_per_sec": self.rate(measured),
             "step_ms": 1e3 * statistics.median(measured) if measured else 0.0,
             # everything between the end of warm-up and the end of the last step: what `bench` compares
-            "wall_samples_per_sec": (self.samples_per_step * after / (self.wall_to - self.wall_from)
-                                     if after > 0 else 0.0),
+            "wall_samples_per_sec": (
+                self.samples_per_step * after / (self.wall_to - self.wall_from) if after > 0 else 0.0
+            ),
             "cpu_ms_per_step": 1e3 * cpu_seconds_all_workers / after if after > 0 else 0.0,
-            "comm_wait_ms": 1e3 * statistics.median(self.waits[self.warmup:] or self.waits) if self.waits else 0.0,
+            "comm_wait_ms": 1e3 * statistics.median(self.waits[self.warmup :] or self.waits) if self.waits else 0.0,
         }
 
 
@@ -90,8 +97,12 @@ class TimeToTarget:
 
     def record(self, step: int, epoch: float, figures: dict[str, float]) -> bool:
         """Note one evaluation; True when it is the first to reach the target."""
-        row = {"step": step, "epoch": epoch, "seconds": time.perf_counter() - self.started,
-               **{key.replace("/", "_"): v for key, v in figures.items()}}
+        row = {
+            "step": step,
+            "epoch": epoch,
+            "seconds": time.perf_counter() - self.started,
+            **{key.replace("/", "_"): v for key, v in figures.items()},
+        }
         self.evals.append(row)
         if self.target is None or self.reached is not None or self.target[0] not in figures:
             return False
@@ -106,7 +117,11 @@ class TimeToTarget:
         out: dict[str, Any] = {"evals": self.evals}
         if self.target:
             metric, op, value = self.target
-            out["target"] = {"metric": metric, "op": op, "value": value, "reached": self.reached is not None,
-                             **({key: self.reached[key] for key in ("step", "epoch", "seconds")}
-                                if self.reached else {})}
+            out["target"] = {
+                "metric": metric,
+                "op": op,
+                "value": value,
+                "reached": self.reached is not None,
+                **({key: self.reached[key] for key in ("step", "epoch", "seconds")} if self.reached else {}),
+            }
         return out

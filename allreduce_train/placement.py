@@ -35,7 +35,8 @@ def describe(hosts: list[str]) -> str:
     """One line naming every host and its ranks: ``2 hosts: node-0 (ranks 0-1), node-1 (ranks 2-3)``."""
     groups = by_host(hosts)
     return f"{len(groups)} host{'s' if len(groups) != 1 else ''}: " + ", ".join(
-        f"{host} (rank{'s' if len(r) > 1 else ''} {_ranges(r)})" for host, r in groups.items())
+        f"{host} (rank{'s' if len(r) > 1 else ''} {_ranges(r)})" for host, r in groups.items()
+    )
 
 
 def check(hosts: list[str], expected: int) -> str | None:
@@ -43,5 +44,7 @@ def check(hosts: list[str], expected: int) -> str | None:
     found = len(set(hosts))
     if not expected or found >= expected:
         return None
-    return (f"--expect-hosts {expected}: the {len(hosts)} ranks run on {describe(hosts)}, not spread as the "
-            f"launcher asked; check the hostfile mpirun read (docs/kubernetes.md), or lower --expect-hosts")
+    return (
+        f"--expect-hosts {expected}: the {len(hosts)} ranks run on {describe(hosts)}, not spread as the "
+        f"launcher asked; check the hostfile mpirun read (docs/kubernetes.md), or lower --expect-hosts"
+    )

@@ -50,8 +50,13 @@ class RunLogger(NullLogger):
         if progress:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total_steps, initial=initial_step, unit="step", dynamic_ncols=True,
-                            disable=not sys.stderr.isatty() and os.environ.get("ALLREDUCE_TRAIN_PROGRESS") != "1")
+            self.bar = tqdm(
+                total=total_steps,
+                initial=initial_step,
+                unit="step",
+                dynamic_ncols=True,
+                disable=not sys.stderr.isatty() and os.environ.get("ALLREDUCE_TRAIN_PROGRESS") != "1",
+            )
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         if self.writer:

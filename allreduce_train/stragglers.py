@@ -87,9 +87,11 @@ class Straggler:
         return self.compute_ms / self.others_ms
 
     def line(self) -> str:
-        return (f"straggler: rank {self.rank} on host {self.host} computes {self.compute_ms:.1f} ms per step, "
-                f"{self.ratio:.2f}x the other ranks' median {self.others_ms:.1f} ms (slow since step {self.since}, "
-                f"checked at step {self.step}); every step waits for it")
+        return (
+            f"straggler: rank {self.rank} on host {self.host} computes {self.compute_ms:.1f} ms per step, "
+            f"{self.ratio:.2f}x the other ranks' median {self.others_ms:.1f} ms (slow since step {self.since}, "
+            f"checked at step {self.step}); every step waits for it"
+        )
 
     def record(self) -> dict[str, float | int | str]:
         return {**asdict(self), "ratio": self.ratio}
@@ -110,9 +112,11 @@ class StragglerRule:
         slow = dict(slow_workers(window_compute_ms, self.factor))
         self.slow_from = {i: self.slow_from.get(i, step) for i in slow}
         named = {s.rank for s in self.found}
-        new = [Straggler(self.ranks[i], self.hosts[i], first - self.window + 1, step, window_compute_ms[i], slow[i])
-               for i, first in self.slow_from.items()
-               if step - first >= self.window and self.ranks[i] not in named]
+        new = [
+            Straggler(self.ranks[i], self.hosts[i], first - self.window + 1, step, window_compute_ms[i], slow[i])
+            for i, first in self.slow_from.items()
+            if step - first >= self.window and self.ranks[i] not in named
+        ]
         self.found += new
         return new
 
@@ -125,8 +129,9 @@ def window_median_ms(compute_s: Sequence[float], window: int, warmup: int) -> fl
     return 1e3 * statistics.median(compute_s[-window:])
 
 
-def scan(compute_s: Sequence[Sequence[float]], factor: float, window: int, every: int,
-         warmup: int = 0) -> list[Straggler]:
+def scan(
+    compute_s: Sequence[Sequence[float]], factor: float, window: int, every: int, warmup: int = 0
+) -> list[Straggler]:
     """The rule over whole per-worker series of compute seconds per step (``compute_s[w][t]``),
     checked every ``every`` steps as the trainer checks it at ``--log-every``: whom it names, in
     order. Worker ``w`` is rank ``w`` on host ``host<w>``."""

@@ -46,8 +46,7 @@ class Task(Protocol):
         """This worker's training batches and its share of the evaluation set."""
         ...
 
-    def build_model(self) -> torch.nn.Module:
-        ...
+    def build_model(self) -> torch.nn.Module: ...
 
     def start_epoch(self, epoch: int) -> None:
         """Called before every epoch's first step (a language model restarts its state)."""
@@ -57,8 +56,7 @@ class Task(Protocol):
         """What this worker carries from step to step besides the model (checkpointed per worker)."""
         ...
 
-    def load_state_dict(self, state: dict[str, Any], device: torch.device | None = None) -> None:
-        ...
+    def load_state_dict(self, state: dict[str, Any], device: torch.device | None = None) -> None: ...
 
     def loss(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, rows: slice) -> torch.Tensor:
         """The mean loss of one (micro-)batch: rows ``rows`` of this worker's batch."""
@@ -86,13 +84,16 @@ class ClassifyTask:
         """This worker's training batches and evaluation shard."""
         cfg, spec = self.cfg, self.spec
         if cfg.data.dataset == "synthetic":
-            train_set, test_set = synthetic(spec.input_shape, spec.num_classes, cfg.data.synthetic_samples,
-                                            cfg.train.seed)
+            train_set, test_set = synthetic(
+                spec.input_shape, spec.num_classes, cfg.data.synthetic_samples, cfg.train.seed
+            )
         elif cfg.data.dataset == "fashion-mnist" and spec.input_shape in ((1, 28, 28), ()):  # (): your own model
             train_set, test_set = fashion_mnist(cfg.data.data_dir)
         else:
-            raise ConfigError(f"--model {spec.name} expects input {spec.input_shape}, --dataset {cfg.data.dataset} "
-                              "does not provide it; use --dataset synthetic with it")
+            raise ConfigError(
+                f"--model {spec.name} expects input {spec.input_shape}, --dataset {cfg.data.dataset} "
+                "does not provide it; use --dataset synthetic with it"
+            )
         k = cfg.exchange.backward_passes_per_step
         batches = ShardedBatches(train_set, cfg.data.batch_size * k, rank, num_shards, cfg.train.seed)
         if batches.steps_per_epoch == 0:
@@ -135,8 +136,8 @@ class ClassifyTask:
     def eval_sums(self, model, eval_set: TensorDataset, device, batch_size: int) -> torch.Tensor:
         totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
         for lo in range(0, len(eval_set), batch_size):
-            x = eval_set.inputs[lo:lo + batch_size].to(device)
-            y = eval_set.targets[lo:lo + batch_size].to(device)
+            x = eval_set.inputs[lo : lo + batch_size].to(device)
+            y = eval_set.targets[lo : lo + batch_size].to(device)
             logits = model(x)
             totals[0] += F.cross_entropy(logits, y, reduction="sum").item()
             totals[1] += (logits.argmax(1) == y).sum().item()
@@ -162,17 +163,20 @@ class LanguageModelTask:
         if cfg.data.dataset == "synthetic":
             return ptb.synthetic_lm(self.vocab_size, self.bptt, cfg.data.synthetic_samples, cfg.train.seed)
         if cfg.data.dataset != "ptb":
-            raise ConfigError(f"--model {self.spec.name} is a language model; use --dataset ptb or synthetic "
-                              f"(got {cfg.data.dataset})")
+            raise ConfigError(
+                f"--model {self.spec.name} is a language model; use --dataset ptb or synthetic (got {cfg.data.dataset})"
+            )
         if cfg.data.data_dir:
             corpus = ptb.load_ptb(cfg.data.data_dir)
             self.note = f"data: {cfg.data.data_dir} (Penn Treebank format, {len(corpus.vocab)} words)"
             return corpus
         path = ptb.offline_corpus()
         corpus = ptb.load_ptb(path)
-        self.note = (f"data: offline corpus {path} ({len(corpus.vocab)} words of Python documentation in Penn Treebank "
-                     "format): NOT Penn Treebank, perplexities are not comparable with the paper's; "
-                     "--data-dir DIR reads a real PTB copy")
+        self.note = (
+            f"data: offline corpus {path} ({len(corpus.vocab)} words of Python documentation in Penn Treebank "
+            "format): NOT Penn Treebank, perplexities are not comparable with the paper's; "
+            "--data-dir DIR reads a real PTB copy"
+        )
         return corpus
 
     def data(self, rank: int, num_shards: int) -> tuple[ptb.LMBatches, ptb.EvalStream]:
@@ -223,13 +227,17 @@ class LanguageModelTask:
         targets = part.targets[: rows * length].view(rows, length).to(device)
         pieces = [(inputs, targets)]
         if rows * length < n:
-            pieces.append((part.inputs[rows * length:].view(1, -1).to(device),
-                           part.targets[rows * length:].view(1, -1).to(device)))
+            pieces.append(
+                (
+                    part.inputs[rows * length :].view(1, -1).to(device),
+                    part.targets[rows * length :].view(1, -1).to(device),
+                )
+            )
         for x_all, y_all in pieces:
             hidden = None
             for lo in range(0, x_all.shape[1], self.bptt):
-                logits, hidden = model(x_all[:, lo: lo + self.bptt], hidden)
-                y = y_all[:, lo: lo + self.bptt]
+                logits, hidden = model(x_all[:, lo : lo + self.bptt], hidden)
+                y = y_all[:, lo : lo + self.bptt]
                 totals[0] += F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum").item()
                 totals[1] += y.numel()
         return totals
@@ -255,8 +263,10 @@ def make_task(cfg: Config, own: Any = None) -> Task:
         kwargs = usercode.parse_kwargs("--model-arg", m.model_arg)
         made = usercode.call("--task", m.task, usercode.resolve("--task", m.task), **kwargs)
         if not isinstance(made, OwnTask):
-            raise ConfigError(f"--task {m.task} returned a {type(made).__name__}; return an allreduce_train.Task "
-                              "(subclass it, docs/own_model.md)")
+            raise ConfigError(
+                f"--task {m.task} returned a {type(made).__name__}; return an allreduce_train.Task "
+                "(subclass it, docs/own_model.md)"
+            )
         return TaskAdapter(made, f"--task {m.task}", cfg)
     own_model = usercode.is_reference(m.model)
     own_data = usercode.is_reference(cfg.data.dataset)
@@ -266,18 +276,27 @@ def make_task(cfg: Config, own: Any = None) -> Task:
     if own_model:
         ref, kwargs = m.model, usercode.parse_kwargs("--model-arg", m.model_arg)
         fn = usercode.resolve("--model", ref)
-        spec = ModelSpec(name=ref, build=lambda: usercode.call("--model", ref, fn, **kwargs), input_shape=(),
-                         num_classes=0, description="your own model")
+        spec = ModelSpec(
+            name=ref,
+            build=lambda: usercode.call("--model", ref, fn, **kwargs),
+            input_shape=(),
+            num_classes=0,
+            description="your own model",
+        )
     else:
         spec = MODELS[m.model]
         if spec.task == "lm":
-            raise ConfigError(f"--model {m.model} is a language model over a token stream (--dataset ptb); with your "
-                              "own --dataset use your own --task (docs/own_model.md)")
+            raise ConfigError(
+                f"--model {m.model} is a language model over a token stream (--dataset ptb); with your "
+                "own --dataset use your own --task (docs/own_model.md)"
+            )
     if not own_data:
         if cfg.data.dataset != "fashion-mnist":
-            raise ConfigError(f"--model {m.model} with --dataset {cfg.data.dataset}: your own model trains on "
-                              "fashion-mnist or your own --dataset MODULE:CALLABLE (synthetic data needs a registered "
-                              "model's input shape)")
+            raise ConfigError(
+                f"--model {m.model} with --dataset {cfg.data.dataset}: your own model trains on "
+                "fashion-mnist or your own --dataset MODULE:CALLABLE (synthetic data needs a registered "
+                "model's input shape)"
+            )
         return ClassifyTask(cfg, spec)
     ref, dkwargs = cfg.data.dataset, usercode.parse_kwargs("--dataset-arg", cfg.data.dataset_arg)
     data_fn = usercode.resolve("--dataset", ref)

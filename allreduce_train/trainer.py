@@ -94,16 +94,22 @@ class Trainer:
         if cfg.train.debug_slow_rank:
             slow, _ = parse_slow_rank(cfg.train.debug_slow_rank)
             if slow >= ex.size:
-                raise ConfigError(f"--debug-slow-rank {cfg.train.debug_slow_rank}: there is no rank {slow} "
-                                  f"(ranks 0-{ex.size - 1})")
+                raise ConfigError(
+                    f"--debug-slow-rank {cfg.train.debug_slow_rank}: there is no rank {slow} (ranks 0-{ex.size - 1})"
+                )
             if slow == ex.rank and not ex.is_worker:
-                raise ConfigError(f"--debug-slow-rank {cfg.train.debug_slow_rank}: rank {slow} only serves "
-                                  "(a dedicated parameter server) and computes no gradients; name a worker's rank")
+                raise ConfigError(
+                    f"--debug-slow-rank {cfg.train.debug_slow_rank}: rank {slow} only serves "
+                    "(a dedicated parameter server) and computes no gradients; name a worker's rank"
+                )
         device = pick_device(cfg.train.device, ex.local_rank, announce=ex.is_main)
         torch.set_num_threads(cfg.train.threads or max(1, local_cores() // ex.local_size))
         if cfg.train.flush_denormal and not torch.set_flush_denormal(True) and ex.is_main:
-            print("--flush-denormal: this CPU cannot flush denormal floats (torch.set_flush_denormal needs SSE3); "
-                  "they stay as they are", flush=True)
+            print(
+                "--flush-denormal: this CPU cannot flush denormal floats (torch.set_flush_denormal needs SSE3); "
+                "they stay as they are",
+                flush=True,
+            )
         torch.manual_seed(cfg.train.seed)  # same seed everywhere: identical initial parameters
 
         # classification, language model or the user's own: data, loss, evaluation
@@ -118,8 +124,12 @@ class Trainer:
             check(model, x.to(device), y.to(device))
         # Identical parameters came from the common seed; dropout masks must differ between workers.
         torch.manual_seed(cfg.train.seed + 1_000_003 * (ex.worker_index + 1))
-        optimizer = torch.optim.SGD(model.parameters(), lr=lr_at(0, cfg, ex.num_workers, batches.steps_per_epoch),
-                                    momentum=cfg.optim.momentum, weight_decay=cfg.optim.weight_decay)
+        optimizer = torch.optim.SGD(
+            model.parameters(),
+            lr=lr_at(0, cfg, ex.num_workers, batches.steps_per_epoch),
+            momentum=cfg.optim.momentum,
+            weight_decay=cfg.optim.weight_decay,
+        )
         start, workers = 0, None
         path = os.path.join(self.run_dir, checkpoint.CHECKPOINT_NAME) if cfg.run.resume == "auto" else cfg.run.resume
         # --resume auto with nothing saved yet starts fresh: the same command line serves the first
@@ -130,8 +140,10 @@ class Trainer:
             saved = state["config"]
             for section, key in (("model", "model"), ("model", "task"), ("data", "batch_size")):
                 if saved[section].get(key, "") != getattr(getattr(cfg, section), key):
-                    raise ConfigError(f"--resume {path}: checkpoint has {section}.{key}={saved[section].get(key, '')!r}, "
-                                      f"this run {getattr(getattr(cfg, section), key)!r}; run with the same value")
+                    raise ConfigError(
+                        f"--resume {path}: checkpoint has {section}.{key}={saved[section].get(key, '')!r}, "
+                        f"this run {getattr(getattr(cfg, section), key)!r}; run with the same value"
+                    )
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
             start = int(state["step"])
@@ -139,8 +151,9 @@ class Trainer:
         return Setup(device, model, optimizer, batches, eval_set, total, start, workers)
 
     # ---------------------------------------------------------------- one step
-    def train_step(self, model, optimizer, inputs, targets, k: int, step: int = 0,
-                   after_backward: Callable[[], None] | None = None) -> tuple[torch.Tensor, float, bool]:
+    def train_step(
+        self, model, optimizer, inputs, targets, k: int, step: int = 0, after_backward: Callable[[], None] | None = None
+    ) -> tuple[torch.Tensor, float, bool]:
         """Forward/backward over ``k`` micro-batches, exchange gradients, update step ``step`` (1-based).
 
         ``after_backward`` runs once backward is done, while the last gradients are still in flight
@@ -166,8 +179,9 @@ class Trainer:
                 # backward (the loss is known), so it travels while backward runs and is back with the
                 # gradients: started after backward it came back after them, behind a poll of its own.
                 # (.item(): on a GPU this waits for the forward pass's kernels.)
-                self.ex.start_vote(torch.tensor([float(bool(preempt.requested())), loss_sum.item()],
-                                                dtype=torch.float64))
+                self.ex.start_vote(
+                    torch.tensor([float(bool(preempt.requested())), loss_sum.item()], dtype=torch.float64)
+                )
             loss.backward()  # the allreduce of each gradient starts from its hook, overlapping backward
         if self.slow_factor > 1:  # --debug-slow-rank: a straggler on purpose (tests)
             time.sleep((self.slow_factor - 1) * (time.perf_counter() - began))
@@ -207,15 +221,23 @@ class Trainer:
         # communication: every worker's RNG and task state (an LSTM's hidden state), so that a resumed
         # run continues bit-exactly mid-epoch (dropout masks, the text's state)
         sch = self.schedule
-        mine = WorkerState(torch.get_rng_state(), self.task.state_dict(),
-                           exchange=sch.wire.state_dict(),  # e.g. PowerSGD's error feedback and Qs
-                           # local SGD, DiLoCo: each worker's own parameters and momentum between averagings
-                           schedule={sch.state_key: sch.state_dict(model, optimizer)} if sch.state_key else {},
-                           cuda_rng=torch.cuda.get_rng_state() if torch.cuda.is_available() else None)
+        mine = WorkerState(
+            torch.get_rng_state(),
+            self.task.state_dict(),
+            exchange=sch.wire.state_dict(),  # e.g. PowerSGD's error feedback and Qs
+            # local SGD, DiLoCo: each worker's own parameters and momentum between averagings
+            schedule={sch.state_key: sch.state_dict(model, optimizer)} if sch.state_key else {},
+            cuda_rng=torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+        )
         workers = self.ex.gather_from_workers(mine.to_dict())
         if self.ex.is_main:
-            state = {"model": self.ex.model_state_dict(model), "optimizer": optimizer.state_dict(), "step": step,
-                     "config": self.cfg.to_dict(), "workers": workers}
+            state = {
+                "model": self.ex.model_state_dict(model),
+                "optimizer": optimizer.state_dict(),
+                "step": step,
+                "config": self.cfg.to_dict(),
+                "workers": workers,
+            }
             checkpoint.save(os.path.join(self.run_dir, checkpoint.CHECKPOINT_NAME), state)
 
     def log_figures(self, loss_sum: torch.Tensor, steps: int, meter: Throughput) -> tuple[float, torch.Tensor]:
@@ -224,8 +246,9 @@ class Trainer:
         workers, me = self.ex.num_workers, self.ex.worker_index
         mine = torch.zeros(1 + 3 * workers, dtype=torch.float64)
         mine[0] = (loss_sum.cpu() / steps).double()
-        mine[1 + 3 * me:4 + 3 * me] = torch.tensor(meter.per_rank(steps, self.cfg.train.straggler_window),
-                                                     dtype=torch.float64)
+        mine[1 + 3 * me : 4 + 3 * me] = torch.tensor(
+            meter.per_rank(steps, self.cfg.train.straggler_window), dtype=torch.float64
+        )
         # communication: one sum over workers per log interval; each worker fills only its own row
         total = self.ex.sum_over_workers(mine)
         return (total[0] / workers).item(), total[1:].view(workers, 3)
@@ -250,11 +273,13 @@ class Trainer:
             self.schedule.wire.load_state_dict(mine.exchange)
         elif resumed:  # another worker count (an elastic restart): per-worker state does not carry over
             old, new, spe = len(resumed), ex.num_workers, s.batches.steps_per_epoch
-            log.message(f"elastic: resumed with {new} workers from a checkpoint of {old}: global batch "
-                        f"{old * cfg.data.batch_size * cfg.exchange.backward_passes_per_step} -> "
-                        f"{new * cfg.data.batch_size * cfg.exchange.backward_passes_per_step}, LR "
-                        f"{lr_at(step, cfg, old, spe):g} -> {lr_at(step, cfg, new, spe):g}; RNG and task state "
-                        "start afresh")
+            log.message(
+                f"elastic: resumed with {new} workers from a checkpoint of {old}: global batch "
+                f"{old * cfg.data.batch_size * cfg.exchange.backward_passes_per_step} -> "
+                f"{new * cfg.data.batch_size * cfg.exchange.backward_passes_per_step}, LR "
+                f"{lr_at(step, cfg, old, spe):g} -> {lr_at(step, cfg, new, spe):g}; RNG and task state "
+                "start afresh"
+            )
         k = cfg.exchange.backward_passes_per_step
         workers, per_step = ex.num_workers, cfg.data.batch_size * k
         spe = s.batches.steps_per_epoch
@@ -263,8 +288,10 @@ class Trainer:
         stop_at = min(s.total_steps, step + cfg.train.exit_after_steps) if cfg.train.exit_after_steps else s.total_steps
 
         data = "its own data" if cfg.model.task else cfg.data.dataset
-        log.message(f"{cfg.model.task or cfg.model.model} on {data}: {workers} workers x batch {per_step} = global batch "
-                    f"{workers * per_step}, {s.total_steps} steps ({spe}/epoch), strategy {ex.name}, from step {step}")
+        log.message(
+            f"{cfg.model.task or cfg.model.model} on {data}: {workers} workers x batch {per_step} = global batch "
+            f"{workers * per_step}, {s.total_steps} steps ({spe}/epoch), strategy {ex.name}, from step {step}"
+        )
         if self.task.note:  # e.g. which text a language model reads, and whether its figures compare with PTB
             log.message(self.task.note)
             log.text("data", self.task.note)
@@ -299,8 +326,9 @@ class Trainer:
                 inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
                 # the next batch is gathered while this step's last gradients travel (the same batches in
                 # the same order; at 2 ranks the gather leaves the step's critical path)
-                loss, wait, stop = self.train_step(model, optimizer, inputs, targets, k, step + 1,
-                                                   after_backward=gather_next)
+                loss, wait, stop = self.train_step(
+                    model, optimizer, inputs, targets, k, step + 1, after_backward=gather_next
+                )
                 if device.type == "cuda":
                     torch.cuda.synchronize()  # honest step times
                 step += 1
@@ -311,8 +339,12 @@ class Trainer:
                 log.progress(1)
                 if step % cfg.train.log_every == 0 or step == stop_at:
                     train_loss, figures = self.log_figures(loss_sum, since_log, meter)
-                    values = {"train/loss": train_loss, "train/lr": lr, "train/epoch": step / spe,
-                              **meter.recent(since_log)}
+                    values = {
+                        "train/loss": train_loss,
+                        "train/lr": lr,
+                        "train/epoch": step / spe,
+                        **meter.recent(since_log),
+                    }
                     for r, (compute_ms, wait_ms, _) in zip(ranks, figures.tolist(), strict=True):
                         values.update({f"perf/compute_ms/rank{r}": compute_ms, f"perf/wait_ms/rank{r}": wait_ms})
                     if window_median_ms(meter.computes, cfg.train.straggler_window, meter.warmup) is not None:
@@ -328,12 +360,15 @@ class Trainer:
                 if step % eval_every == 0 or step == s.total_steps:
                     last_eval = self.evaluate(model, s.eval_set, device)
                     log.scalars(step, last_eval)
-                    log.message(f"step {step}: " + ", ".join(f"{key.replace('/', ' ')} {v:.4f}"
-                                                             for key, v in last_eval.items()))
+                    log.message(
+                        f"step {step}: " + ", ".join(f"{key.replace('/', ' ')} {v:.4f}" for key, v in last_eval.items())
+                    )
                     if target.record(step, step / spe, last_eval):
                         seconds = target.reached["seconds"] if target.reached else float("nan")
-                        log.message(f"target {cfg.train.target} reached at step {step} (epoch {step / spe:.2f}) "
-                                    f"after {seconds:.1f} s")
+                        log.message(
+                            f"target {cfg.train.target} reached at step {step} (epoch {step / spe:.2f}) "
+                            f"after {seconds:.1f} s"
+                        )
                         stop_at = step  # every rank evaluated the same global figures: all stop here
                 if step % ckpt_every == 0 or step == stop_at or stop:
                     self.save_checkpoint(model, optimizer, step)
@@ -349,22 +384,34 @@ class Trainer:
         # each worker's own row, its median compute and wait over the run and its peak resident memory
         own = torch.zeros(1 + 3 * workers, dtype=torch.float64)
         own[0] = meter.cpu_seconds
-        own[1 + 3 * ex.worker_index:4 + 3 * ex.worker_index] = torch.tensor([*meter.run_medians(), peak_rss_mib()],
-                                                                            dtype=torch.float64)
+        own[1 + 3 * ex.worker_index : 4 + 3 * ex.worker_index] = torch.tensor(
+            [*meter.run_medians(), peak_rss_mib()], dtype=torch.float64
+        )
         total = ex.sum_over_workers(own)
         cpu_s = total[0].item()
-        per_rank = [{"rank": r, "host": h, "compute_ms": c, "wait_ms": w, "peak_rss_mib": m}
-                    for r, h, (c, w, m) in zip(ranks, hosts, total[1:].view(workers, 3).tolist(), strict=True)]
-        stragglers = {"ranks": per_rank, "stragglers": [found.record() for found in rule.found],
-                      "straggler_rule": {"factor": cfg.train.straggler_factor, "window": cfg.train.straggler_window}}
+        per_rank = [
+            {"rank": r, "host": h, "compute_ms": c, "wait_ms": w, "peak_rss_mib": m}
+            for r, h, (c, w, m) in zip(ranks, hosts, total[1:].view(workers, 3).tolist(), strict=True)
+        ]
+        stragglers = {
+            "ranks": per_rank,
+            "stragglers": [found.record() for found in rule.found],
+            "straggler_rule": {"factor": cfg.train.straggler_factor, "window": cfg.train.straggler_window},
+        }
         if cfg.run.dump_params:
-            torch.save({n: p.detach().cpu() for n, p in model.state_dict().items()},
-                       cfg.run.dump_params.replace("{rank}", str(ex.rank)))
-        return {**self.result(step, s.total_steps, meter.summary(cpu_s), train_loss, last_eval), **target.summary(),
-                **stragglers}
+            torch.save(
+                {n: p.detach().cpu() for n, p in model.state_dict().items()},
+                cfg.run.dump_params.replace("{rank}", str(ex.rank)),
+            )
+        return {
+            **self.result(step, s.total_steps, meter.summary(cpu_s), train_loss, last_eval),
+            **target.summary(),
+            **stragglers,
+        }
 
-    def result(self, step: int, total: int, perf: dict[str, float], train_loss: float,
-               last_eval: dict[str, float]) -> dict[str, Any]:
+    def result(
+        self, step: int, total: int, perf: dict[str, float], train_loss: float, last_eval: dict[str, float]
+    ) -> dict[str, Any]:
         """metrics.json: what ran, how fast, and where it ended."""
         cfg, ex = self.cfg, self.ex
         per_step = cfg.data.batch_size * cfg.exchange.backward_passes_per_step
@@ -389,12 +436,15 @@ class Trainer:
     def report(self, result: dict[str, Any], log: NullLogger) -> None:
         """The end of a run on the main rank: HParams, metrics.json and the one-line summary."""
         evals = {key: v for key, v in result["final"].items() if key.startswith("eval_")}  # accuracy or perplexity
-        log.hparams(flat_hparams(self.cfg), {**{f"hparam/{key}": v for key, v in evals.items()},
-                                             "hparam/samples_per_sec": result["samples_per_sec"]})
+        log.hparams(
+            flat_hparams(self.cfg),
+            {**{f"hparam/{key}": v for key, v in evals.items()}, "hparam/samples_per_sec": result["samples_per_sec"]},
+        )
         log.write_json("metrics.json", result)
         words = f", {result['words_per_sec']:.0f} words/s" if "words_per_sec" in result else ""
         log.message(
-            f"done: {result['steps']} steps, " + ", ".join(f"{key.replace('_', ' ')} {v:.4f}" for key, v in evals.items())
+            f"done: {result['steps']} steps, "
+            + ", ".join(f"{key.replace('_', ' ')} {v:.4f}" for key, v in evals.items())
             + f", {result['samples_per_sec']:.0f} samples/s{words} "
             f"({result['workers']} workers), step {result['step_ms']:.2f} ms -> {result['run_dir']}"
         )

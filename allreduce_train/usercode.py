@@ -63,8 +63,9 @@ def call(flag: str, text: str, fn: Callable[..., Any], *args: Any, **kwargs: Any
         return fn(*args, **kwargs)
     except TypeError as e:
         if kwargs and ("argument" in str(e)):
-            raise ConfigError(f"{flag} {text}: {e} (keyword arguments given: {', '.join(kwargs)}; "
-                              "fix the --*-arg flags)") from None
+            raise ConfigError(
+                f"{flag} {text}: {e} (keyword arguments given: {', '.join(kwargs)}; fix the --*-arg flags)"
+            ) from None
         raise ConfigError(f"{flag} {text} raised TypeError: {e}") from None
     except ConfigError:
         raise

@@ -62,8 +62,11 @@ class Task:
         """Sums over one evaluation batch, by name; the same names for every batch. They are added
         over batches and workers and handed to :meth:`eval_metrics`."""
         logits = model(inputs)
-        return {"loss": F.cross_entropy(logits, targets, reduction="sum").item(),
-                "correct": (logits.argmax(-1) == targets).sum().item(), "count": len(targets)}
+        return {
+            "loss": F.cross_entropy(logits, targets, reduction="sum").item(),
+            "correct": (logits.argmax(-1) == targets).sum().item(),
+            "count": len(targets),
+        }
 
     def eval_metrics(self, sums: dict[str, float]) -> dict[str, float]:
         """The figures (logged as ``eval/<name>``; ``--target eval/<name>>=X`` stops on one) from the sums."""
@@ -103,14 +106,16 @@ class TaskAdapter:
         cfg = self.cfg
         pair = self._call("datasets()", self.task.datasets)
         if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
-            raise ConfigError(f"{self.flag}: the datasets are a {type(pair).__name__}; return a pair "
-                              "(train dataset, eval dataset)")
+            raise ConfigError(
+                f"{self.flag}: the datasets are a {type(pair).__name__}; return a pair (train dataset, eval dataset)"
+            )
         train_set, eval_set = pair
         check_map_style(self.flag, "training", train_set)
         check_map_style(self.flag, "evaluation", eval_set)
         k = cfg.exchange.backward_passes_per_step
-        batches = DatasetBatches(train_set, cfg.data.batch_size * k, rank, num_shards, cfg.train.seed,
-                                 workers=cfg.data.data_workers)
+        batches = DatasetBatches(
+            train_set, cfg.data.batch_size * k, rank, num_shards, cfg.train.seed, workers=cfg.data.data_workers
+        )
         if batches.steps_per_epoch == 0:
             raise ConfigError(
                 f"{self.flag}: {len(train_set)} training samples are fewer than one global batch "
@@ -118,8 +123,9 @@ class TaskAdapter:
                 "use fewer ranks (-np) or a smaller --batch-size"
             )
         if len(eval_set) < num_shards:
-            raise ConfigError(f"{self.flag}: {len(eval_set)} evaluation samples for {num_shards} workers; "
-                              "use fewer ranks (-np)")
+            raise ConfigError(
+                f"{self.flag}: {len(eval_set)} evaluation samples for {num_shards} workers; use fewer ranks (-np)"
+            )
         return batches, EvalPart(eval_set, rank, num_shards)
 
     def build_model(self) -> torch.nn.Module:
@@ -140,14 +146,18 @@ class TaskAdapter:
             with torch.no_grad(), torch.random.fork_rng(devices=[]):
                 loss = self.task.loss(model, inputs, targets)
         except Exception as e:
-            raise ConfigError(f"{self.flag}: the loss on one training batch (inputs {_shape(inputs)}, targets "
-                              f"{_shape(targets)}) raised {type(e).__name__}: {e}") from None
+            raise ConfigError(
+                f"{self.flag}: the loss on one training batch (inputs {_shape(inputs)}, targets "
+                f"{_shape(targets)}) raised {type(e).__name__}: {e}"
+            ) from None
         finally:
             model.train(was_training)
             self.task.load_state_dict(saved)  # the check's call of loss() counts for nothing
         if not (isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.is_floating_point()):
-            raise ConfigError(f"{self.flag}: the loss is {_shape(loss)}; return a scalar floating-point tensor "
-                              "(the mean over the batch)")
+            raise ConfigError(
+                f"{self.flag}: the loss is {_shape(loss)}; return a scalar floating-point tensor "
+                "(the mean over the batch)"
+            )
 
     def start_epoch(self, epoch: int) -> None:
         self.task.start_epoch(epoch)
@@ -170,14 +180,18 @@ class TaskAdapter:
         if self.keys is None:
             self.keys = sorted(totals)
         if sorted(totals) != self.keys and totals:
-            raise ValueError(f"{self.flag}: eval_sums returned {sorted(totals)}, earlier {self.keys}: return the "
-                             "same names every time")
+            raise ValueError(
+                f"{self.flag}: eval_sums returned {sorted(totals)}, earlier {self.keys}: return the "
+                "same names every time"
+            )
         return torch.tensor([totals.get(name, 0.0) for name in self.keys], dtype=torch.float64)
 
     def eval_metrics(self, totals: torch.Tensor) -> dict[str, float]:
         sums = dict(zip(self.keys or [], totals.tolist(), strict=False))
-        return {name if name.startswith("eval/") else f"eval/{name}": float(v)
-                for name, v in self.task.eval_metrics(sums).items()}
+        return {
+            name if name.startswith("eval/") else f"eval/{name}": float(v)
+            for name, v in self.task.eval_metrics(sums).items()
+        }
 
 
 def _to(x: Any, device: torch.device) -> Any:

@@ -99,8 +99,9 @@ def ipv4_addresses() -> list[str]:
 class Watchdog:
     """One per rank; see the module docstring. ``interval``: seconds between heartbeats."""
 
-    def __init__(self, rank: int, size: int, timeout: float, compare: bool = True,
-                 hosts: list[str] | None = None) -> None:
+    def __init__(
+        self, rank: int, size: int, timeout: float, compare: bool = True, hosts: list[str] | None = None
+    ) -> None:
         self.rank, self.size, self.timeout = rank, size, timeout
         self.hosts = hosts or []  # every rank's hostname, by rank: the verdict says where a missing rank runs
         self.compare = compare  # False on a rank whose state says nothing about the steps (a PS server)
@@ -230,8 +231,9 @@ class Watchdog:
         if silent:
             parts.append(f"no heartbeat from rank {', '.join(map(str, silent))} (frozen or gone)")
         if behind:
-            parts.append(f"rank {', '.join(map(str, behind))} behind at step(s) "
-                         f"{', '.join(str(board[r][0]) for r in behind)}")
+            parts.append(
+                f"rank {', '.join(map(str, behind))} behind at step(s) {', '.join(str(board[r][0]) for r in behind)}"
+            )
         if not parts:
             return [], "every rank is waiting in the exchange (a broken link?)"
         return sorted(silent + behind), "; ".join(parts)
@@ -250,11 +252,18 @@ class Watchdog:
         speaker = min((r for r in range(self.size) if r not in ranks), default=self.rank)
         if self.rank == speaker:
             where = sorted({self.hosts[r] for r in ranks if r < len(self.hosts)})
-            who = (f"rank(s) {', '.join(map(str, ranks))} did not arrive" + (f" (on {', '.join(where)})" if where else "")
-                   if ranks else "no rank is known to be missing")
-            print(f"allreduce_train: error: stalled at step {step}: no progress for {self.timeout:g} s "
-                  f"(--stall-timeout); {who}: {how}{'; ' + cause if cause else ''}. Ending the job "
-                  f"(exit {EXIT_STALLED}).", file=sys.stderr, flush=True)
+            who = (
+                f"rank(s) {', '.join(map(str, ranks))} did not arrive" + (f" (on {', '.join(where)})" if where else "")
+                if ranks
+                else "no rank is known to be missing"
+            )
+            print(
+                f"allreduce_train: error: stalled at step {step}: no progress for {self.timeout:g} s "
+                f"(--stall-timeout); {who}: {how}{'; ' + cause if cause else ''}. Ending the job "
+                f"(exit {EXIT_STALLED}).",
+                file=sys.stderr,
+                flush=True,
+            )
         else:
             time.sleep(min(5.0, 2 * self.interval + 1.0))  # let the speaker's line out before mpirun ends the job
         record_exit(self.rank, EXIT_STALLED)

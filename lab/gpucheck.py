@@ -65,9 +65,15 @@ from models import MODELS
 from .common.workloads import first_batch, loss_of
 
 WAYS = ("trainer", "trainer-exchange", "horovod", "ddp")
-LABELS = {"trainer": "trainer, no exchange", "trainer-exchange": "trainer, Horovod allreduce",
-          "horovod": "bare Horovod", "ddp": "DDP", "ring-gloo": "trainer, Horovod Gloo, 2 ranks",
-          "ring-mpi": "trainer, mpi4py ring, 2 ranks", "ps": "trainer, colocated PS, 2 ranks"}
+LABELS = {
+    "trainer": "trainer, no exchange",
+    "trainer-exchange": "trainer, Horovod allreduce",
+    "horovod": "bare Horovod",
+    "ddp": "DDP",
+    "ring-gloo": "trainer, Horovod Gloo, 2 ranks",
+    "ring-mpi": "trainer, mpi4py ring, 2 ranks",
+    "ps": "trainer, colocated PS, 2 ranks",
+}
 TWO_RANK_WAYS = ("ring-gloo", "ring-mpi", "ps")
 DEFAULT_MODELS = "lenet5,resnet18,ptb-lstm-small"
 # A batch per model at which the GPU computes more than it waits on kernel launches (the models' own
@@ -111,12 +117,32 @@ def run_trainer(args: argparse.Namespace, device: torch.device) -> dict:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     total = args.warmup_steps + args.steps
-    cli = parser.parse_args([
-        "--model", args.model, "--dataset", "synthetic", "--strategy", "allreduce", "--device", device.type,
-        "--batch-size", str(batch_for(args.model, args.batch_size)), "--steps", str(total),
-        "--perf-warmup-steps", str(args.warmup_steps), "--log-every", str(max(1, total // 4)),
-        "--synthetic-samples", str(args.synthetic_samples), "--seed", str(args.seed),
-        "--threads", str(args.threads)])
+    cli = parser.parse_args(
+        [
+            "--model",
+            args.model,
+            "--dataset",
+            "synthetic",
+            "--strategy",
+            "allreduce",
+            "--device",
+            device.type,
+            "--batch-size",
+            str(batch_for(args.model, args.batch_size)),
+            "--steps",
+            str(total),
+            "--perf-warmup-steps",
+            str(args.warmup_steps),
+            "--log-every",
+            str(max(1, total // 4)),
+            "--synthetic-samples",
+            str(args.synthetic_samples),
+            "--seed",
+            str(args.seed),
+            "--threads",
+            str(args.threads),
+        ]
+    )
     cfg = build_config(cli)
     sent: dict[str, Any] = {"calls": 0, "bytes": 0, "devices": set()}
     if args.way == "trainer-exchange":
@@ -131,11 +157,20 @@ def run_trainer(args: argparse.Namespace, device: torch.device) -> dict:
             result = trainer.run(setup, logger)
         note = f"Horovod controller {result['horovod_controller']}, world size {result['world_size']}"
         if args.way == "trainer-exchange":
-            note += (f"; {sent['calls']} Horovod allreduces of {'/'.join(sorted(sent['devices']))} gradients "
-                     f"({sent['bytes'] / 2**20 / total:.2f} MB a step)")
-        return {"samples_per_sec": result["samples_per_sec"], "step_ms": 1e3 * result["global_batch"] / result["samples_per_sec"],
-                "peak_mb": peak_mb(setup.device), "loss_first": logger.losses[0], "loss_last": logger.losses[-1],
-                "allreduces": sent["calls"], "steps_run": total, "note": note}
+            note += (
+                f"; {sent['calls']} Horovod allreduces of {'/'.join(sorted(sent['devices']))} gradients "
+                f"({sent['bytes'] / 2**20 / total:.2f} MB a step)"
+            )
+        return {
+            "samples_per_sec": result["samples_per_sec"],
+            "step_ms": 1e3 * result["global_batch"] / result["samples_per_sec"],
+            "peak_mb": peak_mb(setup.device),
+            "loss_first": logger.losses[0],
+            "loss_last": logger.losses[-1],
+            "allreduces": sent["calls"],
+            "steps_run": total,
+            "note": note,
+        }
     finally:
         ex.close()
 
@@ -152,6 +187,7 @@ def count_allreduces(sent: dict) -> None:
                 sent["devices"].add(t.device.type)
             sent["calls"] += 1
             return fn(tensors, *a, **kw)
+
         return call
 
     hopt.allreduce_async_ = counted(hopt.allreduce_async_)
@@ -175,8 +211,9 @@ def run_loop(args: argparse.Namespace, device: torch.device) -> dict:
             loss = loss_of(model, x, y)
             loss.backward()
             # communication: every gradient, one fused Horovod allreduce (NCCL for CUDA tensors)
-            hvd.grouped_allreduce_([p.grad for p in model.parameters() if p.grad is not None],
-                                   op=hvd.Average, name="grads")
+            hvd.grouped_allreduce_(
+                [p.grad for p in model.parameters() if p.grad is not None], op=hvd.Average, name="grads"
+            )
             opt.step()
             return loss.detach()
 
@@ -214,8 +251,14 @@ def run_loop(args: argparse.Namespace, device: torch.device) -> dict:
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - t0
         batch = x.shape[0]
-        return {"samples_per_sec": batch * args.steps / elapsed, "step_ms": 1e3 * elapsed / args.steps,
-                "peak_mb": peak_mb(device), "loss_first": first, "loss_last": last.item(), "note": note}
+        return {
+            "samples_per_sec": batch * args.steps / elapsed,
+            "step_ms": 1e3 * elapsed / args.steps,
+            "peak_mb": peak_mb(device),
+            "loss_first": first,
+            "loss_last": last.item(),
+            "note": note,
+        }
     finally:
         close()
 
@@ -239,8 +282,17 @@ def run_one(args: argparse.Namespace) -> int:
 
         row["parts"] = result(meter, args.way, args.model, 0, 1)
     with open(args.result, "w") as fh:
-        json.dump({"model": args.model, "way": args.way, "batch": batch_for(args.model, args.batch_size),
-                   "ranks": 1, "device": str(device), **row}, fh)
+        json.dump(
+            {
+                "model": args.model,
+                "way": args.way,
+                "batch": batch_for(args.model, args.batch_size),
+                "ranks": 1,
+                "device": str(device),
+                **row,
+            },
+            fh,
+        )
     return 0
 
 
@@ -279,11 +331,34 @@ class _KVStore(BaseHTTPRequestHandler):
 
 
 def train_args(args: argparse.Namespace, model: str, batch: int, run_dir: str, name: str) -> list[str]:
-    return ["--model", model, "--dataset", "synthetic", "--device", args.device, "--batch-size", str(batch),
-            "--steps", str(args.two_rank_steps), "--perf-warmup-steps", str(min(args.warmup_steps, args.two_rank_steps - 1)),
-            "--synthetic-samples", str(args.synthetic_samples), "--seed", str(args.seed), "--threads", str(args.threads),
-            "--run-dir", run_dir, "--name", name, "--no-tensorboard", "--no-progress",
-            "--dump-params", os.path.join(run_dir, f"{name}-{{rank}}.pt")]
+    return [
+        "--model",
+        model,
+        "--dataset",
+        "synthetic",
+        "--device",
+        args.device,
+        "--batch-size",
+        str(batch),
+        "--steps",
+        str(args.two_rank_steps),
+        "--perf-warmup-steps",
+        str(min(args.warmup_steps, args.two_rank_steps - 1)),
+        "--synthetic-samples",
+        str(args.synthetic_samples),
+        "--seed",
+        str(args.seed),
+        "--threads",
+        str(args.threads),
+        "--run-dir",
+        run_dir,
+        "--name",
+        name,
+        "--no-tensorboard",
+        "--no-progress",
+        "--dump-params",
+        os.path.join(run_dir, f"{name}-{{rank}}.pt"),
+    ]
 
 
 def start_gloo_pair(args: argparse.Namespace, cli: list[str]) -> tuple[list[subprocess.Popen], ThreadingHTTPServer]:
@@ -294,13 +369,30 @@ def start_gloo_pair(args: argparse.Namespace, cli: list[str]) -> tuple[list[subp
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "HOROVOD_"))}
     if args.gloo_pythonpath:  # the Horovod without GPU operations (docstring), ahead of the NCCL one
         env["PYTHONPATH"] = args.gloo_pythonpath + os.pathsep + env.get("PYTHONPATH", "")
-    env.update({"HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_GLOO_IFACE": "lo",
-                "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1", "HOROVOD_GLOO_RENDEZVOUS_PORT": str(server.server_address[1]),
-                "HOROVOD_HOSTNAME": "localhost", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_SIZE": "2",
-                "HOROVOD_CROSS_RANK": "0", "HOROVOD_CROSS_SIZE": "1"})
-    procs = [subprocess.Popen([sys.executable, "-m", "allreduce_train", "train", *cli, "--strategy", "allreduce"],
-                              env={**env, "HOROVOD_RANK": str(r), "HOROVOD_LOCAL_RANK": str(r)},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    env.update(
+        {
+            "HOROVOD_CONTROLLER": "gloo",
+            "HOROVOD_CPU_OPERATIONS": "gloo",
+            "HOROVOD_GLOO_IFACE": "lo",
+            "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
+            "HOROVOD_GLOO_RENDEZVOUS_PORT": str(server.server_address[1]),
+            "HOROVOD_HOSTNAME": "localhost",
+            "HOROVOD_SIZE": "2",
+            "HOROVOD_LOCAL_SIZE": "2",
+            "HOROVOD_CROSS_RANK": "0",
+            "HOROVOD_CROSS_SIZE": "1",
+        }
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "allreduce_train", "train", *cli, "--strategy", "allreduce"],
+            env={**env, "HOROVOD_RANK": str(r), "HOROVOD_LOCAL_RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
     return procs, server
 
 
@@ -308,8 +400,9 @@ def run_two(args: argparse.Namespace, way: str, model: str, batch: int) -> dict:
     """One two-rank job of ``way``; the row, with whether both ranks ended with the same parameters."""
     row = {"model": model, "way": way, "batch": batch, "ranks": 2, "device": args.device}
     if way != "ring-gloo":
-        missing = [what for what, ok in (("mpirun", shutil.which("mpirun")),
-                                         ("mpi4py", _importable("mpi4py"))) if not ok]
+        missing = [
+            what for what, ok in (("mpirun", shutil.which("mpirun")), ("mpi4py", _importable("mpi4py"))) if not ok
+        ]
         if missing:
             return {**row, "skipped": f"no {' or '.join(missing)} on this machine (the {LABELS[way]} row needs MPI)"}
     with tempfile.TemporaryDirectory() as run_dir:
@@ -319,10 +412,19 @@ def run_two(args: argparse.Namespace, way: str, model: str, batch: int) -> dict:
             if way == "ring-gloo":
                 procs, server = start_gloo_pair(args, cli)
             else:
-                engine = ["--strategy", "allreduce", "--allreduce-engine", "mpi"] if way == "ring-mpi" else \
-                    ["--strategy", "ps", "--ps-placement", "colocated"]
-                procs = [subprocess.Popen([sys.executable, "-m", "launch", "-np", "2", "--", *cli, *engine],
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)]
+                engine = (
+                    ["--strategy", "allreduce", "--allreduce-engine", "mpi"]
+                    if way == "ring-mpi"
+                    else ["--strategy", "ps", "--ps-placement", "colocated"]
+                )
+                procs = [
+                    subprocess.Popen(
+                        [sys.executable, "-m", "launch", "-np", "2", "--", *cli, *engine],
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
+                        text=True,
+                    )
+                ]
             outs, rcs = [], []
             deadline = time.monotonic() + args.timeout
             for proc in procs:
@@ -348,13 +450,22 @@ def run_two(args: argparse.Namespace, way: str, model: str, batch: int) -> dict:
         dumps = [torch.load(os.path.join(run_dir, f"{way}-{r}.pt"), weights_only=True) for r in range(2)]
     differ = [k for k in dumps[0] if not torch.equal(dumps[0][k], dumps[1][k])]
     spb = metrics["samples_per_sec"]
-    return {**row, "samples_per_sec": spb, "step_ms": 1e3 * metrics["global_batch"] / spb, "peak_mb": None,
-            "loss_first": float("nan"), "loss_last": metrics["final"]["train_loss"],
-            "world_size": metrics["world_size"], "params_identical": not differ,
-            "note": (f"world size {metrics['world_size']}"
-                     + (f", Horovod controller {metrics['horovod_controller']}" if "horovod_controller" in metrics else "")
-                     + f", {metrics.get('allreduce_engine') or metrics['strategy']}; both ranks' parameters "
-                     + ("identical at the end" if not differ else f"DIFFER in {len(differ)} tensors (no exchange?)"))}
+    return {
+        **row,
+        "samples_per_sec": spb,
+        "step_ms": 1e3 * metrics["global_batch"] / spb,
+        "peak_mb": None,
+        "loss_first": float("nan"),
+        "loss_last": metrics["final"]["train_loss"],
+        "world_size": metrics["world_size"],
+        "params_identical": not differ,
+        "note": (
+            f"world size {metrics['world_size']}"
+            + (f", Horovod controller {metrics['horovod_controller']}" if "horovod_controller" in metrics else "")
+            + f", {metrics.get('allreduce_engine') or metrics['strategy']}; both ranks' parameters "
+            + ("identical at the end" if not differ else f"DIFFER in {len(differ)} tensors (no exchange?)")
+        ),
+    }
 
 
 def _importable(module: str) -> bool:
@@ -370,8 +481,10 @@ def _num(value: float | None, fmt: str) -> str:
 
 def table(rows: list[dict], device: str) -> str:
     mem = "peak GPU MB" if device == "cuda" else "peak GPU MB (CPU run)"
-    lines = [f"| model | way | ranks | batch | samples/s | step ms | {mem} | loss first -> last | |",
-             "|---|---|--:|--:|--:|--:|--:|---|---|"]
+    lines = [
+        f"| model | way | ranks | batch | samples/s | step ms | {mem} | loss first -> last | |",
+        "|---|---|--:|--:|--:|--:|--:|---|---|",
+    ]
     for r in rows:
         head = f"| {r['model']} | {LABELS[r['way']]} | {r['ranks']} | {r['batch']} |"
         if "skipped" in r:
@@ -379,8 +492,10 @@ def table(rows: list[dict], device: str) -> str:
         elif "error" in r:
             lines.append(f"{head} - | - | - | - | FAILED: {r['error']} |")
         else:
-            lines.append(f"{head} {r['samples_per_sec']:.0f} | {r['step_ms']:.2f} | {_num(r['peak_mb'], '.0f')} | "
-                         f"{_num(r['loss_first'], '.3f')} -> {_num(r['loss_last'], '.3f')} | {r['note']} |")
+            lines.append(
+                f"{head} {r['samples_per_sec']:.0f} | {r['step_ms']:.2f} | {_num(r['peak_mb'], '.0f')} | "
+                f"{_num(r['loss_first'], '.3f')} -> {_num(r['loss_last'], '.3f')} | {r['note']} |"
+            )
     return "\n".join(lines + [""] + regimes(rows))
 
 
@@ -397,8 +512,10 @@ def regimes(rows: list[dict]) -> list[str]:
         lo, hi = min(small), max(small)
         k, t = hi / lo, done[(model, hi)]["step_ms"] / done[(model, lo)]["step_ms"]
         regime = "launch-bound" if t < k / 2 else "busy"
-        out.append(f"{model}: batch {hi} is {k:.0f}x batch {lo} and its step takes {t:.1f}x as long (bare Horovod): "
-                   f"at batch {lo} the device is {regime}.")
+        out.append(
+            f"{model}: batch {hi} is {k:.0f}x batch {lo} and its step takes {t:.1f}x as long (bare Horovod): "
+            f"at batch {lo} the device is {regime}."
+        )
     return out
 
 
@@ -416,14 +533,22 @@ def accounting(rows: list[dict]) -> list[str]:
             continue
         hvd = done.get((m, b, "horovod"))
         for way, r in mine:
-            out.append(f"| {m} | {b} | {LABELS[way]} | {r['step_ms']:.3f} | {ddp['step_ms']:.3f} | "
-                       f"{_num(hvd['step_ms'] if hvd else None, '.3f')} | {1e3 * (r['step_ms'] - ddp['step_ms']):+.0f} | "
-                       f"{ddp['step_ms'] / r['step_ms']:.3f} |")
+            out.append(
+                f"| {m} | {b} | {LABELS[way]} | {r['step_ms']:.3f} | {ddp['step_ms']:.3f} | "
+                f"{_num(hvd['step_ms'] if hvd else None, '.3f')} | {1e3 * (r['step_ms'] - ddp['step_ms']):+.0f} | "
+                f"{ddp['step_ms'] / r['step_ms']:.3f} |"
+            )
     if not out:
         return []
-    return ["The trainer's per-step cost against DDP (one rank; DDP-NCCL on a GPU, gloo on the CPU):", "",
-            "| model | batch | trainer | trainer step ms | DDP step ms | bare Horovod step ms | "
-            "trainer - DDP µs/step | trainer / DDP throughput |", "|---|--:|---|--:|--:|--:|--:|--:|", *out, ""]
+    return [
+        "The trainer's per-step cost against DDP (one rank; DDP-NCCL on a GPU, gloo on the CPU):",
+        "",
+        "| model | batch | trainer | trainer step ms | DDP step ms | bare Horovod step ms | "
+        "trainer - DDP µs/step | trainer / DDP throughput |",
+        "|---|--:|---|--:|--:|--:|--:|--:|",
+        *out,
+        "",
+    ]
 
 
 def parts_table(rows: list[dict]) -> list[str]:
@@ -433,8 +558,13 @@ def parts_table(rows: list[dict]) -> list[str]:
     found = {(f"{r['model']} batch {r['batch']}", LABELS[r["way"]]): [r["parts"]] for r in rows if "parts" in r}
     if not found:
         return []
-    return ["Where the trainer's step goes (--parts: the same run again, each part timed; on a GPU the wall time "
-            "is where the CPU waited for the kernels):", "", by_part(found), ""]
+    return [
+        "Where the trainer's step goes (--parts: the same run again, each part timed; on a GPU the wall time "
+        "is where the CPU waited for the kernels):",
+        "",
+        by_part(found),
+        "",
+    ]
 
 
 def nccl_version() -> str:
@@ -446,8 +576,11 @@ def describe_machine(device: str) -> str:
     parts = [f"torch {torch.__version__}"]
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
-        parts += [f"CUDA {torch.version.cuda}", f"{props.name} ({props.total_memory / 2**30:.0f} GiB, "
-                  f"sm_{props.major}{props.minor})", f"NCCL {nccl_version()}"]
+        parts += [
+            f"CUDA {torch.version.cuda}",
+            f"{props.name} ({props.total_memory / 2**30:.0f} GiB, sm_{props.major}{props.minor})",
+            f"NCCL {nccl_version()}",
+        ]
     else:
         parts.append("CPU only (dry run: checks the code path, the figures mean nothing for a GPU)")
     return ", ".join(parts)
@@ -466,11 +599,31 @@ def parse_busy(text: str) -> dict[str, int]:
 
 def run_single(args: argparse.Namespace, tmp: str, model: str, way: str, batch: int, parts: bool = False) -> dict:
     result = os.path.join(tmp, f"{model}-{way}-{batch}{'-parts' if parts else ''}.json")
-    cmd = [sys.executable, "-m", "lab", "gpucheck", "--one", way,
-           "--model", model, "--device", args.device, "--result", result,
-           "--steps", str(args.steps), "--warmup-steps", str(args.warmup_steps),
-           "--batch-size", str(batch), "--synthetic-samples", str(args.synthetic_samples),
-           "--threads", str(args.threads), *(["--parts"] if parts else [])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lab",
+        "gpucheck",
+        "--one",
+        way,
+        "--model",
+        model,
+        "--device",
+        args.device,
+        "--result",
+        result,
+        "--steps",
+        str(args.steps),
+        "--warmup-steps",
+        str(args.warmup_steps),
+        "--batch-size",
+        str(batch),
+        "--synthetic-samples",
+        str(args.synthetic_samples),
+        "--threads",
+        str(args.threads),
+        *(["--parts"] if parts else []),
+    ]
     rc: int | str  # "timeout" when the job gave no result in time
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
@@ -489,8 +642,10 @@ def run_all(args: argparse.Namespace) -> int:
     models = [m for m in args.models.split(",") if m]
     unknown = [m for m in models if m not in MODELS]
     if unknown:
-        print(f"gpucheck: unknown model(s) {', '.join(unknown)}; choose from: {', '.join(sorted(MODELS))}",
-              file=sys.stderr)
+        print(
+            f"gpucheck: unknown model(s) {', '.join(unknown)}; choose from: {', '.join(sorted(MODELS))}",
+            file=sys.stderr,
+        )
         return 2
     ways = [w for w in args.ways.split(",") if w]
     if any(w not in WAYS for w in ways):
@@ -498,7 +653,9 @@ def run_all(args: argparse.Namespace) -> int:
         return 2
     two = [w for w in args.two_ranks.split(",") if w]
     if any(w not in TWO_RANK_WAYS for w in two):
-        print(f"gpucheck: --two-ranks {args.two_ranks!r}: choose from {', '.join(TWO_RANK_WAYS)} (or '')", file=sys.stderr)
+        print(
+            f"gpucheck: --two-ranks {args.two_ranks!r}: choose from {', '.join(TWO_RANK_WAYS)} (or '')", file=sys.stderr
+        )
         return 2
     try:
         busy = parse_busy(args.busy)
@@ -506,8 +663,11 @@ def run_all(args: argparse.Namespace) -> int:
         print(f"gpucheck: {e}", file=sys.stderr)
         return 2
     if args.device == "cuda" and not torch.cuda.is_available():
-        print(f"gpucheck: no GPU visible to torch {torch.__version__} (CUDA {torch.version.cuda}); "
-              "for a CPU run of the same code: tools/gpu_check.sh --dry-run", file=sys.stderr)
+        print(
+            f"gpucheck: no GPU visible to torch {torch.__version__} (CUDA {torch.version.cuda}); "
+            "for a CPU run of the same code: tools/gpu_check.sh --dry-run",
+            file=sys.stderr,
+        )
         return 2
     log(describe_machine(args.device))
     rows = []
@@ -516,16 +676,29 @@ def run_all(args: argparse.Namespace) -> int:
             own = batch_for(model, args.batch_size)
             for batch in [own] + ([busy[model]] if model in busy and busy[model] != own else []):
                 for way in ways:
-                    log(f"{model} / {LABELS[way]}: {args.warmup_steps} warm-up + {args.steps} timed steps, "
-                        f"batch {batch}, on {args.device}")
+                    log(
+                        f"{model} / {LABELS[way]}: {args.warmup_steps} warm-up + {args.steps} timed steps, "
+                        f"batch {batch}, on {args.device}"
+                    )
                     t0 = time.perf_counter()
                     row = run_single(args, tmp, model, way, batch)
                     if "error" not in row:
-                        log(f"  {row['samples_per_sec']:.0f} samples/s, {row['step_ms']:.2f} ms/step "
-                            f"({time.perf_counter() - t0:.1f} s with start-up); {row['note']}")
+                        log(
+                            f"  {row['samples_per_sec']:.0f} samples/s, {row['step_ms']:.2f} ms/step "
+                            f"({time.perf_counter() - t0:.1f} s with start-up); {row['note']}"
+                        )
                     rows.append(row)
-                timed = next((r for r in rows[::-1] if r["model"] == model and r["batch"] == batch
-                              and r["way"] in ("trainer-exchange", "trainer") and "samples_per_sec" in r), None)
+                timed = next(
+                    (
+                        r
+                        for r in rows[::-1]
+                        if r["model"] == model
+                        and r["batch"] == batch
+                        and r["way"] in ("trainer-exchange", "trainer")
+                        and "samples_per_sec" in r
+                    ),
+                    None,
+                )
                 if args.parts and timed:  # the same run again with a timer around each part of the step
                     log(f"{model} / {LABELS[timed['way']]}, batch {batch}: once more, each part of the step timed")
                     again = run_single(args, tmp, model, timed["way"], batch, parts=True)
@@ -533,8 +706,10 @@ def run_all(args: argparse.Namespace) -> int:
                         timed["parts"] = again["parts"]
     for model in [m for m in args.two_rank_models.split(",") if m in models] if two else []:
         for way in two:
-            log(f"{model} / {LABELS[way]} on one {args.device} device: {args.two_rank_steps} steps, "
-                f"batch {batch_for(model, args.batch_size)} a rank")
+            log(
+                f"{model} / {LABELS[way]} on one {args.device} device: {args.two_rank_steps} steps, "
+                f"batch {batch_for(model, args.batch_size)} a rank"
+            )
             row = run_two(args, way, model, batch_for(model, args.batch_size))
             log(f"  {row.get('note') or row.get('skipped') or row.get('error')}")
             rows.append(row)
@@ -542,9 +717,17 @@ def run_all(args: argparse.Namespace) -> int:
     print("\n" + text, flush=True)
     if args.out:
         with open(args.out, "w") as fh:
-            json.dump({"machine": describe_machine(args.device), "steps": args.steps,
-                       "warmup_steps": args.warmup_steps, "two_rank_steps": args.two_rank_steps, "rows": rows},
-                      fh, indent=1)
+            json.dump(
+                {
+                    "machine": describe_machine(args.device),
+                    "steps": args.steps,
+                    "warmup_steps": args.warmup_steps,
+                    "two_rank_steps": args.two_rank_steps,
+                    "rows": rows,
+                },
+                fh,
+                indent=1,
+            )
         log(f"rows written to {args.out}")
     failed = [r for r in rows if "error" in r or r.get("params_identical") is False]
     return 1 if failed else 0
@@ -553,15 +736,26 @@ def run_all(args: argparse.Namespace) -> int:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the dry run (default: cuda)")
     p.add_argument("--models", default=DEFAULT_MODELS, help=f"comma-separated (default: {DEFAULT_MODELS})")
-    p.add_argument("--ways", default=",".join(WAYS), help="one-rank runs, comma-separated subset of: " + ", ".join(WAYS))
-    p.add_argument("--busy", default=DEFAULT_BUSY,
-                   help=f"a second batch per model, MODEL=BATCH,... ('' for none; default: {DEFAULT_BUSY})")
-    p.add_argument("--two-ranks", default=",".join(TWO_RANK_WAYS),
-                   help="two-rank jobs on the one device, subset of: " + ", ".join(TWO_RANK_WAYS) + " ('' for none)")
+    p.add_argument(
+        "--ways", default=",".join(WAYS), help="one-rank runs, comma-separated subset of: " + ", ".join(WAYS)
+    )
+    p.add_argument(
+        "--busy",
+        default=DEFAULT_BUSY,
+        help=f"a second batch per model, MODEL=BATCH,... ('' for none; default: {DEFAULT_BUSY})",
+    )
+    p.add_argument(
+        "--two-ranks",
+        default=",".join(TWO_RANK_WAYS),
+        help="two-rank jobs on the one device, subset of: " + ", ".join(TWO_RANK_WAYS) + " ('' for none)",
+    )
     p.add_argument("--two-rank-models", default=DEFAULT_MODELS, help="the models of the two-rank jobs (of --models)")
     p.add_argument("--two-rank-steps", type=int, default=50, help="steps of each two-rank job (default: 50)")
-    p.add_argument("--gloo-pythonpath", default="",
-                   help="where the ring-gloo ranks find a Horovod built without GPU operations (tools/gpu_check.sh sets it)")
+    p.add_argument(
+        "--gloo-pythonpath",
+        default="",
+        help="where the ring-gloo ranks find a Horovod built without GPU operations (tools/gpu_check.sh sets it)",
+    )
     p.add_argument("--steps", type=int, default=200, help="timed steps per run (default: 200)")
     p.add_argument("--warmup-steps", type=int, default=20, help="untimed steps first (default: 20)")
     p.add_argument("--batch-size", type=int, default=0, help="0: each model's own (default)")
@@ -571,8 +765,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--timeout", type=float, default=300, help="seconds for one run or two-rank job")
     p.add_argument("--out", default="", help="also write the rows as JSON here")
-    p.add_argument("--parts", action="store_true",
-                   help="run the trainer once more per model and batch with each part of its step timed (issue 28)")
+    p.add_argument(
+        "--parts",
+        action="store_true",
+        help="run the trainer once more per model and batch with each part of its step timed (issue 28)",
+    )
     p.add_argument("--one", choices=WAYS, dest="way", help=argparse.SUPPRESS)  # one run, in its own process
     p.add_argument("--model", default="lenet5", help=argparse.SUPPRESS)
     p.add_argument("--result", default="", help=argparse.SUPPRESS)

@@ -35,14 +35,12 @@ IMPLS = ("horovod", "horovod-spin", "mpi", "mpi-thread", "mpi-inplace")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m lab.pause_probe",
-                                description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m lab.pause_probe", description=__doc__.split("\n\n")[0])
     p.add_argument("--pauses", default="0,30,150", help="milliseconds of sleep before each exchange, comma-separated")
     p.add_argument("--mb", type=float, default=18.6, help="megabytes (10^6 bytes) of float32 per exchange")
     p.add_argument("--iters", type=int, default=5, help="timed exchanges per pause")
     p.add_argument("--impl", choices=IMPLS, default="horovod")
-    p.add_argument("--connect-first", action="store_true",
-                   help="horovod: one small mpi4py allreduce before hvd.init()")
+    p.add_argument("--connect-first", action="store_true", help="horovod: one small mpi4py allreduce before hvd.init()")
     args = p.parse_args(argv)
     try:
         args.pauses = [float(x) for x in args.pauses.split(",")]
@@ -118,9 +116,12 @@ def main(argv: list[str] | None = None) -> int:
             if i:  # the first exchange of each pause is untimed
                 times.append(dt * 1000)
         if rank == 0:
-            print(f"{args.impl}, {size} ranks, {n * 4 / 1e6:.1f} MB, pause {pause:g} ms: "
-                  f"median {statistics.median(times):.0f} ms "
-                  f"({min(times):.0f}-{max(times):.0f}; {', '.join(f'{t:.0f}' for t in times)})", flush=True)
+            print(
+                f"{args.impl}, {size} ranks, {n * 4 / 1e6:.1f} MB, pause {pause:g} ms: "
+                f"median {statistics.median(times):.0f} ms "
+                f"({min(times):.0f}-{max(times):.0f}; {', '.join(f'{t:.0f}' for t in times)})",
+                flush=True,
+            )
     if args.impl.startswith("horovod"):
         hvd.shutdown()
     return 0

@@ -47,8 +47,10 @@ MAX_DEFAULT_RUNS = 40  # TensorBoard ticks no run by default when a logdir holds
 DASHBOARD = "custom_scalars"
 
 # Every element of the page, through the shadow roots of TensorBoard's Polymer components.
-_DEEP = ("(() => { const out = []; const walk = (root) => { for (const el of root.querySelectorAll('*')) "
-         "{ out.push(el); if (el.shadowRoot) walk(el.shadowRoot); } }; walk(document); return out; })()")
+_DEEP = (
+    "(() => { const out = []; const walk = (root) => { for (const el of root.querySelectorAll('*')) "
+    "{ out.push(el); if (el.shadowRoot) walk(el.shadowRoot); } }; walk(document); return out; })()"
+)
 # What the Custom Scalars tab shows: ticked runs, their colours, smoothing, and per chart its
 # title, the runs it was given and the lines it drew ("tag (run)") with its "Matches (n)".
 PAGE_STATE = f"""(() => {{
@@ -111,8 +113,9 @@ class TensorBoard:
     def __init__(self, logdir: str, port: int, timeout: float = 180.0, stock: bool = False) -> None:
         self.port, self.logdir = port, logdir
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 (the server's output, kept until close)
-        self.proc = subprocess.Popen(tbview.command(logdir, port, stock), stdout=self.log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            tbview.command(logdir, port, stock), stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
         want = run_dirs(logdir)
         deadline = time.monotonic() + timeout
         while True:  # TensorBoard answers before it has read the logdir: wait until it lists every run
@@ -162,12 +165,23 @@ def expected(tb: TensorBoard) -> dict[str, Any]:
     for cat in layout.get("category", []):
         for chart in cat.get("chart", []):
             regexes = (chart.get("multiline") or {}).get("tag", [])
-            have = [run for run in runs for rx in regexes
-                    if tb.get(f"/data/plugin/{DASHBOARD}/scalars", run=run, tag=rx).get("tag_to_events")]
+            have = [
+                run
+                for run in runs
+                for rx in regexes
+                if tb.get(f"/data/plugin/{DASHBOARD}/scalars", run=run, tag=rx).get("tag_to_events")
+            ]
             # the figure a chart shows, without its model: "^scaling/speedup/lenet5$" -> scaling/speedup
             figure = re.sub(r"\\(.)", r"\1", regexes[0].strip("^$")).rpartition("/")[0] if regexes else ""
-            charts.append({"category": cat["title"], "title": chart["title"], "regexes": regexes,
-                           "figure": figure, "runs": sorted(set(have))})
+            charts.append(
+                {
+                    "category": cat["title"],
+                    "title": chart["title"],
+                    "regexes": regexes,
+                    "figure": figure,
+                    "runs": sorted(set(have)),
+                }
+            )
     return {"runs": runs, "charts": charts}
 
 
@@ -212,8 +226,9 @@ def cut_points(card: dict[str, Any], rel: float = 1e-6) -> list[str]:
                 if v is None or (isinstance(v, float) and v != v):
                     continue  # TensorBoard draws NaN as a marker of its own, not on the line
                 if not lo - tol <= v <= hi + tol:
-                    out.append(f"{s['name'] or '?'}: step {p[0]:g} value {p[1]:.4g} outside {axis} "
-                               f"[{lo:.4g}, {hi:.4g}]")
+                    out.append(
+                        f"{s['name'] or '?'}: step {p[0]:g} value {p[1]:.4g} outside {axis} [{lo:.4g}, {hi:.4g}]"
+                    )
     return out
 
 
@@ -254,8 +269,11 @@ def verify(exp: dict[str, Any], page: dict[str, Any]) -> list[str]:
             problems.append(f"chart {name}: runs share a colour: {'; '.join(', '.join(r) for r in shared)}")
         cut = cut_points(card)
         if cut:
-            problems.append(f"chart {name}: {len(cut)} point(s) cut off (drawn outside the plot): "
-                            + "; ".join(cut[:4]) + (" ..." if len(cut) > 4 else ""))
+            problems.append(
+                f"chart {name}: {len(cut)} point(s) cut off (drawn outside the plot): "
+                + "; ".join(cut[:4])
+                + (" ..." if len(cut) > 4 else "")
+            )
         missing = sorted(by_figure.get(chart["figure"], set()) - set(chart["runs"]))
         if missing:
             problems.append(f"chart {name}: no data for {', '.join(missing)} (their jobs failed or did not run?)")
@@ -263,8 +281,10 @@ def verify(exp: dict[str, Any], page: dict[str, Any]) -> list[str]:
 
 
 def summary(exp: dict[str, Any], page: dict[str, Any]) -> str:
-    lines = [f"{len(exp['runs'])} runs, ticked by default: {len(page['selected'])}; smoothing {page['smoothing']}; "
-             f"ignore outliers in chart scaling: {page.get('ignoreOutliers')}"]
+    lines = [
+        f"{len(exp['runs'])} runs, ticked by default: {len(page['selected'])}; smoothing {page['smoothing']}; "
+        f"ignore outliers in chart scaling: {page.get('ignoreOutliers')}"
+    ]
     cards = {c["title"]: c for c in page["charts"]}
     for chart in exp["charts"]:
         card = cards.get(chart["title"], {"lines": []})
@@ -275,8 +295,9 @@ def summary(exp: dict[str, Any], page: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def check(logdir: str, screenshot: str = "", port: int = 0,
-          stock: bool = False) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
+def check(
+    logdir: str, screenshot: str = "", port: int = 0, stock: bool = False
+) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
     """Serve ``logdir`` (``stock``: with a plain ``tensorboard``), load it in Chromium, compare page and
     API: (problems, expected, page)."""
     port = port or free_port()
@@ -295,9 +316,26 @@ def check(logdir: str, screenshot: str = "", port: int = 0,
 
 def tiny_grid(out: str) -> str:
     """A small real grid (lenet5, 1 and 2 workers, every strategy, a short calibration) for the check."""
-    cmd = [sys.executable, "-m", "lab", "scaling", "--models", "lenet5", "--workers", "1,2",
-           "--repeats", "1", "--steps", "6", "--warmup-steps", "2", "--commbench-sizes", "64K,1M",
-           "--out-dir", out]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lab",
+        "scaling",
+        "--models",
+        "lenet5",
+        "--workers",
+        "1,2",
+        "--repeats",
+        "1",
+        "--steps",
+        "6",
+        "--warmup-steps",
+        "2",
+        "--commbench-sizes",
+        "64K,1M",
+        "--out-dir",
+        out,
+    ]
     print("+ " + " ".join(cmd), flush=True)
     subprocess.run(cmd, check=False)
     return out
@@ -310,29 +348,51 @@ def comparison_of(path: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lab.tbcheck",
-                                description="Load a comparison in TensorBoard in headless Chromium and check that "
-                                            "every chart shows every run by default.")
-    p.add_argument("path", nargs="?", default="",
-                   help="a grid's output directory or its tensorboard/ logdir (default: run a small grid first)")
+    p = argparse.ArgumentParser(
+        prog="python -m lab.tbcheck",
+        description="Load a comparison in TensorBoard in headless Chromium and check that "
+        "every chart shows every run by default.",
+    )
+    p.add_argument(
+        "path",
+        nargs="?",
+        default="",
+        help="a grid's output directory or its tensorboard/ logdir (default: run a small grid first)",
+    )
     p.add_argument("--out", default="", help="where the small grid goes (default: runs/tb-check/<time>)")
-    p.add_argument("--screenshot", default="", help="save the Custom Scalars tab here (default: <logdir>/../"
-                                                    "tensorboard_custom_scalars.png)")
-    p.add_argument("--images", default="", help="write tensorboard_custom_scalars.png and scaling.png (redrawn from "
-                                                "the grid's results.json) to this directory, e.g. docs/img")
-    p.add_argument("--stock", action="store_true",
-                   help="serve with a plain `tensorboard` (its own defaults: outliers ignored in chart scaling) "
-                        "instead of make tensorboard's server")
+    p.add_argument(
+        "--screenshot",
+        default="",
+        help="save the Custom Scalars tab here (default: <logdir>/../tensorboard_custom_scalars.png)",
+    )
+    p.add_argument(
+        "--images",
+        default="",
+        help="write tensorboard_custom_scalars.png and scaling.png (redrawn from "
+        "the grid's results.json) to this directory, e.g. docs/img",
+    )
+    p.add_argument(
+        "--stock",
+        action="store_true",
+        help="serve with a plain `tensorboard` (its own defaults: outliers ignored in chart scaling) "
+        "instead of make tensorboard's server",
+    )
     args = p.parse_args(argv)
     path = args.path or tiny_grid(args.out or os.path.join("runs", "tb-check", time.strftime("%Y%m%d-%H%M%S")))
     logdir = comparison_of(path)
     if not run_dirs(logdir):
-        print(f"tb-check: error: {logdir} holds no TensorBoard runs; give a grid's output directory "
-              "(runs/scaling/<time>) or its tensorboard/", file=sys.stderr)
+        print(
+            f"tb-check: error: {logdir} holds no TensorBoard runs; give a grid's output directory "
+            "(runs/scaling/<time>) or its tensorboard/",
+            file=sys.stderr,
+        )
         return 2
     grid = os.path.dirname(os.path.normpath(logdir))
-    shot = os.path.join(args.images, "tensorboard_custom_scalars.png") if args.images else (
-        args.screenshot or os.path.join(grid, "tensorboard_custom_scalars.png"))
+    shot = (
+        os.path.join(args.images, "tensorboard_custom_scalars.png")
+        if args.images
+        else (args.screenshot or os.path.join(grid, "tensorboard_custom_scalars.png"))
+    )
     try:
         problems, exp, page = check(logdir, shot, stock=args.stock)
     except (CheckError, BrowserError, OSError) as e:
@@ -353,8 +413,10 @@ def main(argv: list[str] | None = None) -> int:
             shutil.copy(os.path.join(grid, "scaling.png"), os.path.join(args.images, "scaling.png"))
     for line in problems:
         print(f"tb-check: FAIL: {line}", file=sys.stderr)
-    print("tb-check: " + ("FAILED" if problems else "ok: every chart shows every run with data, all ticked by default, "
-                                                "no line cut"))
+    print(
+        "tb-check: "
+        + ("FAILED" if problems else "ok: every chart shows every run with data, all ticked by default, no line cut")
+    )
     return 1 if problems else 0
 
 

@@ -6,7 +6,9 @@ if sys.argv[1:2] == ["k8s"]:  # python -m launch k8s ...: render a Kubeflow Trai
     from .k8s import main as k8s_main
 
     raise SystemExit(k8s_main(sys.argv[2:]))
-if sys.argv[1:2] == ["slurm"]:  # python -m launch slurm ...: write/submit a Slurm batch script instead of running mpirun
+if sys.argv[1:2] == [
+    "slurm"
+]:  # python -m launch slurm ...: write/submit a Slurm batch script instead of running mpirun
     from .slurm import main as slurm_main
 
     raise SystemExit(slurm_main(sys.argv[2:]))

@@ -52,7 +52,7 @@ def remove_stale_exit_dirs(parent: str | None = None) -> list[str]:
     except OSError:
         return removed
     for name in names:
-        pid = name[len(EXIT_DIR_PREFIX):].split("-", 1)[0]
+        pid = name[len(EXIT_DIR_PREFIX) :].split("-", 1)[0]
         if name.startswith(EXIT_DIR_PREFIX) and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
             removed.append(name)
@@ -97,7 +97,7 @@ def descendants(pid: int) -> list[int]:
                 stat = Path(f"/proc/{entry}/stat").read_text()
             except OSError:
                 continue
-            ppid = int(stat[stat.rindex(")") + 2:].split()[1])  # after "pid (comm) state"
+            ppid = int(stat[stat.rindex(")") + 2 :].split()[1])  # after "pid (comm) state"
             children.setdefault(ppid, []).append(int(entry))
     found, todo = [], [pid]
     while todo:
@@ -127,8 +127,14 @@ def kill_job(proc: subprocess.Popen, patience: float = KILL_PATIENCE) -> None:
     proc.wait()
 
 
-def run_bounded(cmd: list[str], env: dict[str, str], timeout: float = 0, stops: list[str] | None = None,
-                grace: float = GRACE_PERIOD, np: int = 0) -> int:
+def run_bounded(
+    cmd: list[str],
+    env: dict[str, str],
+    timeout: float = 0,
+    stops: list[str] | None = None,
+    grace: float = GRACE_PERIOD,
+    np: int = 0,
+) -> int:
     """Run ``cmd`` (mpirun) and end it within a stated bound, whatever the network does.
 
     - Past ``timeout`` seconds (0 = none): mpirun is stopped; exit 124.
@@ -151,8 +157,14 @@ def run_bounded(cmd: list[str], env: dict[str, str], timeout: float = 0, stops: 
     stops = [] if stops is None else stops
     signals: list[int] = []
     main_thread = threading.current_thread() is threading.main_thread()
-    old = ({sig: signal.signal(sig, lambda signum, _frame: signals.append(signum))
-            for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)} if main_thread else {})
+    old = (
+        {
+            sig: signal.signal(sig, lambda signum, _frame: signals.append(signum))
+            for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+        }
+        if main_thread
+        else {}
+    )
     started, since, handled = time.monotonic(), None, 0  # since: when the grace period began
 
     def say(line: str) -> None:
@@ -185,12 +197,16 @@ def run_bounded(cmd: list[str], env: dict[str, str], timeout: float = 0, stops: 
                     say("interrupted: stopping the job (Ctrl-C again to kill it at once)")
                     proc.terminate()
                 elif failed:
-                    say(f"{name}: rank {failed[0]} on {failed[2]} has exited {failed[1]} ({why(failed[1])}): no "
-                        "checkpoint can be written; stopping the job now")
+                    say(
+                        f"{name}: rank {failed[0]} on {failed[2]} has exited {failed[1]} ({why(failed[1])}): no "
+                        "checkpoint can be written; stopping the job now"
+                    )
                     kill_job(proc, patience=0)
                     return failed[1]
                 else:
-                    say(f"{name}: asking the job to checkpoint and stop (SIGUSR1 to mpirun; --grace-period {grace:g} s)")
+                    say(
+                        f"{name}: asking the job to checkpoint and stop (SIGUSR1 to mpirun; --grace-period {grace:g} s)"
+                    )
                     proc.send_signal(signal.SIGUSR1)
                 since = since if since is not None else now
             if timeout and now - started > timeout:
@@ -202,13 +218,17 @@ def run_bounded(cmd: list[str], env: dict[str, str], timeout: float = 0, stops: 
             if since is not None and now - since > grace:
                 if failed:
                     rank, code, host = failed
-                    say(f"rank {rank} on {host} exited {code} ({why(code)}) and mpirun has not ended the job "
-                        f"{grace:g} s later (--grace-period; a host it cannot reach?): killing it")
+                    say(
+                        f"rank {rank} on {host} exited {code} ({why(code)}) and mpirun has not ended the job "
+                        f"{grace:g} s later (--grace-period; a host it cannot reach?): killing it"
+                    )
                 elif stops:
                     saved = any(code == EXIT_PREEMPTED for code, _, _ in exits.values())
                     code = EXIT_PREEMPTED if saved else 128 + signals[0]
-                    say(f"the job has not stopped {grace:g} s after {stops[0]} (--grace-period): killing it; " +
-                        ("the checkpoint was written" if saved else "no checkpoint was written"))
+                    say(
+                        f"the job has not stopped {grace:g} s after {stops[0]} (--grace-period): killing it; "
+                        + ("the checkpoint was written" if saved else "no checkpoint was written")
+                    )
                 else:
                     code = 0
                     say(f"every rank has exited, and mpirun has not {grace:g} s later (--grace-period): killing it")

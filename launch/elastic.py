@@ -106,17 +106,23 @@ def discover(script: str, env: dict[str, str] | None = None, timeout: float = DI
     """Run the user's discovery script (no shell, no arguments) and read its ``host:slots`` lines."""
     where = f"--host-discovery-script {script}"
     try:
-        proc = subprocess.run([script], capture_output=True, text=True, timeout=timeout, env=env,
-                              start_new_session=True)
+        proc = subprocess.run(
+            [script], capture_output=True, text=True, timeout=timeout, env=env, start_new_session=True
+        )
     except subprocess.TimeoutExpired:
         raise ElasticError(f"{where}: did not finish within {timeout:g} s; make it print the hosts and exit") from None
     except OSError as e:
-        raise ElasticError(f"{where}: cannot run it ({e.strerror}); give the path of an executable that prints "
-                           "one host:slots line per host") from None
+        raise ElasticError(
+            f"{where}: cannot run it ({e.strerror}); give the path of an executable that prints "
+            "one host:slots line per host"
+        ) from None
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or [""])[-1]
-        raise ElasticError(f"{where}: exited {proc.returncode}" + (f" ({last})" if last else "") +
-                           "; it must exit 0 after printing one host:slots line per host")
+        raise ElasticError(
+            f"{where}: exited {proc.returncode}"
+            + (f" ({last})" if last else "")
+            + "; it must exit 0 after printing one host:slots line per host"
+        )
     hosts = []
     for n, line in enumerate(proc.stdout.splitlines(), 1):
         if line.strip():
@@ -135,6 +141,7 @@ def rsh_agent(mca: list[tuple[str, str]], environ: dict[str, str]) -> tuple[list
     As Open MPI reads them: the last ``-mca`` on the line, else ``$OMPI_MCA_<key>``; the value is a
     ``:``-separated list of alternatives, the first found on PATH is used. An agent found nowhere is
     returned as given (the probe then fails for every host, as mpirun would)."""
+
     def value(keys) -> str | None:
         given = [v for k, v in mca if k in keys]
         if given:
@@ -158,8 +165,15 @@ def probe_command(agent: list[str], rsh_args: list[str], host: str, timeout: flo
 def _ask(cmd: list[str], env: dict[str, str] | None, timeout: float) -> str:
     """Run one probe; ``""`` when the host answered, else why not (one line)."""
     try:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                text=True, env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
     except OSError as e:
         return f"{cmd[0]}: {e.strerror}"
     try:
@@ -177,12 +191,18 @@ def _ask(cmd: list[str], env: dict[str, str] | None, timeout: float) -> str:
     return last or f"{os.path.basename(cmd[0])} exited {proc.returncode}"
 
 
-def probe(hosts: list[str], command: Callable[[str], list[str]], env: dict[str, str] | None = None,
-          timeout: float = PROBE_TIMEOUT) -> dict[str, str]:
+def probe(
+    hosts: list[str],
+    command: Callable[[str], list[str]],
+    env: dict[str, str] | None = None,
+    timeout: float = PROBE_TIMEOUT,
+) -> dict[str, str]:
     """Ask every host at once; host -> ``""`` if it answered within ``timeout`` s, else the reason."""
     answers: dict[str, str] = {}
-    threads = [threading.Thread(target=lambda h=h: answers.__setitem__(h, _ask(command(h), env, timeout)), daemon=True)
-               for h in hosts]
+    threads = [
+        threading.Thread(target=lambda h=h: answers.__setitem__(h, _ask(command(h), env, timeout)), daemon=True)
+        for h in hosts
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -223,9 +243,12 @@ class Elastic:
         if self.script:
             return discover(self.script, env), {}
         agent, rsh_args = rsh_agent(self.mca, env)
-        answers = probe([h.name for h in self.hosts],
-                        lambda host: [*self.exec_prefix, *probe_command(agent, rsh_args, host, self.probe_timeout)],
-                        env, self.probe_timeout)
+        answers = probe(
+            [h.name for h in self.hosts],
+            lambda host: [*self.exec_prefix, *probe_command(agent, rsh_args, host, self.probe_timeout)],
+            env,
+            self.probe_timeout,
+        )
         return [h for h in self.hosts if not answers[h.name]], {h: r for h, r in answers.items() if r}
 
     def first(self, env: dict[str, str]) -> tuple[list[Host], int]:
@@ -242,12 +265,16 @@ class Elastic:
         why = "; ".join(f"{h}: {lost[h]}" for h in gone if h in lost)
         lost_text = f"host(s) {', '.join(gone)} lost" + (f" ({why})" if why else "") if gone else "hosts changed"
         if np < self.min_np or not hosts:
-            say(f"launch: elastic: {lost_text}; {np} rank(s) fit on the hosts that answer "
-                f"({host_arg(hosts) or 'none'}), fewer than --min-np {self.min_np}; not restarting")
+            say(
+                f"launch: elastic: {lost_text}; {np} rank(s) fit on the hosts that answer "
+                f"({host_arg(hosts) or 'none'}), fewer than --min-np {self.min_np}; not restarting"
+            )
             return None
         if hosts != self.current or np != world:
-            say(f"launch: elastic: {lost_text}; continuing on {len(hosts)} host(s) ({host_arg(hosts)}): world size "
+            say(
+                f"launch: elastic: {lost_text}; continuing on {len(hosts)} host(s) ({host_arg(hosts)}): world size "
                 f"{world} -> {np} (the global batch is workers x --batch-size, and with --scale-lr the LR follows "
-                "the workers: the trainer prints both)")
+                "the workers: the trainer prints both)"
+            )
         self.current = hosts
         return hosts, np

@@ -37,9 +37,16 @@ NO_RETRY = (EXIT_USAGE, EXIT_DIVERGED)
 # --timeout and Ctrl-C. (A preempted job is not restarted by the launcher either: its stop signal was.)
 NOT_RESTARTED = frozenset({EXIT_OK, *NO_RETRY, EXIT_TIMEOUT, EXIT_INTERRUPTED})
 # The codes in words, for the launcher's messages (128 + N: launch.mpirun.why names the signal).
-WORDS = {EXIT_OK: "finished", EXIT_ERROR: "a rank failed", EXIT_USAGE: "a usage error", EXIT_DIVERGED: "diverged",
-         EXIT_STALLED: "stalled", EXIT_PREEMPTED: "a rank was preempted", EXIT_TIMEOUT: "--timeout",
-         EXIT_INTERRUPTED: "interrupted"}
+WORDS = {
+    EXIT_OK: "finished",
+    EXIT_ERROR: "a rank failed",
+    EXIT_USAGE: "a usage error",
+    EXIT_DIVERGED: "diverged",
+    EXIT_STALLED: "stalled",
+    EXIT_PREEMPTED: "a rank was preempted",
+    EXIT_TIMEOUT: "--timeout",
+    EXIT_INTERRUPTED: "interrupted",
+}
 
 # Set by ``python -m launch``: a directory where each rank leaves ``<rank>`` = {"code": .., "host": ..}
 # as it exits. mpirun learns of an exit through the rank's host daemon; when another host cannot be

@@ -79,8 +79,12 @@ FRAMEWORK = "horovod"
 # Trainer's webhook refuses them in trainer.env (kubeflow/trainer v2.3.0 pkg/constants/constants.go
 # MPIReservedEnvNames, checked in pkg/runtime/framework/plugins/mpi/mpi.go Validate); mpi-operator
 # v0.8.0 appends its own after the user's (pkg/controller/mpi_job_controller.go), which wins.
-MPI_RESERVED_ENV = ("OMPI_MCA_orte_default_hostfile", "OMPI_MCA_plm_rsh_args", "OMPI_MCA_orte_keep_fqdn_hostnames",
-                    "OMPI_MCA_orte_set_default_slots")
+MPI_RESERVED_ENV = (
+    "OMPI_MCA_orte_default_hostfile",
+    "OMPI_MCA_plm_rsh_args",
+    "OMPI_MCA_orte_keep_fqdn_hostnames",
+    "OMPI_MCA_orte_set_default_slots",
+)
 OMPI_ENV_PREFIX = "OMPI_MCA_"
 
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")  # RFC 1035, what pod hostnames must be
@@ -145,19 +149,28 @@ class K8sSpec:
         if self.workers < 1:
             raise ValueError(f"--workers must be >= 1 (got {self.workers})")
         if self.api == "trainjob" and self.workers < 2:
-            raise ValueError("--workers 1 with --api trainjob: Trainer v2.3 starts max(numNodes-1, 1) node pods beside "
-                             "the launcher, so one more pod would hold a worker's resources idle; use --api mpijob for "
-                             "one pod, or --workers 2 or more")
+            raise ValueError(
+                "--workers 1 with --api trainjob: Trainer v2.3 starts max(numNodes-1, 1) node pods beside "
+                "the launcher, so one more pod would hold a worker's resources idle; use --api mpijob for "
+                "one pod, or --workers 2 or more"
+            )
         if self.slots_per_worker < 1:
             raise ValueError(f"--slots-per-worker must be >= 1 (got {self.slots_per_worker})")
         if self.gpus < 0:
             raise ValueError(f"--gpus must be >= 0 (got {self.gpus})")
         longest = max(self.pod_names(), key=len)
         if not DNS_LABEL.match(self.name) or len(longest) > 63:
-            raise ValueError(f"--name {self.name!r}: must be lowercase letters, digits and '-', start with a letter, "
-                             f"and keep the pod name {longest!r} within 63 characters")
-        for flag, value in (("--namespace", self.namespace), ("--runtime", self.runtime), ("--runs-pvc", self.runs_pvc),
-                            ("--data-pvc", self.data_pvc), *(("--image-pull-secret", s) for s in self.image_pull_secrets)):
+            raise ValueError(
+                f"--name {self.name!r}: must be lowercase letters, digits and '-', start with a letter, "
+                f"and keep the pod name {longest!r} within 63 characters"
+            )
+        for flag, value in (
+            ("--namespace", self.namespace),
+            ("--runtime", self.runtime),
+            ("--runs-pvc", self.runs_pvc),
+            ("--data-pvc", self.data_pvc),
+            *(("--image-pull-secret", s) for s in self.image_pull_secrets),
+        ):
             if value and (not DNS_LABEL.match(value) or len(value) > 63):
                 raise ValueError(f"{flag} {value!r}: must be a DNS label (lowercase letters, digits, '-')")
         if not self.image or any(c.isspace() for c in self.image):
@@ -169,29 +182,40 @@ class K8sSpec:
             if not ENV_NAME.match(name):
                 raise ValueError(f"--env {name!r}: variable names are letters, digits and '_'")
             if name in MPI_RESERVED_ENV:
-                raise ValueError(f"--env {name}: reserved, the operator sets it (Trainer refuses it, mpi-operator "
-                                 "overrides it); leave it out, or pass other Open MPI parameters with --mca KEY VALUE")
+                raise ValueError(
+                    f"--env {name}: reserved, the operator sets it (Trainer refuses it, mpi-operator "
+                    "overrides it); leave it out, or pass other Open MPI parameters with --mca KEY VALUE"
+                )
         for key, _ in self.mca:
             if OMPI_ENV_PREFIX + key in MPI_RESERVED_ENV:
-                raise ValueError(f"--mca {key}: reserved, the operator sets it for the hostfile it writes "
-                                 f"({OMPI_ENV_PREFIX}{key}); leave it out")
+                raise ValueError(
+                    f"--mca {key}: reserved, the operator sets it for the hostfile it writes "
+                    f"({OMPI_ENV_PREFIX}{key}); leave it out"
+                )
         for key, value in self.node_selector.items():
             if not LABEL_KEY.match(key) or not LABEL_VALUE.match(value):
-                raise ValueError(f"--node-selector {key}={value}: not a label key and value (e.g. "
-                                 "nvidia.com/gpu.present=true)")
+                raise ValueError(
+                    f"--node-selector {key}={value}: not a label key and value (e.g. nvidia.com/gpu.present=true)"
+                )
         if self.runs_pvc_size and not self.runs_pvc:
             raise ValueError("--runs-pvc-size needs --runs-pvc NAME (the claim to create)")
         if self.tensorboard and not self.runs_pvc:
-            raise ValueError("--tensorboard needs --runs-pvc: TensorBoard reads the runs the workers write to that volume")
+            raise ValueError(
+                "--tensorboard needs --runs-pvc: TensorBoard reads the runs the workers write to that volume"
+            )
         if not self.data_dir.startswith("/") or self.data_dir.rstrip("/") in ("", RUNS_DIR, APP_DIR, SSH_DIR):
-            raise ValueError(f"--data-dir {self.data_dir!r}: give an absolute path of its own (not /, the app or runs "
-                             "directory), e.g. /data")
+            raise ValueError(
+                f"--data-dir {self.data_dir!r}: give an absolute path of its own (not /, the app or runs "
+                "directory), e.g. /data"
+            )
         if self.grace_seconds < 1:
             raise ValueError(f"--grace-period must be >= 1 second (got {self.grace_seconds})")
         if self.backoff_limit < 0:
             raise ValueError(f"--backoff-limit must be >= 0 (got {self.backoff_limit})")
         if self.clean_pod_policy not in CLEAN_POD_POLICIES:
-            raise ValueError(f"--clean-pod-policy {self.clean_pod_policy!r}: choose one of {', '.join(CLEAN_POD_POLICIES)}")
+            raise ValueError(
+                f"--clean-pod-policy {self.clean_pod_policy!r}: choose one of {', '.join(CLEAN_POD_POLICIES)}"
+            )
         if self.ttl_seconds < 0:
             raise ValueError(f"--ttl-after-finished must be >= 0 seconds (got {self.ttl_seconds})")
 
@@ -200,9 +224,16 @@ def parse_toleration(text: str) -> dict:
     """``KEY[=VALUE]:EFFECT`` or ``KEY[=VALUE]`` (any effect) -> a toleration; no value: operator Exists."""
     taint, _, effect = text.partition(":")
     key, eq, value = taint.partition("=")
-    if not key or not LABEL_KEY.match(key) or (effect and effect not in TAINT_EFFECTS) or (eq and not LABEL_VALUE.match(value)):
-        raise ValueError(f"--toleration {text!r}: write KEY[=VALUE][:EFFECT], EFFECT one of {', '.join(TAINT_EFFECTS)}, "
-                         "e.g. nvidia.com/gpu:NoSchedule")
+    if (
+        not key
+        or not LABEL_KEY.match(key)
+        or (effect and effect not in TAINT_EFFECTS)
+        or (eq and not LABEL_VALUE.match(value))
+    ):
+        raise ValueError(
+            f"--toleration {text!r}: write KEY[=VALUE][:EFFECT], EFFECT one of {', '.join(TAINT_EFFECTS)}, "
+            "e.g. nvidia.com/gpu:NoSchedule"
+        )
     tol = {"key": key, "operator": "Equal", "value": value} if eq else {"key": key, "operator": "Exists"}
     if effect:
         tol["effect"] = effect
@@ -214,8 +245,7 @@ def launcher_env(spec: K8sSpec) -> dict[str, str]:
     # HWLOC_COMPONENTS: see launch.mpirun.no_gl_probe; set here so the pod never probes X displays.
     # ALLREDUCE_TRAIN_GRACE_PERIOD: deploy/launcher-entrypoint.sh's bound (launch/run.py) ends mpirun
     # before the pod's own grace period does, so the job's exit code is the one the restart rules read.
-    return {"HWLOC_COMPONENTS": "-gl", "ALLREDUCE_TRAIN_GRACE_PERIOD": str(max(1, spec.grace_seconds - 10)),
-            **spec.env}
+    return {"HWLOC_COMPONENTS": "-gl", "ALLREDUCE_TRAIN_GRACE_PERIOD": str(max(1, spec.grace_seconds - 10)), **spec.env}
 
 
 def rank_args(spec: K8sSpec) -> list[str]:
@@ -267,8 +297,14 @@ def placement(spec: K8sSpec) -> list[tuple[str, range]]:
 
 def mpirun_command(spec: K8sSpec) -> list[str]:
     """The launcher's command: ``python -m launch``'s line for the same ranks, as the image's user."""
-    launch = LaunchSpec(np=spec.np, mca=list(spec.mca), module=TRAINER, trainer_args=rank_args(spec), python=PYTHON,
-                        allreduce_rules=ring_rules(spec.mpi_allreduce, APP_DIR))
+    launch = LaunchSpec(
+        np=spec.np,
+        mca=list(spec.mca),
+        module=TRAINER,
+        trainer_args=rank_args(spec),
+        python=PYTHON,
+        allreduce_rules=ring_rules(spec.mpi_allreduce, APP_DIR),
+    )
     return build_command(launch, environ={"PATH": IMAGE_PATH, **launcher_env(spec)}, is_root=False)
 
 
@@ -349,6 +385,7 @@ def _sshd_container(spec: K8sSpec, name: str, env: dict[str, str]) -> dict:
 
 # -- MPIJob (mpi-operator) -------------------------------------------------------------------
 
+
 def launcher_pod(spec: K8sSpec) -> dict:
     container = {
         "name": "launcher",
@@ -373,8 +410,11 @@ def launcher_pod(spec: K8sSpec) -> dict:
 
 def worker_pod(spec: K8sSpec) -> dict:
     volumes, mounts = _rank_volumes(spec)
-    container = {**_sshd_container(spec, "worker", spec.env), "resources": _rank_resources(spec),
-                 "volumeMounts": [SHM_MOUNT, *mounts]}
+    container = {
+        **_sshd_container(spec, "worker", spec.env),
+        "resources": _rank_resources(spec),
+        "volumeMounts": [SHM_MOUNT, *mounts],
+    }
     return {
         "metadata": {"labels": _labels(spec, "worker")},
         "spec": {
@@ -394,8 +434,11 @@ def mpijob(spec: K8sSpec) -> dict:
         "metadata": _metadata(spec, spec.name, "job"),
         "spec": {
             "slotsPerWorker": spec.slots_per_worker,
-            "runPolicy": {"cleanPodPolicy": spec.clean_pod_policy, "backoffLimit": spec.backoff_limit,
-                          "ttlSecondsAfterFinished": spec.ttl_seconds},
+            "runPolicy": {
+                "cleanPodPolicy": spec.clean_pod_policy,
+                "backoffLimit": spec.backoff_limit,
+                "ttlSecondsAfterFinished": spec.ttl_seconds,
+            },
             "mpiImplementation": "OpenMPI",
             "launcherCreationPolicy": "WaitForWorkersReady",
             "sshAuthMountPath": SSH_DIR,
@@ -410,16 +453,23 @@ def mpijob(spec: K8sSpec) -> dict:
 
 # -- TrainJob + ClusterTrainingRuntime (Kubeflow Trainer) --------------------------------------
 
+
 def _restart_policy(spec: K8sSpec, container: str, no_retry: bool) -> dict:
     """A Job's restarts: a preempted pod (exit 75, or evicted) is replaced without counting against
     backoffLimit; bad input and divergence fail the job at once (``no_retry``); anything else is
     retried up to backoffLimit times. podFailurePolicy needs restartPolicy Never."""
-    rules = [{"action": "Ignore", "onExitCodes": {"containerName": container, "operator": "In",
-                                                  "values": [EXIT_PREEMPTED]}},
-             {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]
+    rules = [
+        {"action": "Ignore", "onExitCodes": {"containerName": container, "operator": "In", "values": [EXIT_PREEMPTED]}},
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+    ]
     if no_retry:
-        rules.insert(1, {"action": "FailJob", "onExitCodes": {"containerName": container, "operator": "In",
-                                                              "values": list(NO_RETRY)}})
+        rules.insert(
+            1,
+            {
+                "action": "FailJob",
+                "onExitCodes": {"containerName": container, "operator": "In", "values": list(NO_RETRY)},
+            },
+        )
     return {"backoffLimit": spec.backoff_limit, "podFailurePolicy": {"rules": rules}}
 
 
@@ -442,14 +492,16 @@ def training_runtime(spec: K8sSpec) -> dict:
         "spec": {
             "restartPolicy": "Never",
             "securityContext": _pod_security(),
-            "containers": [{
-                "name": NODE,  # Trainer gives the TrainJob's image, command, args, env, resources to this container
-                "image": spec.image,
-                "imagePullPolicy": spec.image_pull_policy,
-                "workingDir": APP_DIR,  # mpirun starts the ranks in the same directory: runs/ is the volume
-                "command": [f"{APP_DIR}/deploy/launcher-entrypoint.sh"],
-                "volumeMounts": [SHM_MOUNT],
-            }],
+            "containers": [
+                {
+                    "name": NODE,  # Trainer gives the TrainJob's image, command, args, env, resources to this container
+                    "image": spec.image,
+                    "imagePullPolicy": spec.image_pull_policy,
+                    "workingDir": APP_DIR,  # mpirun starts the ranks in the same directory: runs/ is the volume
+                    "command": [f"{APP_DIR}/deploy/launcher-entrypoint.sh"],
+                    "volumeMounts": [SHM_MOUNT],
+                }
+            ],
             "volumes": [SHM_VOLUME],
         },
     }
@@ -462,20 +514,30 @@ def training_runtime(spec: K8sSpec) -> dict:
         "spec": {
             "mlPolicy": {
                 "numNodes": 1,
-                "mpi": {"numProcPerNode": 1, "mpiImplementation": "OpenMPI", "sshAuthMountPath": SSH_DIR,
-                        "runLauncherAsNode": True},
+                "mpi": {
+                    "numProcPerNode": 1,
+                    "mpiImplementation": "OpenMPI",
+                    "sshAuthMountPath": SSH_DIR,
+                    "runLauncherAsNode": True,
+                },
             },
             "template": {
                 "spec": {
                     "network": {"publishNotReadyAddresses": True},  # hostnames resolve before sshd is ready
                     "successPolicy": {"operator": "All", "targetReplicatedJobs": ["launcher"]},
                     "replicatedJobs": [
-                        {"name": NODE, "template": {"spec": {**_restart_policy(spec, NODE, no_retry=False),
-                                                             "template": node_pod}}},
-                        {"name": "launcher",
-                         "dependsOn": [{"name": NODE, "status": "Ready"}],
-                         "template": {"metadata": {"labels": {ANCESTOR_LABEL: "trainer"}},
-                                      "spec": {**_restart_policy(spec, NODE, no_retry=True), "template": launcher_pod}}},
+                        {
+                            "name": NODE,
+                            "template": {"spec": {**_restart_policy(spec, NODE, no_retry=False), "template": node_pod}},
+                        },
+                        {
+                            "name": "launcher",
+                            "dependsOn": [{"name": NODE, "status": "Ready"}],
+                            "template": {
+                                "metadata": {"labels": {ANCESTOR_LABEL: "trainer"}},
+                                "spec": {**_restart_policy(spec, NODE, no_retry=True), "template": launcher_pod},
+                            },
+                        },
                     ],
                 },
             },
@@ -509,25 +571,48 @@ def trainjob(spec: K8sSpec) -> dict:
                 "numProcPerNode": spec.slots_per_worker,
                 "resourcesPerNode": _rank_resources(spec),
             },
-            "runtimePatches": [{
-                "manager": f"{APP}/launch-k8s",  # who owns the patch (Kueue, for one, adds its own)
-                "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
-                    {"name": rjob, "template": {"spec": {"template": {
-                        "metadata": {"labels": _labels(spec, component)}, "spec": pod_patch}}}}
-                    for rjob, component in components.items()]}}},
-            }],
+            "runtimePatches": [
+                {
+                    "manager": f"{APP}/launch-k8s",  # who owns the patch (Kueue, for one, adds its own)
+                    "trainingRuntimeSpec": {
+                        "template": {
+                            "spec": {
+                                "replicatedJobs": [
+                                    {
+                                        "name": rjob,
+                                        "template": {
+                                            "spec": {
+                                                "template": {
+                                                    "metadata": {"labels": _labels(spec, component)},
+                                                    "spec": pod_patch,
+                                                }
+                                            }
+                                        },
+                                    }
+                                    for rjob, component in components.items()
+                                ]
+                            }
+                        }
+                    },
+                }
+            ],
         },
     }
 
 
 # -- both -----------------------------------------------------------------------------------
 
+
 def runs_claim(spec: K8sSpec) -> dict:
     claim: dict = {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": spec.runs_pvc_size}}}
     if spec.storage_class:
         claim["storageClassName"] = spec.storage_class
-    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-            "metadata": _metadata(spec, spec.runs_pvc, "runs"), "spec": claim}
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _metadata(spec, spec.runs_pvc, "runs"),
+        "spec": claim,
+    }
 
 
 def tensorboard(spec: K8sSpec) -> list[dict]:
@@ -543,8 +628,15 @@ def tensorboard(spec: K8sSpec) -> list[dict]:
         "name": "tensorboard",
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
-        "command": [f"{APP_DIR}/.venv/bin/tensorboard", "--logdir", RUNS_DIR, "--host", "0.0.0.0",
-                    "--port", str(TENSORBOARD_PORT)],
+        "command": [
+            f"{APP_DIR}/.venv/bin/tensorboard",
+            "--logdir",
+            RUNS_DIR,
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(TENSORBOARD_PORT),
+        ],
         "ports": [{"name": "http", "containerPort": TENSORBOARD_PORT}],
         "resources": {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
         "volumeMounts": [{"name": "runs", "mountPath": RUNS_DIR, "readOnly": True}],
@@ -558,8 +650,12 @@ def tensorboard(spec: K8sSpec) -> list[dict]:
             "selector": {"matchLabels": labels},
             "template": {
                 "metadata": {"labels": labels},
-                "spec": {"securityContext": _pod_security(), **_placement(spec), "containers": [container],
-                         "volumes": [{"name": "runs", "persistentVolumeClaim": {"claimName": spec.runs_pvc}}]},
+                "spec": {
+                    "securityContext": _pod_security(),
+                    **_placement(spec),
+                    "containers": [container],
+                    "volumes": [{"name": "runs", "persistentVolumeClaim": {"claimName": spec.runs_pvc}}],
+                },
             },
         },
     }
@@ -567,8 +663,11 @@ def tensorboard(spec: K8sSpec) -> list[dict]:
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": _metadata(spec, name, "tensorboard"),
-        "spec": {"type": "ClusterIP", "selector": labels,
-                 "ports": [{"name": "http", "port": TENSORBOARD_PORT, "targetPort": "http"}]},
+        "spec": {
+            "type": "ClusterIP",
+            "selector": labels,
+            "ports": [{"name": "http", "port": TENSORBOARD_PORT, "targetPort": "http"}],
+        },
     }
     return [deployment, service]
 
@@ -617,7 +716,7 @@ def _emit(value: dict | list, indent: int, out: list[str]) -> None:
             if isinstance(item, (dict, list)) and item:
                 sub: list[str] = []
                 _emit(item, indent + 2, sub)
-                out.append(f"{pad}- {sub[0][indent + 2:]}")
+                out.append(f"{pad}- {sub[0][indent + 2 :]}")
                 out += sub[1:]
             else:
                 out.append(f"{pad}- {_inline(item)}")
@@ -642,72 +741,154 @@ def to_yaml(docs: list[dict], header: Sequence[str] = ()) -> str:
 
 # -- CLI ------------------------------------------------------------------------------------
 
+
 def make_parser() -> argparse.ArgumentParser:
     d = K8sSpec()
     p = argparse.ArgumentParser(
         prog="python -m launch k8s",
         description="Print the Kubernetes objects that run the trainer: a Kubeflow Trainer TrainJob and its "
-                    "ClusterTrainingRuntime (trainer.kubeflow.org/v1alpha1), or an mpi-operator MPIJob "
-                    "(kubeflow.org/v2beta1); arguments after `--` go to the trainer. Apply them with "
-                    "`kubectl apply -f -` (docs/kubernetes.md).",
+        "ClusterTrainingRuntime (trainer.kubeflow.org/v1alpha1), or an mpi-operator MPIJob "
+        "(kubeflow.org/v2beta1); arguments after `--` go to the trainer. Apply them with "
+        "`kubectl apply -f -` (docs/kubernetes.md).",
         epilog="example: python -m launch k8s --name lenet --workers 2 --image REGISTRY/allreduce-train:cpu "
-               "--runs-pvc runs --runs-pvc-size 10Gi --tensorboard -- --epochs 2 | kubectl apply -f -",
+        "--runs-pvc runs --runs-pvc-size 10Gi --tensorboard -- --epochs 2 | kubectl apply -f -",
     )
-    p.add_argument("--api", default=d.api, choices=APIS,
-                   help="trainjob: Kubeflow Trainer (v2.3) TrainJob + ClusterTrainingRuntime; mpijob: mpi-operator "
-                        f"(v0.8) MPIJob (default: {d.api})")
+    p.add_argument(
+        "--api",
+        default=d.api,
+        choices=APIS,
+        help="trainjob: Kubeflow Trainer (v2.3) TrainJob + ClusterTrainingRuntime; mpijob: mpi-operator "
+        f"(v0.8) MPIJob (default: {d.api})",
+    )
     p.add_argument("--name", default=d.name, help=f"job name, also the run name under runs/ (default: {d.name})")
-    p.add_argument("--namespace", default="", help="namespace of every namespaced object (default: kubectl's current one)")
-    p.add_argument("--runtime", default=d.runtime,
-                   help=f"name of the ClusterTrainingRuntime rendered with the TrainJob; one per image (default: {d.runtime})")
+    p.add_argument(
+        "--namespace", default="", help="namespace of every namespaced object (default: kubectl's current one)"
+    )
+    p.add_argument(
+        "--runtime",
+        default=d.runtime,
+        help=f"name of the ClusterTrainingRuntime rendered with the TrainJob; one per image (default: {d.runtime})",
+    )
     p.add_argument("--image", default=d.image, help=f"image built from deploy/Dockerfile (default: {d.image})")
     p.add_argument("--image-pull-policy", default=d.image_pull_policy, choices=("IfNotPresent", "Always", "Never"))
-    p.add_argument("--image-pull-secret", action="append", default=[], metavar="SECRET",
-                   help="Secret with the registry's credentials, for every pod (repeatable)")
-    p.add_argument("--workers", type=int, default=d.workers,
-                   help="pods that run ranks: an MPIJob's workers (its launcher runs only mpirun); a TrainJob's "
-                        f"launcher and N-1 nodes, N >= 2 (default: {d.workers})")
-    p.add_argument("--slots-per-worker", type=int, default=None,
-                   help="ranks per worker pod (default: --gpus when set, else 1); ranks = workers x slots")
+    p.add_argument(
+        "--image-pull-secret",
+        action="append",
+        default=[],
+        metavar="SECRET",
+        help="Secret with the registry's credentials, for every pod (repeatable)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=d.workers,
+        help="pods that run ranks: an MPIJob's workers (its launcher runs only mpirun); a TrainJob's "
+        f"launcher and N-1 nodes, N >= 2 (default: {d.workers})",
+    )
+    p.add_argument(
+        "--slots-per-worker",
+        type=int,
+        default=None,
+        help="ranks per worker pod (default: --gpus when set, else 1); ranks = workers x slots",
+    )
     p.add_argument("--cpu", default=d.cpu, help=f"CPU per worker pod, request = limit (default: {d.cpu})")
     p.add_argument("--memory", default=d.memory, help=f"memory per worker pod, request = limit (default: {d.memory})")
-    p.add_argument("--gpus", type=int, default=0, help=f"{GPU_RESOURCE} per worker pod (default: 0; needs the GPU image)")
-    p.add_argument("--node-selector", action="append", default=[], metavar="LABEL=VALUE",
-                   help="run every pod on nodes with this label (repeatable), e.g. nvidia.com/gpu.present=true")
-    p.add_argument("--toleration", action="append", default=[], metavar="KEY[=VALUE][:EFFECT]",
-                   help="tolerate this taint in every pod (repeatable), e.g. nvidia.com/gpu:NoSchedule")
-    p.add_argument("--affinity", default="", metavar="JSON",
-                   help="the pods' affinity, as JSON (a Kubernetes Affinity object), e.g. "
-                        "'{\"podAntiAffinity\": {...}}'")
-    p.add_argument("--mca", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
-                   help="extra Open MPI parameter, e.g. --mca btl_tcp_if_include eth0 (repeatable)")
+    p.add_argument(
+        "--gpus", type=int, default=0, help=f"{GPU_RESOURCE} per worker pod (default: 0; needs the GPU image)"
+    )
+    p.add_argument(
+        "--node-selector",
+        action="append",
+        default=[],
+        metavar="LABEL=VALUE",
+        help="run every pod on nodes with this label (repeatable), e.g. nvidia.com/gpu.present=true",
+    )
+    p.add_argument(
+        "--toleration",
+        action="append",
+        default=[],
+        metavar="KEY[=VALUE][:EFFECT]",
+        help="tolerate this taint in every pod (repeatable), e.g. nvidia.com/gpu:NoSchedule",
+    )
+    p.add_argument(
+        "--affinity",
+        default="",
+        metavar="JSON",
+        help="the pods' affinity, as JSON (a Kubernetes Affinity object), e.g. '{\"podAntiAffinity\": {...}}'",
+    )
+    p.add_argument(
+        "--mca",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("KEY", "VALUE"),
+        help="extra Open MPI parameter, e.g. --mca btl_tcp_if_include eth0 (repeatable)",
+    )
     add_mpi_allreduce_arg(p, d.mpi_allreduce, d.mpi_allreduce, where="the image's ")
-    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
-                   help="environment variable for every pod (repeatable); HOROVOD_*/NCCL_* are forwarded to the ranks; "
-                        "not the operators' own: " + ", ".join(MPI_RESERVED_ENV))
-    p.add_argument("--runs-pvc", default="", metavar="CLAIM",
-                   help="PersistentVolumeClaim for runs/ (logs, checkpoints); without one, runs stay in rank 0's pod")
-    p.add_argument("--runs-pvc-size", default="", metavar="SIZE",
-                   help="also create that claim (ReadWriteMany) with this size, e.g. 10Gi")
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="environment variable for every pod (repeatable); HOROVOD_*/NCCL_* are forwarded to the ranks; "
+        "not the operators' own: " + ", ".join(MPI_RESERVED_ENV),
+    )
+    p.add_argument(
+        "--runs-pvc",
+        default="",
+        metavar="CLAIM",
+        help="PersistentVolumeClaim for runs/ (logs, checkpoints); without one, runs stay in rank 0's pod",
+    )
+    p.add_argument(
+        "--runs-pvc-size",
+        default="",
+        metavar="SIZE",
+        help="also create that claim (ReadWriteMany) with this size, e.g. 10Gi",
+    )
     p.add_argument("--storage-class", default="", help="storage class of the created claim (default: the cluster's)")
-    p.add_argument("--data-pvc", default="", metavar="CLAIM",
-                   help="PersistentVolumeClaim holding the dataset, mounted read-only at --data-dir in every pod that "
-                        "runs ranks; the trainer gets --data-dir")
+    p.add_argument(
+        "--data-pvc",
+        default="",
+        metavar="CLAIM",
+        help="PersistentVolumeClaim holding the dataset, mounted read-only at --data-dir in every pod that "
+        "runs ranks; the trainer gets --data-dir",
+    )
     p.add_argument("--data-dir", default=d.data_dir, help=f"where --data-pvc is mounted (default: {d.data_dir})")
-    p.add_argument("--tensorboard", action="store_true",
-                   help="add a TensorBoard Deployment and ClusterIP Service reading the runs volume")
-    p.add_argument("--grace-period", type=int, default=d.grace_seconds, metavar="SECONDS",
-                   help="terminationGracePeriodSeconds of this job's pods (a TrainJob's runtimePatches): time for one "
-                        f"step + a checkpoint after SIGTERM (default: {d.grace_seconds})")
-    p.add_argument("--backoff-limit", type=int, default=d.backoff_limit,
-                   help="launcher restarts after a failure before the job fails; a TrainJob's preemptions (exit 75, "
-                        "eviction) do not count, an MPIJob's do; a TrainJob's is its runtime's, shared by every job "
-                        f"naming it (default: {d.backoff_limit})")
-    p.add_argument("--clean-pod-policy", default=d.clean_pod_policy, help="MPIJob: None, Running or All (default: Running)")
-    p.add_argument("--ttl-after-finished", type=int, default=d.ttl_seconds, metavar="SECONDS",
-                   help="MPIJob: runPolicy.ttlSecondsAfterFinished, the job and its pods (and the launcher's log) are "
-                        f"deleted this long after it finished (default: {d.ttl_seconds}, a day)")
-    p.add_argument("--no-resume", action="store_true", help="do not add `--name NAME --resume auto` to the trainer arguments")
+    p.add_argument(
+        "--tensorboard",
+        action="store_true",
+        help="add a TensorBoard Deployment and ClusterIP Service reading the runs volume",
+    )
+    p.add_argument(
+        "--grace-period",
+        type=int,
+        default=d.grace_seconds,
+        metavar="SECONDS",
+        help="terminationGracePeriodSeconds of this job's pods (a TrainJob's runtimePatches): time for one "
+        f"step + a checkpoint after SIGTERM (default: {d.grace_seconds})",
+    )
+    p.add_argument(
+        "--backoff-limit",
+        type=int,
+        default=d.backoff_limit,
+        help="launcher restarts after a failure before the job fails; a TrainJob's preemptions (exit 75, "
+        "eviction) do not count, an MPIJob's do; a TrainJob's is its runtime's, shared by every job "
+        f"naming it (default: {d.backoff_limit})",
+    )
+    p.add_argument(
+        "--clean-pod-policy", default=d.clean_pod_policy, help="MPIJob: None, Running or All (default: Running)"
+    )
+    p.add_argument(
+        "--ttl-after-finished",
+        type=int,
+        default=d.ttl_seconds,
+        metavar="SECONDS",
+        help="MPIJob: runPolicy.ttlSecondsAfterFinished, the job and its pods (and the launcher's log) are "
+        f"deleted this long after it finished (default: {d.ttl_seconds}, a day)",
+    )
+    p.add_argument(
+        "--no-resume", action="store_true", help="do not add `--name NAME --resume auto` to the trainer arguments"
+    )
     p.add_argument("-o", "--output", default="", help="write the manifest to this file instead of stdout")
     p.add_argument("trainer_args", nargs=argparse.REMAINDER, help="arguments for the trainer, after --")
     return p
@@ -733,32 +914,54 @@ def spec_from_args(args: argparse.Namespace) -> K8sSpec:
         if not isinstance(affinity, dict):
             raise ValueError("--affinity: give a JSON object (a Kubernetes Affinity)")
     trainer = args.trainer_args[1:] if args.trainer_args[:1] == ["--"] else args.trainer_args
-    return K8sSpec(api=args.api, name=args.name, namespace=args.namespace, runtime=args.runtime, image=args.image,
-                   image_pull_policy=args.image_pull_policy, image_pull_secrets=args.image_pull_secret,
-                   workers=args.workers,
-                   slots_per_worker=max(args.gpus, 1) if args.slots_per_worker is None else args.slots_per_worker,
-                   cpu=args.cpu, memory=args.memory, gpus=args.gpus,
-                   node_selector=_pairs(args.node_selector, "--node-selector", "LABEL=VALUE"),
-                   tolerations=[parse_toleration(t) for t in args.toleration], affinity=affinity,
-                   mca=[tuple(kv) for kv in args.mca], mpi_allreduce=args.mpi_allreduce,
-                   env=_pairs(args.env, "--env", "NAME=VALUE"),
-                   trainer_args=trainer, resume=not args.no_resume, runs_pvc=args.runs_pvc,
-                   runs_pvc_size=args.runs_pvc_size, storage_class=args.storage_class, data_pvc=args.data_pvc,
-                   data_dir=args.data_dir, tensorboard=args.tensorboard,
-                   grace_seconds=args.grace_period, backoff_limit=args.backoff_limit,
-                   clean_pod_policy=args.clean_pod_policy, ttl_seconds=args.ttl_after_finished)
+    return K8sSpec(
+        api=args.api,
+        name=args.name,
+        namespace=args.namespace,
+        runtime=args.runtime,
+        image=args.image,
+        image_pull_policy=args.image_pull_policy,
+        image_pull_secrets=args.image_pull_secret,
+        workers=args.workers,
+        slots_per_worker=max(args.gpus, 1) if args.slots_per_worker is None else args.slots_per_worker,
+        cpu=args.cpu,
+        memory=args.memory,
+        gpus=args.gpus,
+        node_selector=_pairs(args.node_selector, "--node-selector", "LABEL=VALUE"),
+        tolerations=[parse_toleration(t) for t in args.toleration],
+        affinity=affinity,
+        mca=[tuple(kv) for kv in args.mca],
+        mpi_allreduce=args.mpi_allreduce,
+        env=_pairs(args.env, "--env", "NAME=VALUE"),
+        trainer_args=trainer,
+        resume=not args.no_resume,
+        runs_pvc=args.runs_pvc,
+        runs_pvc_size=args.runs_pvc_size,
+        storage_class=args.storage_class,
+        data_pvc=args.data_pvc,
+        data_dir=args.data_dir,
+        tensorboard=args.tensorboard,
+        grace_seconds=args.grace_period,
+        backoff_limit=args.backoff_limit,
+        clean_pod_policy=args.clean_pod_policy,
+        ttl_seconds=args.ttl_after_finished,
+    )
 
 
 def render(spec: K8sSpec, argv: list[str]) -> str:
     spec.validate()
-    header = ["Rendered by: python -m launch k8s " + shlex.join(argv),
-              f"The launcher runs ({spec.np} ranks: {spec.workers} pods x {spec.slots_per_worker} per pod):",
-              "+ " + shlex.join(mpirun_command(spec)),
-              "Ranks by host (mpirun -map-by slot; Open MPI maps the launcher's own pod first):"]
+    header = [
+        "Rendered by: python -m launch k8s " + shlex.join(argv),
+        f"The launcher runs ({spec.np} ranks: {spec.workers} pods x {spec.slots_per_worker} per pod):",
+        "+ " + shlex.join(mpirun_command(spec)),
+        "Ranks by host (mpirun -map-by slot; Open MPI maps the launcher's own pod first):",
+    ]
     for host, ranks in placement(spec):
         where = " (the launcher: mpirun and ranks)" if host.startswith(f"{spec.name}-launcher-") else ""
-        header.append(f"  {host}: rank{'s' if len(ranks) > 1 else ''} "
-                      f"{ranks[0] if len(ranks) == 1 else f'{ranks[0]}-{ranks[-1]}'}{where}")
+        header.append(
+            f"  {host}: rank{'s' if len(ranks) > 1 else ''} "
+            f"{ranks[0] if len(ranks) == 1 else f'{ranks[0]}-{ranks[-1]}'}{where}"
+        )
     return to_yaml(manifests(spec), header)
 
 

@@ -36,9 +36,19 @@ from .elastic import PROBE_TIMEOUT, Elastic, ElasticError, host_arg, parse_host_
 from .exitcodes import EXIT_DIR_ENV, EXIT_INTERRUPTED, EXIT_STALLED, NOT_RESTARTED
 
 # Forwarded to every rank when set here (plus every HOROVOD_* and NCCL_* variable).
-FORWARD_VARS = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "HWLOC_COMPONENTS",
-                "ALLREDUCE_TRAIN_PROGRESS", "ALLREDUCE_TRAIN_TRACEBACK", "ALLREDUCE_TRAIN_CONNECT_FIRST",
-                "ALLREDUCE_TRAIN_EXIT_DIR", "CUDA_VISIBLE_DEVICES")
+FORWARD_VARS = (
+    "PATH",
+    "LD_LIBRARY_PATH",
+    "PYTHONPATH",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "HWLOC_COMPONENTS",
+    "ALLREDUCE_TRAIN_PROGRESS",
+    "ALLREDUCE_TRAIN_TRACEBACK",
+    "ALLREDUCE_TRAIN_CONNECT_FIRST",
+    "ALLREDUCE_TRAIN_EXIT_DIR",
+    "CUDA_VISIBLE_DEVICES",
+)
 FORWARD_PREFIXES = ("HOROVOD_", "NCCL_")
 TRAINER = "allreduce_train"
 
@@ -69,10 +79,14 @@ def ring_rules(choice: str, app_dir: str | Path = RING_RULES.parent.parent) -> s
 
 
 def add_mpi_allreduce_arg(p: argparse.ArgumentParser, default: str | None, default_text: str, where: str = "") -> None:
-    p.add_argument("--mpi-allreduce", choices=MPI_ALLREDUCE_CHOICES, default=default,
-                   help="Open MPI's MPI_Allreduce algorithm (Horovod's on CPU): ring = the ring for 4 MiB and more "
-                        f"on 3+ ranks ({where}launch/{RING_RULES.name}), auto = Open MPI's built-in choice "
-                        f"(default: {default_text}; a --mca coll_tuned_* setting of yours wins)")
+    p.add_argument(
+        "--mpi-allreduce",
+        choices=MPI_ALLREDUCE_CHOICES,
+        default=default,
+        help="Open MPI's MPI_Allreduce algorithm (Horovod's on CPU): ring = the ring for 4 MiB and more "
+        f"on 3+ ranks ({where}launch/{RING_RULES.name}), auto = Open MPI's built-in choice "
+        f"(default: {default_text}; a --mca coll_tuned_* setting of yours wins)",
+    )
 
 
 def describe_mpi_allreduce(choice: str, user_mca: list[tuple[str, str]] | tuple = ()) -> str:
@@ -169,42 +183,82 @@ def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m launch",
         description="Run allreduce_train under mpirun. Trainer arguments go after `--`. For a scheduler: "
-                    "`python -m launch slurm --help` (sbatch), `python -m launch k8s --help` (Kubernetes MPIJob).",
+        "`python -m launch slurm --help` (sbatch), `python -m launch k8s --help` (Kubernetes MPIJob).",
         epilog="example: python -m launch -np 4 -H node1:2,node2:2 -- --model lenet5 --epochs 2",
     )
     p.add_argument("-np", "--np", type=int, default=1, help="number of ranks (default: 1)")
     p.add_argument("-H", "--hosts", default="", help="comma-separated host:slots list, e.g. node1:4,node2:4")
     p.add_argument("--hostfile", default="", help="Open MPI hostfile (lines like `node1 slots=4`)")
     p.add_argument("--oversubscribe", action="store_true", help="allow more ranks than cores/slots")
-    p.add_argument("--mca", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
-                   help="extra Open MPI parameter, e.g. --mca btl_tcp_if_include eth0 (repeatable)")
+    p.add_argument(
+        "--mca",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("KEY", "VALUE"),
+        help="extra Open MPI parameter, e.g. --mca btl_tcp_if_include eth0 (repeatable)",
+    )
     add_mpi_allreduce_arg(p, None, "ring with -H/--hostfile (or emulated hosts), auto on one host")
-    p.add_argument("--timeout", type=float, default=0, metavar="SECONDS",
-                   help="stop the job after this long (default: none)")
-    p.add_argument("--command", default="train", help="allreduce_train subcommand to run on every rank (default: train)")
-    p.add_argument("--script", default="", metavar="FILE.py",
-                   help="run your own script on every rank (`python FILE.py ARGS`; allreduce_train.fit or init "
-                        "inside, docs/own_model.md) instead of the trainer; ARGS after `--`")
-    p.add_argument("--module", default=TRAINER,
-                   help="run `python -m MODULE ARGS` on every rank instead of the trainer (experiments' rank programs)")
-    p.add_argument("--max-restarts", type=int, default=0, metavar="N",
-                   help="relaunch a failed job (a rank killed, a stall, a rank preempted) up to N times with "
-                        "--resume auto (default: 0); pin the run with the trainer's --name")
+    p.add_argument(
+        "--timeout", type=float, default=0, metavar="SECONDS", help="stop the job after this long (default: none)"
+    )
+    p.add_argument(
+        "--command", default="train", help="allreduce_train subcommand to run on every rank (default: train)"
+    )
+    p.add_argument(
+        "--script",
+        default="",
+        metavar="FILE.py",
+        help="run your own script on every rank (`python FILE.py ARGS`; allreduce_train.fit or init "
+        "inside, docs/own_model.md) instead of the trainer; ARGS after `--`",
+    )
+    p.add_argument(
+        "--module",
+        default=TRAINER,
+        help="run `python -m MODULE ARGS` on every rank instead of the trainer (experiments' rank programs)",
+    )
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="relaunch a failed job (a rank killed, a stall, a rank preempted) up to N times with "
+        "--resume auto (default: 0); pin the run with the trainer's --name",
+    )
     e = p.add_argument_group("elastic restarts (docs/faults.md)")
-    e.add_argument("--min-np", type=int, default=0, metavar="M",
-                   help="with --max-restarts and -H/--hostfile: before a restart, ask every host to answer (a "
-                        "bounded ssh probe in batch mode through mpirun's own plm_rsh_agent) and continue on those "
-                        "that do, with up to -np ranks, as long as M fit; fewer: exit 69 (default: no probe)")
-    e.add_argument("--host-discovery-script", default="", metavar="PATH",
-                   help="instead of -H/--hostfile: an executable that prints the hosts available now, one "
-                        "host:slots line each (as horovodrun's); run before the first attempt and before each "
-                        "restart (--min-np defaults to -np)")
-    e.add_argument("--probe-timeout", type=float, default=PROBE_TIMEOUT, metavar="SECONDS",
-                   help=f"how long one host has to answer the probe (default: {PROBE_TIMEOUT:g})")
-    p.add_argument("--grace-period", type=float, default=GRACE_PERIOD, metavar="SECONDS",
-                   help="once a rank has failed or a stop was asked for (SIGTERM, Ctrl-C), the time mpirun has to "
-                        "end the job before the launcher kills it, e.g. when it waits for a host it cannot "
-                        f"reach (default: {GRACE_PERIOD:g})")
+    e.add_argument(
+        "--min-np",
+        type=int,
+        default=0,
+        metavar="M",
+        help="with --max-restarts and -H/--hostfile: before a restart, ask every host to answer (a "
+        "bounded ssh probe in batch mode through mpirun's own plm_rsh_agent) and continue on those "
+        "that do, with up to -np ranks, as long as M fit; fewer: exit 69 (default: no probe)",
+    )
+    e.add_argument(
+        "--host-discovery-script",
+        default="",
+        metavar="PATH",
+        help="instead of -H/--hostfile: an executable that prints the hosts available now, one "
+        "host:slots line each (as horovodrun's); run before the first attempt and before each "
+        "restart (--min-np defaults to -np)",
+    )
+    e.add_argument(
+        "--probe-timeout",
+        type=float,
+        default=PROBE_TIMEOUT,
+        metavar="SECONDS",
+        help=f"how long one host has to answer the probe (default: {PROBE_TIMEOUT:g})",
+    )
+    p.add_argument(
+        "--grace-period",
+        type=float,
+        default=GRACE_PERIOD,
+        metavar="SECONDS",
+        help="once a rank has failed or a stop was asked for (SIGTERM, Ctrl-C), the time mpirun has to "
+        "end the job before the launcher kills it, e.g. when it waits for a host it cannot "
+        f"reach (default: {GRACE_PERIOD:g})",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the mpirun line and exit")
     p.add_argument("trainer_args", nargs=argparse.REMAINDER, help="arguments for the trainer, after --")
     return p
@@ -228,8 +282,11 @@ def main(argv: list[str] | None = None, emulation: Any = None) -> int:
     args = parser.parse_args(argv)
     moved = [n for n in MOVED_TO_LAB if getattr(args, "moved_" + n[2:].replace("-", "_"), None) is not None]
     if moved:
-        print(f"launch: error: {moved[0]} moved to the lab with the emulated hosts: run `python -m lab.emulation` "
-              "with the same flags (docs/emulated_cluster.md)", file=sys.stderr)
+        print(
+            f"launch: error: {moved[0]} moved to the lab with the emulated hosts: run `python -m lab.emulation` "
+            "with the same flags (docs/emulated_cluster.md)",
+            file=sys.stderr,
+        )
         return 2
     trainer_args = args.trainer_args[1:] if args.trainer_args[:1] == ["--"] else args.trainer_args
     try:
@@ -249,10 +306,19 @@ def main(argv: list[str] | None = None, emulation: Any = None) -> int:
         check_host_flags(args, cluster)
         multi_host = bool(args.hosts or args.hostfile or cluster)
         mpi_allreduce = args.mpi_allreduce or ("ring" if multi_host else "auto")
-        spec = LaunchSpec(np=args.np, hosts=args.hosts, hostfile=args.hostfile, oversubscribe=args.oversubscribe,
-                          mca=[tuple(kv) for kv in args.mca], module=args.module, script=args.script,
-                          module_args=[args.command] if args.module == TRAINER else [], trainer_args=trainer_args,
-                          cluster=cluster, allreduce_rules=ring_rules(mpi_allreduce))
+        spec = LaunchSpec(
+            np=args.np,
+            hosts=args.hosts,
+            hostfile=args.hostfile,
+            oversubscribe=args.oversubscribe,
+            mca=[tuple(kv) for kv in args.mca],
+            module=args.module,
+            script=args.script,
+            module_args=[args.command] if args.module == TRAINER else [],
+            trainer_args=trainer_args,
+            cluster=cluster,
+            allreduce_rules=ring_rules(mpi_allreduce),
+        )
         if spec.hostfile and not os.path.isfile(spec.hostfile):
             raise ValueError(f"--hostfile {spec.hostfile}: file not found")
         cores = usable_cores()
@@ -260,8 +326,11 @@ def main(argv: list[str] | None = None, emulation: Any = None) -> int:
         if not (spec.hosts or spec.hostfile or spec.cluster or spec.oversubscribe or allocated) and spec.np > cores:
             # horovodrun and torchrun start any number of ranks on one host; Open MPI refuses with a
             # page of text. Say it in one line and go on.
-            print(f"launch: {spec.np} ranks on {cores} core(s): adding --oversubscribe (the ranks share the cores)",
-                  file=sys.stderr, flush=True)
+            print(
+                f"launch: {spec.np} ranks on {cores} core(s): adding --oversubscribe (the ranks share the cores)",
+                file=sys.stderr,
+                flush=True,
+            )
             spec = dataclasses.replace(spec, oversubscribe=True)
         env = dict(os.environ)
         env.pop(EXIT_DIR_ENV, None)
@@ -270,8 +339,11 @@ def main(argv: list[str] | None = None, emulation: Any = None) -> int:
         if elastic and elastic.script:  # the discovery script names the first attempt's hosts too
             hosts, np = elastic.first(env)
             if np < elastic.min_np:
-                print(f"launch: elastic: {np} rank(s) fit on the hosts --host-discovery-script gives "
-                      f"({host_arg(hosts) or 'none'}), fewer than --min-np {elastic.min_np}", file=sys.stderr)
+                print(
+                    f"launch: elastic: {np} rank(s) fit on the hosts --host-discovery-script gives "
+                    f"({host_arg(hosts) or 'none'}), fewer than --min-np {elastic.min_np}",
+                    file=sys.stderr,
+                )
                 return EXIT_STALLED
             spec = dataclasses.replace(spec, np=np, hosts=host_arg(hosts))
             cmd = build_command(spec, environ=env)
@@ -279,8 +351,10 @@ def main(argv: list[str] | None = None, emulation: Any = None) -> int:
         print(f"launch: error: {e}", file=sys.stderr)
         return 2
     if shutil.which(spec.mpirun) is None:
-        print("launch: error: mpirun not found; install Open MPI (apt-get install openmpi-bin) or run `make install`",
-              file=sys.stderr)
+        print(
+            "launch: error: mpirun not found; install Open MPI (apt-get install openmpi-bin) or run `make install`",
+            file=sys.stderr,
+        )
         return 2
     if spec.cluster and not args.dry_run:
         reason = emulation.unavailable_reason()
@@ -303,8 +377,9 @@ def main(argv: list[str] | None = None, emulation: Any = None) -> int:
         print("+ " + shlex.join(cmd), flush=True)
 
         def job(between=None) -> int:
-            return supervise(spec, cmd, env, timeout, args.max_restarts, grace=args.grace_period, elastic=elastic,
-                             between=between)
+            return supervise(
+                spec, cmd, env, timeout, args.max_restarts, grace=args.grace_period, elastic=elastic, between=between
+            )
 
         if spec.cluster:
             return emulation.run(spec.cluster, job)
@@ -346,10 +421,16 @@ def make_elastic(args: argparse.Namespace, spec: LaunchSpec, cmd: list[str]) -> 
         hosts = parse_host_list(spec.hosts)
     # the agent is looked up in the -mca pairs of the mpirun line itself: the probe goes where mpirun goes
     mca = [(cmd[i + 1], cmd[i + 2]) for i in range(len(cmd) - 2) if cmd[i] == "-mca"]
-    return Elastic(np=spec.np, min_np=args.min_np or spec.np, hosts=hosts, script=args.host_discovery_script,
-                   oversubscribe=spec.oversubscribe, mca=mca,
-                   exec_prefix=list(spec.cluster.exec_prefix()) if spec.cluster else [],
-                   probe_timeout=args.probe_timeout)
+    return Elastic(
+        np=spec.np,
+        min_np=args.min_np or spec.np,
+        hosts=hosts,
+        script=args.host_discovery_script,
+        oversubscribe=spec.oversubscribe,
+        mca=mca,
+        exec_prefix=list(spec.cluster.exec_prefix()) if spec.cluster else [],
+        probe_timeout=args.probe_timeout,
+    )
 
 
 def usable_cores() -> int:
@@ -388,8 +469,16 @@ def resuming(args: list[str]) -> list[str]:
     return [*out, "--resume", "auto"]
 
 
-def supervise(spec: LaunchSpec, cmd: list[str], env: dict[str, str], timeout: float, max_restarts: int,
-              grace: float = GRACE_PERIOD, elastic: Elastic | None = None, between=None) -> int:
+def supervise(
+    spec: LaunchSpec,
+    cmd: list[str],
+    env: dict[str, str],
+    timeout: float,
+    max_restarts: int,
+    grace: float = GRACE_PERIOD,
+    elastic: Elastic | None = None,
+    between=None,
+) -> int:
     """Run the job; relaunch it with ``--resume auto`` after a failure, up to ``max_restarts`` times.
 
     Not restarted: success, usage errors, divergence (each would fail the same way again), the
@@ -405,8 +494,12 @@ def supervise(spec: LaunchSpec, cmd: list[str], env: dict[str, str], timeout: fl
         rc = run_bounded(cmd, env, timeout, stops, grace=grace, np=spec.np)
         if rc in NOT_RESTARTED or stops or attempt == max_restarts:
             return rc
-        print(f"launch: the job ended with exit {rc} ({why(rc)}); restart {attempt + 1} of {max_restarts} "
-              "with --resume auto", file=sys.stderr, flush=True)
+        print(
+            f"launch: the job ended with exit {rc} ({why(rc)}); restart {attempt + 1} of {max_restarts} "
+            "with --resume auto",
+            file=sys.stderr,
+            flush=True,
+        )
         spec = dataclasses.replace(spec, trainer_args=resuming(spec.trainer_args))
         if between is not None:
             between()

@@ -28,14 +28,26 @@ from .exitcodes import EXIT_INTERRUPTED
 
 
 def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m launch run",
-                                description="Run a ready-made mpirun line within the launcher's bound (docs/faults.md).")
-    p.add_argument("--grace-period", type=float, default=GRACE_PERIOD, metavar="SECONDS",
-                   help=f"how long mpirun has to end the job once a rank on this host failed or a stop was asked "
-                        f"for, before it is killed (default {GRACE_PERIOD:g})")
-    p.add_argument("--np", type=int, default=0, metavar="N",
-                   help="the job's ranks, when every one of them runs on this host: once all have exited, mpirun "
-                        "has the grace period to end (default 0: not counted)")
+    p = argparse.ArgumentParser(
+        prog="python -m launch run",
+        description="Run a ready-made mpirun line within the launcher's bound (docs/faults.md).",
+    )
+    p.add_argument(
+        "--grace-period",
+        type=float,
+        default=GRACE_PERIOD,
+        metavar="SECONDS",
+        help=f"how long mpirun has to end the job once a rank on this host failed or a stop was asked "
+        f"for, before it is killed (default {GRACE_PERIOD:g})",
+    )
+    p.add_argument(
+        "--np",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the job's ranks, when every one of them runs on this host: once all have exited, mpirun "
+        "has the grace period to end (default 0: not counted)",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command (the mpirun line)")
     return p
 
@@ -44,16 +56,23 @@ def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not cmd:
-        print("launch run: error: give the command after --, e.g. python -m launch run -- mpirun -np 2 ...",
-              file=sys.stderr)
+        print(
+            "launch run: error: give the command after --, e.g. python -m launch run -- mpirun -np 2 ...",
+            file=sys.stderr,
+        )
         return 2
     if args.grace_period <= 0 or args.np < 0:
-        print(f"launch run: error: --grace-period must be > 0 and --np >= 0 (got {args.grace_period:g}, {args.np})",
-              file=sys.stderr)
+        print(
+            f"launch run: error: --grace-period must be > 0 and --np >= 0 (got {args.grace_period:g}, {args.np})",
+            file=sys.stderr,
+        )
         return 2
     if shutil.which(cmd[0]) is None:
-        print(f"launch run: error: {cmd[0]} not found on PATH; give its full path, or install it (mpirun: "
-              "apt-get install openmpi-bin, or make install)", file=sys.stderr)
+        print(
+            f"launch run: error: {cmd[0]} not found on PATH; give its full path, or install it (mpirun: "
+            "apt-get install openmpi-bin, or make install)",
+            file=sys.stderr,
+        )
         return 2
     env = dict(os.environ)
     with exit_dir(env):

@@ -41,8 +41,18 @@ from .mpirun import TRAINER, LaunchSpec, add_mpi_allreduce_arg, allreduce_mca, b
 EMULATED_STATE_DIR = Path("/tmp/allreduce-train-slurm")
 
 NTASKS = "$SLURM_NTASKS"  # expanded by the batch shell: every task of the allocation is a rank
-FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
-                "DEADLINE", "PREEMPTED", "SPECIAL_EXIT"}
+FINAL_STATES = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "PREEMPTED",
+    "SPECIAL_EXIT",
+}
 POLL_S = 0.5
 SQUEUE_PATIENCE = 120.0  # seconds without an answer from squeue before --submit gives up following
 _TIME_RE = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$")
@@ -109,10 +119,12 @@ def sbatch_directives(job: SlurmJob) -> list[str]:
         opts.append(f"--partition={job.partition}")
     if job.account:
         opts.append(f"--account={job.account}")
-    opts += [f"--output={job.output}",
-             "--open-mode=append",  # a requeued run adds to the same log instead of truncating it
-             f"--signal=B:USR1@{job.grace}",  # to the batch shell only; it passes the signal on
-             "--requeue"]
+    opts += [
+        f"--output={job.output}",
+        "--open-mode=append",  # a requeued run adds to the same log instead of truncating it
+        f"--signal=B:USR1@{job.grace}",  # to the batch shell only; it passes the signal on
+        "--requeue",
+    ]
     return [f"#SBATCH {o}" for o in opts]
 
 
@@ -121,7 +133,7 @@ def job_command(job: SlurmJob, environ: dict[str, str], is_root: bool) -> tuple[
 
     Words are shell-quoted, except ``$SLURM_NTASKS``, ``"${resume[@]}"`` and the default run
     name ``"slurm-$SLURM_JOB_ID"``, which the batch shell expands."""
-    name = [] if job.run_name else ['--name', '"slurm-$SLURM_JOB_ID"']  # the same directory after a requeue
+    name = [] if job.run_name else ["--name", '"slurm-$SLURM_JOB_ID"']  # the same directory after a requeue
     program = [job.python, "-m", TRAINER, "train"]
     rules = ring_rules(job.mpi_allreduce)  # a path every node sees, like job.python
     if job.srun:
@@ -133,9 +145,12 @@ def job_command(job: SlurmJob, environ: dict[str, str], is_root: bool) -> tuple[
         groups = [[shlex.quote(w) for w in launcher]]
     else:
         env = []
-        words = build_command(LaunchSpec(np=1, mca=list(job.mca), python=job.python, allreduce_rules=rules),
-                              environ=environ, is_root=is_root)
-        words = words[:-len(program)]
+        words = build_command(
+            LaunchSpec(np=1, mca=list(job.mca), python=job.python, allreduce_rules=rules),
+            environ=environ,
+            is_root=is_root,
+        )
+        words = words[: -len(program)]
         words[words.index("-np") + 1] = NTASKS
         quoted = [w if w == NTASKS else shlex.quote(w) for w in words]
         first_x = quoted.index("-x") if "-x" in quoted else len(quoted)
@@ -150,8 +165,9 @@ def job_command(job: SlurmJob, environ: dict[str, str], is_root: bool) -> tuple[
     return [f"export {k}={shlex.quote(v)}" for k, v in env], [g for g in groups if g]
 
 
-def render_script(job: SlurmJob, environ: dict[str, str] | None = None, is_root: bool | None = None,
-                  note: str = "") -> str:
+def render_script(
+    job: SlurmJob, environ: dict[str, str] | None = None, is_root: bool | None = None, note: str = ""
+) -> str:
     """The sbatch script for ``job``: directives, environment, the job step and the preemption logic."""
     environ = no_gl_probe(dict(os.environ) if environ is None else environ)
     is_root = (os.geteuid() == 0) if is_root is None else is_root
@@ -204,6 +220,7 @@ def _wrap(words: list[str], width: int = 110) -> list[str]:
 
 # ------------------------------------------------------------------ the cluster
 
+
 def slurm_env(environ: dict[str, str]) -> tuple[dict[str, str], str]:
     """The environment for Slurm's clients, and a note when it points at the emulated cluster."""
     if "SLURM_CONF" in environ or os.path.exists("/etc/slurm/slurm.conf"):
@@ -224,13 +241,17 @@ def _client(cmd: list[str], env: dict[str, str], timeout: float = 30) -> subproc
 def check_request(job: SlurmJob, env: dict[str, str]) -> None:
     """Compare the request with what ``sinfo`` reports, so that an impossible job fails here, in one line."""
     if shutil.which("sinfo") is None or shutil.which("sbatch") is None:
-        raise SlurmError("sbatch/sinfo not found: run on a Slurm login node, or install slurm-client "
-                         "and start the emulated cluster (python -m lab.emulation.slurm_cluster up)")
+        raise SlurmError(
+            "sbatch/sinfo not found: run on a Slurm login node, or install slurm-client "
+            "and start the emulated cluster (python -m lab.emulation.slurm_cluster up)"
+        )
     proc = _client(["sinfo", "-h", "-N", "-o", "%N|%P|%c|%G"], env)
     if proc.returncode != 0:
         err = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
-        raise SlurmError(f"no Slurm controller answers ({err}); start the emulated cluster with "
-                         "`python -m lab.emulation.slurm_cluster up` or set SLURM_CONF")
+        raise SlurmError(
+            f"no Slurm controller answers ({err}); start the emulated cluster with "
+            "`python -m lab.emulation.slurm_cluster up` or set SLURM_CONF"
+        )
     parts: dict[str, dict[str, tuple[int, str]]] = {}
     default = ""
     for line in proc.stdout.splitlines():
@@ -250,9 +271,11 @@ def check_request(job: SlurmJob, env: dict[str, str]) -> None:
     want = job.ntasks_per_node * max(1, job.cpus_per_task)
     fit = [n for n, (cpus, _) in nodes.items() if cpus >= want]
     if len(fit) < job.nodes:
-        raise SlurmError(f"--ntasks-per-node {job.ntasks_per_node} x --cpus-per-task {max(1, job.cpus_per_task)} = "
-                         f"{want} CPUs per node: only {len(fit)} node(s) of partition {name} have that many "
-                         f"(most: {max(c for c, _ in nodes.values())})")
+        raise SlurmError(
+            f"--ntasks-per-node {job.ntasks_per_node} x --cpus-per-task {max(1, job.cpus_per_task)} = "
+            f"{want} CPUs per node: only {len(fit)} node(s) of partition {name} have that many "
+            f"(most: {max(c for c, _ in nodes.values())})"
+        )
     if job.gpus_per_node and not any("gpu" in g for _, g in nodes.values()):
         raise SlurmError(f"--gpus-per-node {job.gpus_per_node}: partition {name} has no GPUs (no gres/gpu)")
 
@@ -322,8 +345,11 @@ def follow(job: SlurmJob, job_id: str, env: dict[str, str], timeout: float, out=
         drain()
         if polled is None:
             if time.monotonic() - answered > SQUEUE_PATIENCE:
-                print(f"launch slurm: error: squeue has not answered for {SQUEUE_PATIENCE:g}s; job {job_id} may "
-                      f"still run (squeue -j {job_id}, scancel {job_id}); its output: {log}", file=sys.stderr)
+                print(
+                    f"launch slurm: error: squeue has not answered for {SQUEUE_PATIENCE:g}s; job {job_id} may "
+                    f"still run (squeue -j {job_id}, scancel {job_id}); its output: {log}",
+                    file=sys.stderr,
+                )
                 return 1
             time.sleep(POLL_S)
             continue
@@ -337,8 +363,9 @@ def follow(job: SlurmJob, job_id: str, env: dict[str, str], timeout: float, out=
             drain()
             code = exit_code(job_id, env)
             if code is None:
-                print(f"launch slurm: error: job {job_id} is no longer known to Slurm; its output: {log}",
-                      file=sys.stderr)
+                print(
+                    f"launch slurm: error: job {job_id} is no longer known to Slurm; its output: {log}", file=sys.stderr
+                )
                 return 1
             return code
         if deadline and time.monotonic() > deadline:
@@ -350,12 +377,14 @@ def follow(job: SlurmJob, job_id: str, env: dict[str, str], timeout: float, out=
 
 # ------------------------------------------------------------------ command line
 
+
 def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m launch slurm",
         description="Write a Slurm batch script that runs allreduce_train across nodes (and with --submit, "
-                    "submit it and follow the job). Trainer arguments go after `--`.",
-        epilog="example: python -m launch slurm --nodes 2 --time 1:00:00 --submit -- --model lenet5 --epochs 2")
+        "submit it and follow the job). Trainer arguments go after `--`.",
+        epilog="example: python -m launch slurm --nodes 2 --time 1:00:00 --submit -- --model lenet5 --epochs 2",
+    )
     p.add_argument("--nodes", type=int, default=2, help="nodes (default: 2)")
     p.add_argument("--ntasks-per-node", type=int, default=1, help="ranks per node (default: 1; GPUs: one per GPU)")
     p.add_argument("--cpus-per-task", type=int, default=0, help="CPUs per rank (default: Slurm's, 1)")
@@ -364,19 +393,36 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--partition", default="", help="partition (default: the cluster's default)")
     p.add_argument("--account", default="", help="account to charge (default: yours)")
     p.add_argument("--job-name", default="allreduce-train", help="job name (default: allreduce-train)")
-    p.add_argument("--output", default="runs/slurm-%j.out", help="job log; %%j is the job id (default: runs/slurm-%%j.out)")
-    p.add_argument("--grace", type=int, default=120,
-                   help="seconds before the time limit at which the job checkpoints and requeues (default: 120)")
+    p.add_argument(
+        "--output", default="runs/slurm-%j.out", help="job log; %%j is the job id (default: runs/slurm-%%j.out)"
+    )
+    p.add_argument(
+        "--grace",
+        type=int,
+        default=120,
+        help="seconds before the time limit at which the job checkpoints and requeues (default: 120)",
+    )
     p.add_argument("--srun", action="store_true", help="start the ranks with srun --mpi=pmix instead of mpirun")
-    p.add_argument("--mca", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
-                   help="extra Open MPI parameter, e.g. --mca btl_tcp_if_include eth0 (repeatable)")
+    p.add_argument(
+        "--mca",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("KEY", "VALUE"),
+        help="extra Open MPI parameter, e.g. --mca btl_tcp_if_include eth0 (repeatable)",
+    )
     add_mpi_allreduce_arg(p, "ring", "ring")
     p.add_argument("--script", default="", help="where to write the script (default: runs/slurm-<time>.sbatch)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="print the script only; write and submit nothing")
     mode.add_argument("--submit", action="store_true", help="submit the script and follow the job to its end")
-    p.add_argument("--timeout", type=float, default=0, metavar="SECONDS",
-                   help="with --submit: cancel the job after this long (default: none)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help="with --submit: cancel the job after this long (default: none)",
+    )
     p.add_argument("trainer_args", nargs=argparse.REMAINDER, help="arguments for the trainer, after --")
     return p
 
@@ -389,11 +435,22 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.timeout < 0:
             raise SlurmError(f"--timeout must be >= 0 (got {args.timeout:g})")
-        job = SlurmJob(nodes=args.nodes, ntasks_per_node=args.ntasks_per_node, cpus_per_task=args.cpus_per_task,
-                       gpus_per_node=args.gpus_per_node, time=args.time, partition=args.partition,
-                       account=args.account, job_name=args.job_name, output=args.output, grace=args.grace,
-                       srun=args.srun, mca=[tuple(kv) for kv in args.mca], mpi_allreduce=args.mpi_allreduce,
-                       trainer_args=trainer_args)
+        job = SlurmJob(
+            nodes=args.nodes,
+            ntasks_per_node=args.ntasks_per_node,
+            cpus_per_task=args.cpus_per_task,
+            gpus_per_node=args.gpus_per_node,
+            time=args.time,
+            partition=args.partition,
+            account=args.account,
+            job_name=args.job_name,
+            output=args.output,
+            grace=args.grace,
+            srun=args.srun,
+            mca=[tuple(kv) for kv in args.mca],
+            mpi_allreduce=args.mpi_allreduce,
+            trainer_args=trainer_args,
+        )
         script = Path(args.script or time.strftime("runs/slurm-%Y%m%d-%H%M%S.sbatch"))
         note = "" if args.dry_run else f"; submit with: sbatch {script}"
         text = render_script(job, note=note)

@@ -35,10 +35,12 @@ class LeNet5(nn.Module):
         return self.classifier(self.features(x))
 
 
-register(ModelSpec(
-    name="lenet5",
-    build=LeNet5,
-    input_shape=(1, 28, 28),
-    num_classes=10,
-    description="LeNet-5, 61.7 k parameters (Fashion-MNIST workload of the seed paper)",
-))
+register(
+    ModelSpec(
+        name="lenet5",
+        build=LeNet5,
+        input_shape=(1, 28, 28),
+        num_classes=10,
+        description="LeNet-5, 61.7 k parameters (Fashion-MNIST workload of the seed paper)",
+    )
+)

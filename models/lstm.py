@@ -23,16 +23,21 @@ Hidden = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (layers, B, hidden)
 
 
 class LSTMLanguageModel(nn.Module):
-    def __init__(self, vocab_size: int = PTB_VOCAB, hidden: int = 200, layers: int = 2,
-                 dropout: float = 0.0, init_range: float = 0.1) -> None:
+    def __init__(
+        self,
+        vocab_size: int = PTB_VOCAB,
+        hidden: int = 200,
+        layers: int = 2,
+        dropout: float = 0.0,
+        init_range: float = 0.1,
+    ) -> None:
         super().__init__()
         self.layers, self.hidden = layers, hidden
         self.embedding = nn.Embedding(vocab_size, hidden)
         self.drop = nn.Dropout(dropout)
         # Zaremba's dropout acts only between layers, never on the recurrent connections;
         # nn.LSTM's own dropout does exactly that between its stacked layers.
-        self.lstm = nn.LSTM(hidden, hidden, num_layers=layers, dropout=dropout if layers > 1 else 0.0,
-                            batch_first=True)
+        self.lstm = nn.LSTM(hidden, hidden, num_layers=layers, dropout=dropout if layers > 1 else 0.0, batch_first=True)
         self.decoder = nn.Linear(hidden, vocab_size)  # no weight tying: the 2014 models had none
         for p in self.parameters():  # the paper: every parameter uniform in [-init_range, init_range]
             nn.init.uniform_(p, -init_range, init_range)
@@ -50,7 +55,6 @@ class LSTMLanguageModel(nn.Module):
         return self.decoder(self.drop(out)), hidden
 
 
-
 def zaremba_recipe(bptt: int, epochs: int, full_epochs: int, decay: float) -> dict:
     """The paper's training settings, applied unless the file or the command line says otherwise.
 
@@ -64,30 +68,45 @@ def zaremba_recipe(bptt: int, epochs: int, full_epochs: int, decay: float) -> di
     epoch 6). The LR is not scaled by the worker count: every step makes the paper's update, on a
     global batch W times larger.
     """
-    return {"dataset": "ptb", "batch_size": 20, "lr": 1.0 * bptt, "momentum": 0.0, "grad_clip": 5.0 / bptt,
-            "scale_lr": False, "eval_batch_size": 10, "epochs": epochs, "lr_decay": decay,
-            "lr_decay_after": full_epochs}
+    return {
+        "dataset": "ptb",
+        "batch_size": 20,
+        "lr": 1.0 * bptt,
+        "momentum": 0.0,
+        "grad_clip": 5.0 / bptt,
+        "scale_lr": False,
+        "eval_batch_size": 10,
+        "epochs": epochs,
+        "lr_decay": decay,
+        "lr_decay_after": full_epochs,
+    }
 
 
-register(ModelSpec(
-    name="ptb-lstm-small",
-    build=lambda vocab_size=PTB_VOCAB: LSTMLanguageModel(vocab_size, hidden=200, layers=2, dropout=0.0,
-                                                         init_range=0.1),
-    input_shape=(20,),
-    num_classes=PTB_VOCAB,
-    description="Zaremba et al. 2014 small LSTM LM: 2x200, 20 steps, 4.65 M parameters with 10 k words "
-                "(seed paper)",
-    task="lm",
-    defaults=zaremba_recipe(20, epochs=13, full_epochs=4, decay=0.5),
-))
+register(
+    ModelSpec(
+        name="ptb-lstm-small",
+        build=lambda vocab_size=PTB_VOCAB: LSTMLanguageModel(
+            vocab_size, hidden=200, layers=2, dropout=0.0, init_range=0.1
+        ),
+        input_shape=(20,),
+        num_classes=PTB_VOCAB,
+        description="Zaremba et al. 2014 small LSTM LM: 2x200, 20 steps, 4.65 M parameters with 10 k words "
+        "(seed paper)",
+        task="lm",
+        defaults=zaremba_recipe(20, epochs=13, full_epochs=4, decay=0.5),
+    )
+)
 
-register(ModelSpec(
-    name="ptb-lstm-medium",
-    build=lambda vocab_size=PTB_VOCAB: LSTMLanguageModel(vocab_size, hidden=650, layers=2, dropout=0.5,
-                                                         init_range=0.05),
-    input_shape=(35,),
-    num_classes=PTB_VOCAB,
-    description="Zaremba et al. 2014 medium LSTM LM: 2x650, 35 steps, dropout 0.5, 19.8 M parameters",
-    task="lm",
-    defaults=zaremba_recipe(35, epochs=39, full_epochs=6, decay=1 / 1.2),
-))
+register(
+    ModelSpec(
+        name="ptb-lstm-medium",
+        build=lambda vocab_size=PTB_VOCAB: LSTMLanguageModel(
+            vocab_size, hidden=650, layers=2, dropout=0.5, init_range=0.05
+        ),
+        input_shape=(35,),
+        num_classes=PTB_VOCAB,
+        description="Zaremba et al. 2014 medium LSTM LM: 2x650, 35 steps, dropout 0.5, 19.8 M parameters",
+        task="lm",
+        defaults=zaremba_recipe(35, epochs=39, full_epochs=6, decay=1 / 1.2),
+    )
+)

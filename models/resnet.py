@@ -55,10 +55,12 @@ class ResNet18(nn.Module):
         return self.net(x)
 
 
-register(ModelSpec(
-    name="resnet18",
-    build=ResNet18,
-    input_shape=(1, 28, 28),
-    num_classes=10,
-    description="ResNet-18 for 28x28 images, 11.2 M parameters (communication-heavy regime)",
-))
+register(
+    ModelSpec(
+        name="resnet18",
+        build=ResNet18,
+        input_shape=(1, 28, 28),
+        num_classes=10,
+        description="ResNet-18 for 28x28 images, 11.2 M parameters (communication-heavy regime)",
+    )
+)

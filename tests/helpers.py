@@ -31,9 +31,16 @@ def launcher_module(launcher) -> str:
     return "lab.emulation" if "--emulate-hosts" in launcher else "launch"
 
 
-def launch(np: int, args: list[str], timeout: float = 240, command: str = "train", module: str = "",
-           oversubscribe: bool = False, env: dict[str, str] | None = None,
-           launcher: Sequence[str] = ()) -> subprocess.CompletedProcess:
+def launch(
+    np: int,
+    args: list[str],
+    timeout: float = 240,
+    command: str = "train",
+    module: str = "",
+    oversubscribe: bool = False,
+    env: dict[str, str] | None = None,
+    launcher: Sequence[str] = (),
+) -> subprocess.CompletedProcess:
     """``python -m launch -np N [LAUNCHER...] -- ARGS`` with a hard timeout: a hanging rank fails the test.
     ``module``: run that rank program (``python -m MODULE ARGS``) instead of the trainer."""
     cmd = [sys.executable, "-m", launcher_module(launcher), "-np", str(np), "--command", command, *launcher]
@@ -63,17 +70,35 @@ def lab_in_process(capsys, *argv: str) -> tuple[int, str]:
 def run_single(args: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
     """One process without mpirun (Horovod forms a world of size 1)."""
     cmd = [sys.executable, "-m", "allreduce_train", "train", *args]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
 
 
 # The short synthetic run that tests/mpi's shared jobs (tests/mpi/conftest.py) and the tests set against
 # them run: no warm-up or LR scaling, so one process at the double batch runs the workers' schedule;
 # an evaluation every 10 steps and a checkpoint every 7 (neither changes where training ends); 2,050
 # samples, so that the 205 evaluation samples do not split evenly over 2 ranks.
-SHARED_RUN = ["--dataset", "synthetic", "--synthetic-samples", "2050", "--no-progress", "--log-every", "5",
-              "--warmup-steps", "0", "--no-scale-lr", "--lr", "0.05", "--steps", "20", "--eval-every", "10",
-              "--checkpoint-every", "7"]
+SHARED_RUN = [
+    "--dataset",
+    "synthetic",
+    "--synthetic-samples",
+    "2050",
+    "--no-progress",
+    "--log-every",
+    "5",
+    "--warmup-steps",
+    "0",
+    "--no-scale-lr",
+    "--lr",
+    "0.05",
+    "--steps",
+    "20",
+    "--eval-every",
+    "10",
+    "--checkpoint-every",
+    "7",
+]
 
 
 # The engines' comparison (tests/mpi/test_ring_engine.py, test_torch_engine.py): no warm-up and no LR scaling,
@@ -82,29 +107,68 @@ SHARED_RUN = ["--dataset", "synthetic", "--synthetic-samples", "2050", "--no-pro
 # result: the 2-rank mpi-engine job is also the resume tests' uncut reference). MPI_ENGINE: LeNet-5's ten
 # tensors in buckets of at most 3,000 bytes: 9 buckets of 10 to 48,000 elements, most of them not a multiple
 # of 3 or 4, so the ring's chunks differ in size.
-ENGINE_RUN = ["--dataset", "synthetic", "--synthetic-samples", "960", "--no-progress", "--log-every", "4",
-              "--batch-size", "8", "--steps", "12", "--warmup-steps", "0", "--no-scale-lr", "--lr", "0.05",
-              "--weight-decay", "1e-3", "--checkpoint-every", "5"]
+ENGINE_RUN = [
+    "--dataset",
+    "synthetic",
+    "--synthetic-samples",
+    "960",
+    "--no-progress",
+    "--log-every",
+    "4",
+    "--batch-size",
+    "8",
+    "--steps",
+    "12",
+    "--warmup-steps",
+    "0",
+    "--no-scale-lr",
+    "--lr",
+    "0.05",
+    "--weight-decay",
+    "1e-3",
+    "--checkpoint-every",
+    "5",
+]
 MPI_ENGINE = ["--allreduce-engine", "mpi", "--mpi-bucket-bytes", "3000"]
 
 # The small LSTM on a tiny corpus (write_corpus): lr 1 rather than the recipe's 20 (gentler steps keep rounding
 # differences from growing); a clip below the gradient norm on this corpus (about 0.12 at the start), so that
 # clipping takes part. LM_STEPS: the length of tests/mpi/conftest.py's lstm_run.
-LM = ["--model", "ptb-lstm-small", "--no-progress", "--log-every", "5", "--warmup-steps", "0", "--no-scale-lr",
-      "--lr", "1", "--grad-clip", "0.05"]
+LM = [
+    "--model",
+    "ptb-lstm-small",
+    "--no-progress",
+    "--log-every",
+    "5",
+    "--warmup-steps",
+    "0",
+    "--no-scale-lr",
+    "--lr",
+    "1",
+    "--grad-clip",
+    "0.05",
+]
 LM_STEPS = ["--steps", "15", "--eval-every", "15"]
 
 
 def run_args(run_dir, name: str, *extra: str) -> list[str]:
     """The trainer flags that put run NAME in RUN_DIR and dump every rank's end parameters beside it
     (NAME-RANK.pt)."""
-    return ["--run-dir", str(run_dir), "--name", name, "--dump-params", str(Path(run_dir) / f"{name}-{{rank}}.pt"),
-            *extra]
+    return [
+        "--run-dir",
+        str(run_dir),
+        "--name",
+        name,
+        "--dump-params",
+        str(Path(run_dir) / f"{name}-{{rank}}.pt"),
+        *extra,
+    ]
 
 
 def check(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
-    assert proc.returncode == 0, (f"exit {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\n"
-                                  f"stderr:\n{proc.stderr[-4000:]}")
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
+    )
     return proc
 
 
@@ -120,6 +184,7 @@ def rel_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 
 # ------------------------------------------------------------------ jobs in the background (fault tests)
+
 
 def job_pids(tag: str) -> dict[int, int]:
     """Global rank -> pid of the ranks of the job whose environment carries FAULT_TEST_TAG=tag."""
@@ -143,18 +208,36 @@ def job_pids(tag: str) -> dict[int, int]:
 class Job:
     """A launcher run in the background whose output lines are collected as they come."""
 
-    def __init__(self, np: int, args: list[str], tag: str, oversubscribe: bool = False,
-                 launcher: Sequence[str] = (), command: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        np: int,
+        args: list[str],
+        tag: str,
+        oversubscribe: bool = False,
+        launcher: Sequence[str] = (),
+        command: list[str] | None = None,
+    ) -> None:
         """``command``: run this instead of ``python -m launch -np NP [launcher] -- ARGS``."""
-        cmd = command or [sys.executable, "-m", launcher_module(launcher), "-np", str(np),
-                          *(["--oversubscribe"] if oversubscribe else []), *launcher, "--", *args]
+        cmd = command or [
+            sys.executable,
+            "-m",
+            launcher_module(launcher),
+            "-np",
+            str(np),
+            *(["--oversubscribe"] if oversubscribe else []),
+            *launcher,
+            "--",
+            *args,
+        ]
         self.tag = tag
         env = {**os.environ, "OMP_NUM_THREADS": "1", "FAULT_TEST_TAG": tag}
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         self.out: list[str] = []
         self.err: list[str] = []
-        self._readers = [threading.Thread(target=lambda s=s, d=d: d.extend(s), daemon=True)
-                         for s, d in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
+        self._readers = [
+            threading.Thread(target=lambda s=s, d=d: d.extend(s), daemon=True)
+            for s, d in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))
+        ]
         for r in self._readers:
             r.start()
 
@@ -192,13 +275,15 @@ class Job:
 
 
 needs_fashion_mnist = pytest.mark.skipif(
-    not os.path.isdir(FASHION_MNIST_DIR), reason="dataset-fashion-mnist not installed (make install)")
+    not os.path.isdir(FASHION_MNIST_DIR), reason="dataset-fashion-mnist not installed (make install)"
+)
 
 
 RANKS = ROOT / "tests" / "ranks"  # rank helper programs, run under mpirun with PYTHONPATH=RANKS
 
 
 # ------------------------------------------------------------------ small datasets
+
 
 def idx_bytes(arr: np.ndarray) -> bytes:
     return struct.pack(">BBBB", 0, 0, 0x08, arr.ndim) + struct.pack(f">{arr.ndim}I", *arr.shape) + arr.tobytes()
@@ -232,6 +317,7 @@ def write_corpus(d, lines=(300, 40, 40), seed=0, words=WORDS):
 
 
 # ------------------------------------------------------------------ configuration
+
 
 def parse(argv):
     """The Config that `train ARGV` builds."""

@@ -22,9 +22,23 @@ LAUNCHER_IP, WORKER_IP = "10.250.0.1", "10.250.0.2"  # tools/k8s_pod_check.sh's 
 def main(argv: list[str]) -> None:
     work, layout, trainer = Path(argv[0]), argv[1], argv[2:]
     pods, slots = (2, 1) if layout == "trainjob" else (1, 2)
-    spec = k8s.K8sSpec(api=layout, workers=pods, slots_per_worker=slots,
-                       trainer_args=["--dataset", "synthetic", "--steps", "2000", "--log-every", "5", "--no-progress",
-                                     "--checkpoint-every", "20", *trainer])
+    spec = k8s.K8sSpec(
+        api=layout,
+        workers=pods,
+        slots_per_worker=slots,
+        trainer_args=[
+            "--dataset",
+            "synthetic",
+            "--steps",
+            "2000",
+            "--log-every",
+            "5",
+            "--no-progress",
+            "--checkpoint-every",
+            "20",
+            *trainer,
+        ],
+    )
     lines = k8s.hostfile(spec)
     names = [line.split()[0] for line in lines]
     # the pods' hostnames are their pod names (JobSet: <job>-<replicated job>-<i>-<j>; MPIJob: <job>-launcher)
@@ -33,8 +47,12 @@ def main(argv: list[str]) -> None:
     hosts = {LAUNCHER_IP: [launcher], WORKER_IP: [worker]}
     for name in names:
         hosts[LAUNCHER_IP if name.startswith(launcher + ".") else WORKER_IP].insert(0, name)
-    env = {**k8s.launcher_env(spec), "OMPI_MCA_plm_rsh_args": "-o ConnectionAttempts=10",
-           "OMPI_MCA_orte_keep_fqdn_hostnames": "true", "OMPI_MCA_orte_set_default_slots": str(slots)}
+    env = {
+        **k8s.launcher_env(spec),
+        "OMPI_MCA_plm_rsh_args": "-o ConnectionAttempts=10",
+        "OMPI_MCA_orte_keep_fqdn_hostnames": "true",
+        "OMPI_MCA_orte_set_default_slots": str(slots),
+    }
     (work / "hostfile").write_text("".join(f"{line}\n" for line in lines))
     (work / "hosts").write_text("127.0.0.1\tlocalhost\n" + "".join(f"{ip}\t{' '.join(n)}\n" for ip, n in hosts.items()))
     (work / "pods").write_text(f"{launcher}\n{worker}\n")

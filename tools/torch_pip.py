@@ -29,8 +29,14 @@ TORCH_VERSION = "2.13.0"
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
-def pip_args(variant: str, version: str, local_cpu_wheel: bool, cpu_index_reachable: bool,
-             machine: str, cpu_index: str = CPU_INDEX) -> tuple[list[str], str]:
+def pip_args(
+    variant: str,
+    version: str,
+    local_cpu_wheel: bool,
+    cpu_index_reachable: bool,
+    machine: str,
+    cpu_index: str = CPU_INDEX,
+) -> tuple[list[str], str]:
     """The arguments after `pip install` for torch==version of `variant`, and a note ('' if none)."""
     if variant == "cuda" or machine != "Linux-x86_64":
         return [f"torch=={version}"], ""
@@ -41,14 +47,29 @@ def pip_args(variant: str, version: str, local_cpu_wheel: bool, cpu_index_reacha
     return [f"torch=={version}"], (
         f"warning: PyTorch's CPU wheel index {cpu_index} cannot be reached, so torch=={version} comes from "
         f"your package index, which on Linux x86_64 is the CUDA build (several GB); set TORCH_CPU_INDEX to "
-        f"a mirror of it, or TORCH_VARIANT=cuda to ask for the CUDA build")
+        f"a mirror of it, or TORCH_VARIANT=cuda to ask for the CUDA build"
+    )
 
 
 def finds_local_cpu_wheel(python: str, version: str) -> bool:
     """Whether `python -m pip` finds torch==version+cpu without any index (its --find-links)."""
     # --ignore-installed: an installed torch says nothing about a file (the test's venv has one).
-    proc = subprocess.run([python, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-deps",
-                           "--no-index", "-q", f"torch=={version}+cpu"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            python,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--ignore-installed",
+            "--no-deps",
+            "--no-index",
+            "-q",
+            f"torch=={version}+cpu",
+        ],
+        capture_output=True,
+        text=True,
+    )
     return proc.returncode == 0
 
 
@@ -63,16 +84,22 @@ def reachable(index: str, timeout: float = 15) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variant", choices=("cpu", "cuda"), default=os.environ.get("TORCH_VARIANT") or "cpu",
-                        help="default: TORCH_VARIANT, else cpu")
+    parser.add_argument(
+        "--variant",
+        choices=("cpu", "cuda"),
+        default=os.environ.get("TORCH_VARIANT") or "cpu",
+        help="default: TORCH_VARIANT, else cpu",
+    )
     parser.add_argument("--version", default=TORCH_VERSION)
     parser.add_argument("--python", default=sys.executable, help="the pip whose --find-links are looked at")
     parser.add_argument("--local", choices=("auto", "yes", "no"), default="auto")
     parser.add_argument("--cpu-index", choices=("auto", "yes", "no"), default="auto")
     args = parser.parse_args(argv)
     if args.variant not in ("cpu", "cuda"):  # argparse checks choices on the command line, not a default
-        print(f"error: TORCH_VARIANT={args.variant!r} is not a torch build; use TORCH_VARIANT=cpu or TORCH_VARIANT=cuda",
-              file=sys.stderr)
+        print(
+            f"error: TORCH_VARIANT={args.variant!r} is not a torch build; use TORCH_VARIANT=cpu or TORCH_VARIANT=cuda",
+            file=sys.stderr,
+        )
         return 2
     machine = f"{platform.system()}-{platform.machine()}"
     cpu_index = os.environ.get("TORCH_CPU_INDEX") or CPU_INDEX

@@ -121,7 +121,9 @@ def fashion_mnist(data_dir: str) -> tuple[TensorDataset, TensorDataset]:
     )
 
 
-def synthetic(input_shape: tuple[int, ...], num_classes: int, samples: int, seed: int) -> tuple[TensorDataset, TensorDataset]:
+def synthetic(
+    input_shape: tuple[int, ...], num_classes: int, samples: int, seed: int
+) -> tuple[TensorDataset, TensorDataset]:
     """Fixed random inputs and labels of the model's shape: no I/O, for benchmarks."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn((samples, *input_shape), generator=g)
@@ -156,7 +158,7 @@ class ShardedBatches:
         order = self.epoch_order(epoch)
         for step in range(start_step, self.steps_per_epoch):
             lo = step * self.global_batch + self.rank * self.batch_size
-            idx = order[lo: lo + self.batch_size]
+            idx = order[lo : lo + self.batch_size]
             # index_select: half the cost of advanced indexing for the same gather
             yield self.dataset.inputs.index_select(0, idx), self.dataset.targets.index_select(0, idx)
 

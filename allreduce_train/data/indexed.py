@@ -54,8 +54,9 @@ class DatasetBatches:
     seeded from (seed, epoch), so a random augmentation repeats for the same seed and worker count.
     """
 
-    def __init__(self, dataset: Any, batch_size: int, rank: int, num_shards: int, seed: int,
-                 workers: int = 0, prefetch: int = 2) -> None:
+    def __init__(
+        self, dataset: Any, batch_size: int, rank: int, num_shards: int, seed: int, workers: int = 0, prefetch: int = 2
+    ) -> None:
         self.dataset, self.batch_size = dataset, batch_size
         self.rank, self.num_shards, self.seed = rank, num_shards, seed
         self.global_batch = batch_size * num_shards
@@ -68,7 +69,7 @@ class DatasetBatches:
         order = epoch_order(len(self.dataset), self.seed, epoch)
         for step in range(start_step, self.steps_per_epoch):
             lo = step * self.global_batch + self.rank * self.batch_size
-            yield order[lo: lo + self.batch_size].tolist()
+            yield order[lo : lo + self.batch_size].tolist()
 
     def sample_batch(self) -> Any:
         """This worker's first batch of epoch 0, read here (the trainer's check of the loss before step 1)."""
@@ -82,9 +83,14 @@ class DatasetBatches:
             return
         if self._loader is None:
             # persistent: the processes start once (forked, as torch's default on Linux), not every epoch
-            self._loader = DataLoader(self.dataset, batch_sampler=self._sampler, num_workers=self.workers,
-                                      prefetch_factor=self.prefetch, persistent_workers=True,
-                                      generator=torch.Generator())
+            self._loader = DataLoader(
+                self.dataset,
+                batch_sampler=self._sampler,
+                num_workers=self.workers,
+                prefetch_factor=self.prefetch,
+                persistent_workers=True,
+                generator=torch.Generator(),
+            )
         self._sampler.set(epoch, start_step)
         # the loader's workers draw their seeds from this generator: fixed per (seed, epoch), and it
         # leaves the training process's own RNG (dropout masks) untouched
@@ -113,8 +119,10 @@ def check_map_style(flag: str, what: str, dataset: Any) -> None:
     from torch.utils.data import IterableDataset
 
     if isinstance(dataset, IterableDataset) or not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
-        raise DataError(f"{flag}: the {what} set is a {type(dataset).__name__}; give a map-style dataset "
-                        "(len() and [i], e.g. a torch.utils.data.Dataset subclass) so that it can be sharded by index")
+        raise DataError(
+            f"{flag}: the {what} set is a {type(dataset).__name__}; give a map-style dataset "
+            "(len() and [i], e.g. a torch.utils.data.Dataset subclass) so that it can be sharded by index"
+        )
     if len(dataset) == 0:
         raise DataError(f"{flag}: the {what} set is empty")
     try:
@@ -122,5 +130,7 @@ def check_map_style(flag: str, what: str, dataset: Any) -> None:
     except Exception as e:
         raise DataError(f"{flag}: reading sample 0 of the {what} set raised {type(e).__name__}: {e}") from None
     if not (isinstance(sample, (tuple, list)) and len(sample) == 2):
-        raise DataError(f"{flag}: sample 0 of the {what} set is a {type(sample).__name__}; each sample must be an "
-                        "(input, target) pair (use --task for other shapes of data, docs/own_model.md)")
+        raise DataError(
+            f"{flag}: sample 0 of the {what} set is a {type(sample).__name__}; each sample must be an "
+            "(input, target) pair (use --task for other shapes of data, docs/own_model.md)"
+        )

@@ -48,8 +48,10 @@ def read_words(path: str) -> list[str]:
         with open(path, encoding="utf-8") as fh:
             words = [w for line in fh for w in (*line.split(), EOS)]
     except FileNotFoundError:
-        raise DataError(f"{path}: file not found; --data-dir must hold ptb.train.txt, ptb.valid.txt and "
-                        "ptb.test.txt (Penn Treebank format), or leave --data-dir empty for the offline corpus") from None
+        raise DataError(
+            f"{path}: file not found; --data-dir must hold ptb.train.txt, ptb.valid.txt and "
+            "ptb.test.txt (Penn Treebank format), or leave --data-dir empty for the offline corpus"
+        ) from None
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); expected PTB-format text") from None
     except OSError as e:
@@ -78,8 +80,10 @@ def build_vocab(words: list[str]) -> list[str]:
 
 def load_ptb(data_dir: str) -> Corpus:
     if not os.path.isdir(data_dir):
-        raise DataError(f"--data-dir {data_dir}: directory not found; give a directory with ptb.train.txt, "
-                        "ptb.valid.txt, ptb.test.txt, or leave --data-dir empty for the offline corpus")
+        raise DataError(
+            f"--data-dir {data_dir}: directory not found; give a directory with ptb.train.txt, "
+            "ptb.valid.txt, ptb.test.txt, or leave --data-dir empty for the offline corpus"
+        )
     splits = {s: read_words(split_path(data_dir, s)) for s in SPLITS}
     vocab = build_vocab(splits["train"])
     index = {w: i for i, w in enumerate(vocab)}
@@ -100,14 +104,14 @@ class LMBatches:
         self.global_batch = batch_size * num_shards
         length = len(stream) // self.global_batch
         rows = stream[: length * self.global_batch].view(self.global_batch, length)  # (W*B, L)
-        self.rows = rows[rank * batch_size: (rank + 1) * batch_size]  # (B, L): contiguous tokens of the stream
+        self.rows = rows[rank * batch_size : (rank + 1) * batch_size]  # (B, L): contiguous tokens of the stream
         self.steps_per_epoch = max(0, length - 1) // bptt  # targets are inputs shifted by one
 
     def batches(self, epoch: int, start_step: int = 0):
         """Yield (inputs, targets), each (B, bptt), for steps ``start_step ..`` of an epoch."""
         for step in range(start_step, self.steps_per_epoch):
             lo = step * self.bptt
-            yield self.rows[:, lo: lo + self.bptt], self.rows[:, lo + 1: lo + self.bptt + 1]
+            yield self.rows[:, lo : lo + self.bptt], self.rows[:, lo + 1 : lo + self.bptt + 1]
 
 
 @dataclass
@@ -125,7 +129,7 @@ def eval_part(stream: torch.Tensor, rank: int, num_shards: int) -> EvalStream:
     """Disjoint contiguous parts; together they predict every token after the first exactly once."""
     n = len(stream) - 1
     lo, hi = n * rank // num_shards, n * (rank + 1) // num_shards
-    return EvalStream(stream[lo:hi], stream[lo + 1: hi + 1])
+    return EvalStream(stream[lo:hi], stream[lo + 1 : hi + 1])
 
 
 def synthetic_lm(vocab_size: int, bptt: int, samples: int, seed: int) -> Corpus:
@@ -141,8 +145,17 @@ def synthetic_lm(vocab_size: int, bptt: int, samples: int, seed: int) -> Corpus:
 
 _WORD = re.compile(r"[a-z]+(?:'[a-z]+)?|[0-9]+(?:[.,][0-9]+)*")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
-_SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__",
-              "turtledemo", "ensurepip"}
+_SKIP_DIRS = {
+    "site-packages",
+    "dist-packages",
+    "test",
+    "tests",
+    "idlelib",
+    "lib2to3",
+    "__pycache__",
+    "turtledemo",
+    "ensurepip",
+}
 
 
 def _documents() -> list[tuple[str, str]]:
@@ -160,9 +173,12 @@ def _documents() -> list[tuple[str, str]]:
                     tree = ast.parse(fh.read())  # parsed, never imported or run
             except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
                 continue
-            text = "\n\n".join(d for node in ast.walk(tree)
-                               if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                               and (d := ast.get_docstring(node)))
+            text = "\n\n".join(
+                d
+                for node in ast.walk(tree)
+                if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                and (d := ast.get_docstring(node))
+            )
             if text:
                 docs.append((os.path.relpath(path, root), text))
     return docs

@@ -52,8 +52,9 @@ class GradientExchange(ABC):
         return {}
 
     @abstractmethod
-    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                every_step: bool = True) -> torch.optim.Optimizer:
+    def prepare(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, every_step: bool = True
+    ) -> torch.optim.Optimizer:
         """Make the model and optimizer state identical to the main rank's and set up the gradient sum;
         return the optimizer to step. ``every_step=False``: a schedule will turn the gradient sum on
         for some steps only (:meth:`set_exchanging`), or never (a wire format that sums after backward)."""

@@ -38,15 +38,16 @@ def pack(tensors: Sequence[torch.Tensor | None], out: torch.Tensor, sizes: Seque
     for i, t in enumerate(tensors):
         n = sizes[i] if t is None else t.numel()  # type: ignore[index]
         if t is None:
-            out[off:off + n].zero_()
+            out[off : off + n].zero_()
         else:
-            out[off:off + n].copy_(t.reshape(-1))
+            out[off : off + n].copy_(t.reshape(-1))
         off += n
     return out
 
 
-def flatten(tensors: Sequence[torch.Tensor], dtype: torch.dtype | None = None,
-            device: torch.device | str | None = None) -> torch.Tensor:
+def flatten(
+    tensors: Sequence[torch.Tensor], dtype: torch.dtype | None = None, device: torch.device | str | None = None
+) -> torch.Tensor:
     """A new flat buffer holding ``tensors`` end to end (in ``dtype``, on ``device``; by default the first's)."""
     first = tensors[0]
     out = torch.empty(sum(t.numel() for t in tensors), dtype=dtype or first.dtype, device=device or first.device)
@@ -64,5 +65,5 @@ def unpack(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
     off = 0
     for t in tensors:
         n = t.numel()
-        t.view(-1).copy_(flat[off:off + n])
+        t.view(-1).copy_(flat[off : off + n])
         off += n

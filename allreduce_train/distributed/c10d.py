@@ -56,8 +56,10 @@ def _reachable(addresses: list[str], port: int) -> str:
             return addr
         except OSError:
             continue
-    raise UserError(f"--allreduce-engine torch: rank 0's rendezvous (port {port}) is not reachable at any of "
-                    f"{', '.join(addresses)}; set MASTER_ADDR to an address of rank 0's host that every rank reaches")
+    raise UserError(
+        f"--allreduce-engine torch: rank 0's rendezvous (port {port}) is not reachable at any of "
+        f"{', '.join(addresses)}; set MASTER_ADDR to an address of rank 0's host that every rank reaches"
+    )
 
 
 def _backend(choice: str) -> str:
@@ -95,17 +97,30 @@ class TorchDistributed(GradientExchange):
         self.world = MPI.COMM_WORLD
         store = None
         if self.rank == 0:  # communication: the rendezvous, served by rank 0 on a free port
-            store = dist.TCPStore("0.0.0.0", 0, self.size, is_master=True, wait_for_workers=False,
-                                  timeout=datetime.timedelta(seconds=self.timeout or 3600))
+            store = dist.TCPStore(
+                "0.0.0.0",
+                0,
+                self.size,
+                is_master=True,
+                wait_for_workers=False,
+                timeout=datetime.timedelta(seconds=self.timeout or 3600),
+            )
             one_host = env.get("OMPI_COMM_WORLD_LOCAL_SIZE") == env.get("OMPI_COMM_WORLD_SIZE")
-            where = ([env["MASTER_ADDR"]] if env.get("MASTER_ADDR") else ["127.0.0.1"] if one_host
-                     else _ipv4_addresses(), store.port)
+            where = (
+                [env["MASTER_ADDR"]] if env.get("MASTER_ADDR") else ["127.0.0.1"] if one_host else _ipv4_addresses(),
+                store.port,
+            )
         else:
             where = None
         addresses, port = self.world.bcast(where, root=0)  # communication: where rank 0 listens
         if store is None:
-            store = dist.TCPStore(_reachable(addresses, port), port, self.size, is_master=False,
-                                  timeout=datetime.timedelta(seconds=self.timeout or 3600))
+            store = dist.TCPStore(
+                _reachable(addresses, port),
+                port,
+                self.size,
+                is_master=False,
+                timeout=datetime.timedelta(seconds=self.timeout or 3600),
+            )
         timeout = datetime.timedelta(seconds=self.timeout or 365 * 86400)
         # communication: forms the process group, and a Gloo group for objects, metrics and the vote
         dist.init_process_group(self.backend, store=store, rank=self.rank, world_size=self.size, timeout=timeout)
@@ -113,10 +128,13 @@ class TorchDistributed(GradientExchange):
 
     # ------------------------------------------------------------ set-up
     def describe(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"allreduce_engine": "torch", "torch_backend": self.backend,
-                               "torch_bucket_bytes": self.torch_cfg.bucket_bytes,
-                               "backward_passes_per_step": self.cfg.backward_passes_per_step,
-                               "reduce_op": self.cfg.reduce_op}
+        out: dict[str, Any] = {
+            "allreduce_engine": "torch",
+            "torch_backend": self.backend,
+            "torch_bucket_bytes": self.torch_cfg.bucket_bytes,
+            "backward_passes_per_step": self.cfg.backward_passes_per_step,
+            "reduce_op": self.cfg.reduce_op,
+        }
         if self._buckets:
             out["torch_buckets"] = len(self._buckets)
         return out
@@ -126,7 +144,8 @@ class TorchDistributed(GradientExchange):
             return optimizer  # the average over one worker is its own gradient: nothing to send
         # communication: rank 0's parameters, buffers and optimizer state (fresh, or from a checkpoint)
         state = self.broadcast_object(
-            {"model": model.state_dict(), "optimizer": optimizer.state_dict()} if self.is_main else None)
+            {"model": model.state_dict(), "optimizer": optimizer.state_dict()} if self.is_main else None
+        )
         if not self.is_main:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
@@ -138,8 +157,9 @@ class TorchDistributed(GradientExchange):
             flat = torch.zeros(sum(sizes[p] for p in members), dtype=self.dtype, device=self.params[members[0]].device)
             self._buckets.append({"members": members, "flat": flat, "work": None})
             for p in members:  # hooks honour set_exchanging (a schedule's local steps send nothing)
-                self._hooks.append(self.params[p].register_post_accumulate_grad_hook(
-                    lambda _p, b=b: self._grad_ready(b)))
+                self._hooks.append(
+                    self.params[p].register_post_accumulate_grad_hook(lambda _p, b=b: self._grad_ready(b))
+                )
         self._reset_step()
         return optimizer
 
@@ -215,8 +235,9 @@ class TorchDistributed(GradientExchange):
     def start_vote(self, flags: torch.Tensor) -> None:
         self._vote = flags.detach().cpu().clone()
         # communication: the step's vote, started before the last backward, back with the gradients
-        self._vote_work = (self.dist.all_reduce(self._vote, group=self.cpu_group, async_op=True)
-                           if self.size > 1 else None)
+        self._vote_work = (
+            self.dist.all_reduce(self._vote, group=self.cpu_group, async_op=True) if self.size > 1 else None
+        )
 
     def end_vote(self) -> torch.Tensor:
         if self._vote_work is not None:

@@ -24,8 +24,14 @@ import torch
 
 from .wirecost import allreduce_bytes_per_step, element_bytes, ps_bytes_per_step
 
-__all__ = ["SIXTEEN_BIT", "WIRE_DTYPES", "allreduce_bytes_per_step", "bytes_per_element", "ps_bytes_per_step",
-           "wire_dtype"]
+__all__ = [
+    "SIXTEEN_BIT",
+    "WIRE_DTYPES",
+    "allreduce_bytes_per_step",
+    "bytes_per_element",
+    "ps_bytes_per_step",
+    "wire_dtype",
+]
 
 # powersgd sends float32 factors (powersgd.py)
 WIRE_DTYPES = {"none": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "powersgd": torch.float32}

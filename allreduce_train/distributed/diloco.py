@@ -34,8 +34,9 @@ class DiLoCo(Sync):
 
     state_key = "diloco"
 
-    def __init__(self, ex: GradientExchange, wire: WireFormat, every: int, outer_lr: float = 0.7,
-                 outer_momentum: float = 0.9) -> None:
+    def __init__(
+        self, ex: GradientExchange, wire: WireFormat, every: int, outer_lr: float = 0.7, outer_momentum: float = 0.9
+    ) -> None:
         super().__init__(ex, wire)
         self.every, self.lr, self.mu = every, outer_lr, outer_momentum
         self.outer: list[torch.Tensor] = []
@@ -76,8 +77,12 @@ class DiLoCo(Sync):
 
     def state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """This worker's own parameters and inner optimizer state, and the outer parameters and momentum."""
-        return {"params": [p.detach().cpu().clone() for p in model.parameters()], "optimizer": optimizer.state_dict(),
-                "outer": [o.cpu().clone() for o in self.outer], "momentum": [m.cpu().clone() for m in self.momentum]}
+        return {
+            "params": [p.detach().cpu().clone() for p in model.parameters()],
+            "optimizer": optimizer.state_dict(),
+            "outer": [o.cpu().clone() for o in self.outer],
+            "momentum": [m.cpu().clone() for m in self.momentum],
+        }
 
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -88,5 +93,10 @@ class DiLoCo(Sync):
             mine.copy_(saved)
 
     def describe(self) -> dict[str, Any]:
-        return {**self.wire.describe(), "average_every": 0, "diloco_every": self.every,
-                "diloco_outer_lr": self.lr, "diloco_outer_momentum": self.mu}
+        return {
+            **self.wire.describe(),
+            "average_every": 0,
+            "diloco_every": self.every,
+            "diloco_outer_lr": self.lr,
+            "diloco_outer_momentum": self.mu,
+        }

@@ -49,16 +49,22 @@ def check_horovod_env(environ) -> None:
 
     controller, ops = lib("HOROVOD_CONTROLLER"), lib("HOROVOD_CPU_OPERATIONS")
     if ops == "gloo" and controller == "mpi":
-        raise UserError("HOROVOD_CPU_OPERATIONS=gloo with Horovod's MPI controller crashes Horovod 0.28.1 "
-                        "(segmentation fault in the first allreduce); unset HOROVOD_CPU_OPERATIONS, or use Gloo "
-                        "for both through `horovodrun --gloo`")
+        raise UserError(
+            "HOROVOD_CPU_OPERATIONS=gloo with Horovod's MPI controller crashes Horovod 0.28.1 "
+            "(segmentation fault in the first allreduce); unset HOROVOD_CPU_OPERATIONS, or use Gloo "
+            "for both through `horovodrun --gloo`"
+        )
     if controller == "gloo" and ops != "gloo":
-        raise UserError("HOROVOD_CONTROLLER=gloo with MPI CPU operations aborts with MPI_ERR_COMM; unset "
-                        "HOROVOD_CONTROLLER, or use Gloo for both through `horovodrun --gloo`")
+        raise UserError(
+            "HOROVOD_CONTROLLER=gloo with MPI CPU operations aborts with MPI_ERR_COMM; unset "
+            "HOROVOD_CONTROLLER, or use Gloo for both through `horovodrun --gloo`"
+        )
     if controller == "gloo" and "HOROVOD_GLOO_RENDEZVOUS_ADDR" not in environ:
-        raise UserError("HOROVOD_CONTROLLER=gloo without horovodrun's rendezvous: every rank would train alone "
-                        "(world size 1, no exchange); unset HOROVOD_CONTROLLER and HOROVOD_CPU_OPERATIONS under "
-                        "mpirun, or launch with `horovodrun --gloo`")
+        raise UserError(
+            "HOROVOD_CONTROLLER=gloo without horovodrun's rendezvous: every rank would train alone "
+            "(world size 1, no exchange); unset HOROVOD_CONTROLLER and HOROVOD_CPU_OPERATIONS under "
+            "mpirun, or launch with `horovodrun --gloo`"
+        )
 
 
 def one_host(environ) -> bool:
@@ -82,17 +88,30 @@ def gloo_under_mpirun(environ) -> Any:
     if rank == 0:
         server = RendezvousHTTPServer(("127.0.0.1", 0), RendezvousHandler, 0)
         port = server.server_address[1]
-        server.init([SlotInfo(hostname=host, rank=r, local_rank=r, cross_rank=0, size=size, local_size=size,
-                              cross_size=1) for r in range(size)])
+        server.init(
+            [
+                SlotInfo(hostname=host, rank=r, local_rank=r, cross_rank=0, size=size, local_size=size, cross_size=1)
+                for r in range(size)
+            ]
+        )
         threading.Thread(target=server.serve_forever, daemon=True, name="gloo-rendezvous").start()
     port = MPI.COMM_WORLD.bcast(port, root=0)  # communication: the rendezvous port, from rank 0
-    environ.update({
-        "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_GLOO_IFACE": "lo",
-        "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1", "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
-        "HOROVOD_HOSTNAME": host, "HOROVOD_RANK": str(rank), "HOROVOD_SIZE": str(size),
-        "HOROVOD_LOCAL_RANK": str(rank), "HOROVOD_LOCAL_SIZE": str(size),
-        "HOROVOD_CROSS_RANK": "0", "HOROVOD_CROSS_SIZE": "1",
-    })
+    environ.update(
+        {
+            "HOROVOD_CONTROLLER": "gloo",
+            "HOROVOD_CPU_OPERATIONS": "gloo",
+            "HOROVOD_GLOO_IFACE": "lo",
+            "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
+            "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
+            "HOROVOD_HOSTNAME": host,
+            "HOROVOD_RANK": str(rank),
+            "HOROVOD_SIZE": str(size),
+            "HOROVOD_LOCAL_RANK": str(rank),
+            "HOROVOD_LOCAL_SIZE": str(size),
+            "HOROVOD_CROSS_RANK": "0",
+            "HOROVOD_CROSS_SIZE": "1",
+        }
+    )
     return server
 
 
@@ -103,11 +122,14 @@ def wants_gloo(cfg: HorovodConfig, environ) -> bool:
     horovodrun already set up take precedence; outside mpirun Horovod forms a world of one.
     """
     if "OMPI_COMM_WORLD_SIZE" not in environ or any(
-            v in environ for v in ("HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS", "HOROVOD_GLOO_RENDEZVOUS_ADDR")):
+        v in environ for v in ("HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS", "HOROVOD_GLOO_RENDEZVOUS_ADDR")
+    ):
         return False
     if cfg.backend == "gloo" and not one_host(environ):
-        raise UserError("--horovod-backend gloo under mpirun needs every rank on one host (its rendezvous listens on "
-                        "127.0.0.1); use --horovod-backend mpi, or launch with `horovodrun --gloo`")
+        raise UserError(
+            "--horovod-backend gloo under mpirun needs every rank on one host (its rendezvous listens on "
+            "127.0.0.1); use --horovod-backend mpi, or launch with `horovodrun --gloo`"
+        )
     return cfg.backend == "gloo"
 
 

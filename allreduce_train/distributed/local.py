@@ -21,8 +21,9 @@ class LocalExchange(GradientExchange):
     name = "local"
     rank, size, local_rank, local_size = 0, 1, 0, 1
 
-    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                every_step: bool = True) -> torch.optim.Optimizer:
+    def prepare(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, every_step: bool = True
+    ) -> torch.optim.Optimizer:
         return optimizer
 
     def synchronize(self) -> None:
@@ -79,8 +80,9 @@ class NoExchange(LocalExchange):
     def _wait(self, test, what: str) -> None:
         poll(test, self.timeout, what)
 
-    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                every_step: bool = True) -> torch.optim.Optimizer:
+    def prepare(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, every_step: bool = True
+    ) -> torch.optim.Optimizer:
         # A resumed run starts every rank from rank 0's checkpoint (a fresh one: the common seed).
         if self.broadcast_object(bool(optimizer.state_dict()["state"])):  # communication
             state = self.broadcast_object((model.state_dict(), optimizer.state_dict()) if self.is_main else None)

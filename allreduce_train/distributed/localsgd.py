@@ -66,8 +66,7 @@ class LocalSGD(Sync):
 
     def state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """This worker's own parameters and optimizer state (momentum), for the checkpoint."""
-        return {"params": [p.detach().cpu().clone() for p in model.parameters()],
-                "optimizer": optimizer.state_dict()}
+        return {"params": [p.detach().cpu().clone() for p in model.parameters()], "optimizer": optimizer.state_dict()}
 
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:

@@ -89,7 +89,7 @@ def allgather_pickle(comm, MPI, obj: Any, wait: Wait, what: str) -> list[Any]:
     displs = [sum(counts[:i]) for i in range(len(counts))]
     out = np.empty(sum(counts), dtype=np.uint8)
     wait(comm.Iallgatherv([data, MPI.BYTE], [out, (counts, displs), MPI.BYTE]).Test, what)
-    return [pickle.loads(out[d:d + n].tobytes()) for d, n in zip(displs, counts, strict=True)]
+    return [pickle.loads(out[d : d + n].tobytes()) for d, n in zip(displs, counts, strict=True)]
 
 
 def node_rank(comm, MPI) -> tuple[int, int]:

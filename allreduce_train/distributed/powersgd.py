@@ -37,10 +37,10 @@ def orthogonalize(matrix: torch.Tensor) -> None:
     """Orthonormal columns in place: Gram-Schmidt for rank <= 2, QR above (as the hook does)."""
     if matrix.shape[1] <= 2:
         for i in range(matrix.shape[1]):
-            col = matrix[:, i:i + 1]
+            col = matrix[:, i : i + 1]
             col /= torch.norm(col, dim=0, keepdim=True)
             if i + 1 < matrix.shape[1]:
-                rest = matrix[:, i + 1:]
+                rest = matrix[:, i + 1 :]
                 rest -= torch.sum(col * rest, dim=0, keepdim=True) * col
     else:
         matrix.copy_(torch.linalg.qr(matrix).Q)
@@ -83,8 +83,10 @@ class PowerSGD:
             # DDP's bucket order (the parameters reversed)
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(self.rng.randint(1_000_000_000))
-                drawn = [torch.randn(m.shape[1], min(*m.shape, self.rank), dtype=m.dtype).to(m.device)
-                         for m in reversed(mats)]
+                drawn = [
+                    torch.randn(m.shape[1], min(*m.shape, self.rank), dtype=m.dtype).to(m.device)
+                    for m in reversed(mats)
+                ]
             self.q = drawn[::-1]
         for q in self.q:
             orthogonalize(q)
@@ -92,13 +94,15 @@ class PowerSGD:
         plain = [flatten([grads[i] for i in self.plain])] if self.plain else []
         # communication: the uncompressed tensors and the Ps, summed over the workers
         summed = sum_tensors([*plain, *ps], "powersgd.p")
-        plain, ps = [t.div_(workers) for t in summed[:len(plain)]], summed[len(plain):]
+        plain, ps = [t.div_(workers) for t in summed[: len(plain)]], summed[len(plain) :]
         if self.plain:
             unpack(plain[0], [grads[i] for i in self.plain])
         for p in ps:
             orthogonalize(p)
         # communication: the Qs, summed over the workers
-        self.q = [q.div_(workers) for q in sum_tensors([_bmm(m.t(), p) for m, p in zip(mats, ps, strict=True)], "powersgd.q")]
+        self.q = [
+            q.div_(workers) for q in sum_tensors([_bmm(m.t(), p) for m, p in zip(mats, ps, strict=True)], "powersgd.q")
+        ]
         for m, p, q in zip(mats, ps, self.q, strict=True):
             m.copy_(_bmm(p, q.t()))
         self.error = [s - g for s, g in zip(sent, grads, strict=True)]

@@ -59,8 +59,9 @@ def chunk_bounds(numel: int, n: int) -> list[int]:
 class _Bucket:
     """One bucket's flat buffer and the state of its reduction (ring steps or one MPI request)."""
 
-    def __init__(self, index: int, members: list[int], sizes: list[int], dtype: torch.dtype, rank: int,
-                 size: int) -> None:
+    def __init__(
+        self, index: int, members: list[int], sizes: list[int], dtype: torch.dtype, rank: int, size: int
+    ) -> None:
         self.index, self.members = index, members
         self.flat = torch.zeros(sum(sizes[p] for p in members), dtype=dtype)
         # the same memory, for MPI (numpy has no bfloat16: its bits travel as int16, MPI only moves them)
@@ -78,7 +79,7 @@ class _Bucket:
     def chunk(self, c: int) -> np.ndarray:
         """Chunk ``c`` (mod N) of the bucket, as raw bytes."""
         c %= len(self.cut) - 1
-        return self.arr[self.cut[c]:self.cut[c + 1]].view(np.uint8)
+        return self.arr[self.cut[c] : self.cut[c + 1]].view(np.uint8)
 
 
 class MPIRingAllreduce(GradientExchange):
@@ -86,8 +87,9 @@ class MPIRingAllreduce(GradientExchange):
 
     name = "allreduce"
 
-    def __init__(self, x: ExchangeConfig, mpi: MPIConfig, average: bool = True,
-                 wire: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self, x: ExchangeConfig, mpi: MPIConfig, average: bool = True, wire: torch.dtype = torch.float32
+    ) -> None:
         """``average=False``: leave the sum (commbench checks it exactly on integer inputs); ``wire``:
         the dtype the gradients are summed in (the wire format's)."""
         self.cfg, self.mpi_cfg = x, mpi
@@ -112,10 +114,13 @@ class MPIRingAllreduce(GradientExchange):
 
     # ------------------------------------------------------------ set-up
     def describe(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"allreduce_engine": "mpi", "mpi_algorithm": self.algorithm,
-                               "mpi_bucket_bytes": self.mpi_cfg.bucket_bytes,
-                               "backward_passes_per_step": self.cfg.backward_passes_per_step,
-                               "reduce_op": self.cfg.reduce_op}
+        out: dict[str, Any] = {
+            "allreduce_engine": "mpi",
+            "mpi_algorithm": self.algorithm,
+            "mpi_bucket_bytes": self.mpi_cfg.bucket_bytes,
+            "backward_passes_per_step": self.cfg.backward_passes_per_step,
+            "reduce_op": self.cfg.reduce_op,
+        }
         if self._buckets:
             out["mpi_buckets"] = len(self._buckets)
         return out
@@ -125,7 +130,8 @@ class MPIRingAllreduce(GradientExchange):
             return optimizer  # the average over one worker is its own gradient: nothing to send
         # communication: rank 0's parameters, buffers and optimizer state (fresh, or from a checkpoint)
         state = self.broadcast_object(
-            {"model": model.state_dict(), "optimizer": optimizer.state_dict()} if self.is_main else None)
+            {"model": model.state_dict(), "optimizer": optimizer.state_dict()} if self.is_main else None
+        )
         if not self.is_main:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
@@ -142,14 +148,16 @@ class MPIRingAllreduce(GradientExchange):
         buckets = plan(sizes, 1, max(sizes), elements_in(self.mpi_cfg.bucket_bytes, self.dtype)).buckets
         if len(buckets) > MAX_BUCKETS:
             raise UserError(f"{len(buckets)} buckets are too many message tags; raise --mpi-bucket-bytes")
-        self._buckets = [_Bucket(b, members, sizes, self.dtype, self.rank, self.size)
-                         for b, members in enumerate(buckets)]
+        self._buckets = [
+            _Bucket(b, members, sizes, self.dtype, self.rank, self.size) for b, members in enumerate(buckets)
+        ]
         self._k = self.cfg.backward_passes_per_step
         self._reset_step()
         for bucket in self._buckets:
             for p in bucket.members:
-                self._hooks.append(params[p].register_post_accumulate_grad_hook(
-                    lambda _p, b=bucket.index: self._grad_ready(b)))
+                self._hooks.append(
+                    params[p].register_post_accumulate_grad_hook(lambda _p, b=bucket.index: self._grad_ready(b))
+                )
 
     # ------------------------------------------------------------ one step
     def _reset_step(self) -> None:
@@ -188,13 +196,14 @@ class MPIRingAllreduce(GradientExchange):
 
     def _send(self, bucket: _Bucket, c: int) -> None:
         # communication: chunk c to the right neighbour
-        bucket.sends.append(self.comm.Isend([bucket.chunk(c), self.MPI.BYTE], dest=(self.rank + 1) % self.size,
-                                            tag=bucket.index))
+        bucket.sends.append(
+            self.comm.Isend([bucket.chunk(c), self.MPI.BYTE], dest=(self.rank + 1) % self.size, tag=bucket.index)
+        )
 
     def _advance(self) -> bool:
         """Move every bucket in flight as far as its messages allow; True if any moved."""
         moved = False
-        for bucket in self._buckets[:self._next]:
+        for bucket in self._buckets[: self._next]:
             if self.algorithm == "iallreduce":
                 if bucket.step == 0 and bucket.recvs[0].Test():
                     bucket.step, moved = 1, True
@@ -232,8 +241,9 @@ class MPIRingAllreduce(GradientExchange):
             left = (r - 1) % n
             bucket.recvs = []
             for s in range(n - 1):
-                bucket.recvs.append(self.comm.Irecv([bucket.chunk(r - s), self.MPI.BYTE], source=left,
-                                                    tag=bucket.index))
+                bucket.recvs.append(
+                    self.comm.Irecv([bucket.chunk(r - s), self.MPI.BYTE], source=left, tag=bucket.index)
+                )
             self._send(bucket, (r + 1) % n)
             bucket.step += 1
             return True
@@ -262,8 +272,12 @@ class MPIRingAllreduce(GradientExchange):
             self._start(self._buckets[self._next])
             self._next += 1
         # communication: wait for every bucket, advancing the rings
-        poll(lambda: all(self._bucket_done(b) for b in self._buckets), self.timeout,
-             "the ring allreduce of the gradients", self._advance)
+        poll(
+            lambda: all(self._bucket_done(b) for b in self._buckets),
+            self.timeout,
+            "the ring allreduce of the gradients",
+            self._advance,
+        )
         with torch.no_grad():
             for bucket in self._buckets:
                 avg = bucket.flat.float() if self.dtype != torch.float32 else bucket.flat

@@ -73,4 +73,3 @@ class Sync:
     def describe(self) -> dict[str, Any]:
         """metrics.json's fields of the layers (``compression``, ``average_every``, ...)."""
         return {**self.wire.describe(), "average_every": 0}
-

@@ -37,8 +37,15 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """Token ids (B, T) -> next-token logits (B, T, vocab)."""
 
-    def __init__(self, vocab_size: int, block_size: int = 64, dim: int = 96, layers: int = 2, heads: int = 4,
-                 dropout: float = 0.0) -> None:
+    def __init__(
+        self,
+        vocab_size: int,
+        block_size: int = 64,
+        dim: int = 96,
+        layers: int = 2,
+        heads: int = 4,
+        dropout: float = 0.0,
+    ) -> None:
         super().__init__()
         if dim % heads:
             raise ValueError(f"dim {dim} is not a multiple of heads {heads}")

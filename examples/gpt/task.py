@@ -33,14 +33,22 @@ class Windows(Dataset):
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         lo = i * self.block
-        return self.ids[lo: lo + self.block], self.ids[lo + 1: lo + self.block + 1]
+        return self.ids[lo : lo + self.block], self.ids[lo + 1 : lo + self.block + 1]
 
 
 class CharGPT(allreduce_train.Task):
     """Next-character prediction over a text file; the last tenth is the evaluation text."""
 
-    def __init__(self, path: str = "", block: int = 64, dim: int = 96, layers: int = 2, heads: int = 4,
-                 dropout: float = 0.0, max_chars: int = 0) -> None:
+    def __init__(
+        self,
+        path: str = "",
+        block: int = 64,
+        dim: int = 96,
+        layers: int = 2,
+        heads: int = 4,
+        dropout: float = 0.0,
+        max_chars: int = 0,
+    ) -> None:
         super().__init__()
         if not path:  # the project's offline PTB-format corpus (built on first use)
             import os
@@ -73,8 +81,10 @@ class CharGPT(allreduce_train.Task):
 
     def eval_sums(self, model: GPT, inputs: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
         logits = model(inputs)
-        return {"loss": F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum").item(),
-                "chars": targets.numel()}
+        return {
+            "loss": F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum").item(),
+            "chars": targets.numel(),
+        }
 
     def eval_metrics(self, sums: dict[str, float]) -> dict[str, float]:
         loss = sums["loss"] / sums["chars"]

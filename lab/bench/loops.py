@@ -111,13 +111,14 @@ def trainer_grads(args: argparse.Namespace) -> tuple[dict[str, torch.Tensor], in
     from allreduce_train.distributed import create_exchange
     from allreduce_train.trainer import Trainer
 
-    cfg = Config(model=ModelConfig(args.model),
-                 data=DataConfig(dataset="synthetic", batch_size=args.batch_size,
-                                 synthetic_samples=args.synthetic_samples),
-                 exchange=ExchangeConfig(allreduce_engine=args.allreduce_engine),
-                 horovod=HorovodConfig(backend=args.horovod_backend),
-                 train=TrainConfig(seed=args.seed, threads=args.threads, device="cpu", flush_denormal=args.flush_denormal),
-                 run=RunConfig(tensorboard=False, progress=False))
+    cfg = Config(
+        model=ModelConfig(args.model),
+        data=DataConfig(dataset="synthetic", batch_size=args.batch_size, synthetic_samples=args.synthetic_samples),
+        exchange=ExchangeConfig(allreduce_engine=args.allreduce_engine),
+        horovod=HorovodConfig(backend=args.horovod_backend),
+        train=TrainConfig(seed=args.seed, threads=args.threads, device="cpu", flush_denormal=args.flush_denormal),
+        run=RunConfig(tensorboard=False, progress=False),
+    )
     ex = create_exchange(cfg)
     try:
         trainer = Trainer(cfg, ex, run_dir="")
@@ -140,8 +141,9 @@ def run_rank(args: argparse.Namespace) -> int:
         torch.save(grads, args.dump_grads.replace("{rank}", str(rank)))
         return 0
 
-    w = usermodel.from_args(args.model, task=args.task, dataset=args.dataset, model_args=args.model_arg,
-                            dataset_args=args.dataset_arg)
+    w = usermodel.from_args(
+        args.model, task=args.task, dataset=args.dataset, model_args=args.model_arg, dataset_args=args.dataset_arg
+    )
     loss = None
     if w.own or w.dataset not in ("", "synthetic"):
         # a user's model or data: the trainer's own task gives the batch, the model and the loss
@@ -174,9 +176,15 @@ def run_rank(args: argparse.Namespace) -> int:
         cpu_s = total(torch.tensor([time.process_time() - c0], dtype=torch.float64))[0].item()
         if rank == 0 and args.result:
             with open(args.result, "w") as fh:
-                json.dump({"samples_per_sec": size * args.batch_size * args.steps / elapsed,
-                           "step_ms": 1e3 * elapsed / args.steps, "cpu_ms_per_step": 1e3 * cpu_s / args.steps,
-                           "world_size": size}, fh)
+                json.dump(
+                    {
+                        "samples_per_sec": size * args.batch_size * args.steps / elapsed,
+                        "step_ms": 1e3 * elapsed / args.steps,
+                        "cpu_ms_per_step": 1e3 * cpu_s / args.steps,
+                        "world_size": size,
+                    },
+                    fh,
+                )
         return 0
     finally:
         close()
@@ -198,9 +206,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--synthetic-samples", type=int, default=6400)
     p.add_argument("--horovod-backend", default="mpi", choices=("mpi", "gloo"), help="the trainer's (--impl trainer)")
-    p.add_argument("--allreduce-engine", default="horovod", choices=("horovod", "mpi", "torch"),
-                   help="the trainer's (--impl trainer)")
+    p.add_argument(
+        "--allreduce-engine",
+        default="horovod",
+        choices=("horovod", "mpi", "torch"),
+        help="the trainer's (--impl trainer)",
+    )
     p.add_argument("--port", type=int, default=0, help="rendezvous port on 127.0.0.1 (ddp)")
     p.add_argument("--result", default="", help="rank 0 writes the throughput here as JSON")
-    p.add_argument("--dump-grads", default="", help="take one step, save the averaged gradients to this file "
-                                                    "({rank} replaced) and exit")
+    p.add_argument(
+        "--dump-grads",
+        default="",
+        help="take one step, save the averaged gradients to this file ({rank} replaced) and exit",
+    )

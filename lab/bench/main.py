@@ -94,10 +94,17 @@ class BenchSpec:
         if model in self.tasks:
             return usermodel.from_args("", task=model, model_args=self.model_args)
         if usermodel.is_reference(model):
-            return usermodel.from_args(model, dataset=self.dataset, model_args=self.model_args,
-                                       dataset_args=self.dataset_args if usermodel.is_reference(self.dataset) else ())
-        return usermodel.from_args(model, dataset=self.dataset or "synthetic",
-                                   dataset_args=self.dataset_args if usermodel.is_reference(self.dataset) else ())
+            return usermodel.from_args(
+                model,
+                dataset=self.dataset,
+                model_args=self.model_args,
+                dataset_args=self.dataset_args if usermodel.is_reference(self.dataset) else (),
+            )
+        return usermodel.from_args(
+            model,
+            dataset=self.dataset or "synthetic",
+            dataset_args=self.dataset_args if usermodel.is_reference(self.dataset) else (),
+        )
 
     def steps_for(self, model: str) -> int:
         return self.steps or DEFAULT_STEPS.get(model, 50)
@@ -124,8 +131,10 @@ def parse_variant(text: str, known: list[str]) -> Override:
     name, eq, rest = text.partition("=")
     name = name.strip()
     if not eq or not re.fullmatch(r"[A-Za-z0-9_.+-]+", name):
-        raise ValueError(f"expected NAME=BASE [KEY=VALUE ...] [--flag ...], e.g. "
-                         f"\"cycle1=trainer HOROVOD_CYCLE_TIME=1\" (got {text!r})")
+        raise ValueError(
+            f"expected NAME=BASE [KEY=VALUE ...] [--flag ...], e.g. "
+            f'"cycle1=trainer HOROVOD_CYCLE_TIME=1" (got {text!r})'
+        )
     if name in known:
         raise ValueError(f"name {name!r} is taken by an implementation; pick another")
     words = shlex.split(rest)
@@ -140,8 +149,9 @@ def parse_variant(text: str, known: list[str]) -> Override:
         v.env[key] = value
     v.args = words[flags_from:]
     if v.args and not trainer_based(v.base):
-        raise ValueError(f"{name}: flags ({' '.join(v.args)}) only apply to the trainer; {v.base} takes "
-                         "environment settings only")
+        raise ValueError(
+            f"{name}: flags ({' '.join(v.args)}) only apply to the trainer; {v.base} takes environment settings only"
+        )
     return v
 
 
@@ -164,22 +174,55 @@ def free_port() -> int:
 def job_args(impl: str, model: str, spec: BenchSpec, result: str, run_dir: str, name: str) -> tuple[str, list[str]]:
     """(module every rank runs, its arguments) for one measurement: the trainer, or the bare loops."""
     steps, warmup = spec.steps_for(model), spec.warmup_for(model)
-    common = [*spec.workload(model).flags(), "--batch-size", str(spec.batch_for(model)), "--threads", str(spec.threads),
-              "--synthetic-samples", str(spec.synthetic_samples),
-              # every implementation with denormal floats flushed: a trajectory whose values underflow (the
-              # bound's LSTM ranks, each on its own gradient) would otherwise time the CPU's slow path, not the code
-              "--flush-denormal"]
+    common = [
+        *spec.workload(model).flags(),
+        "--batch-size",
+        str(spec.batch_for(model)),
+        "--threads",
+        str(spec.threads),
+        "--synthetic-samples",
+        str(spec.synthetic_samples),
+        # every implementation with denormal floats flushed: a trajectory whose values underflow (the
+        # bound's LSTM ranks, each on its own gradient) would otherwise time the CPU's slow path, not the code
+        "--flush-denormal",
+    ]
     variant = spec.variant(impl)
     impl = variant.base
     if trainer_based(impl):
         exchange = TRAINER_IMPLS.get(impl, ["--strategy", "allreduce"])
         never = str(warmup + steps + 1)  # evaluation and checkpoints only after the last timed step
-        return TRAINER, [*common, *exchange,
-                         "--steps", str(warmup + steps), "--perf-warmup-steps", str(warmup),
-                         "--eval-every", never, "--checkpoint-every", never,
-                         *SAME_OPTIMIZER, "--run-dir", run_dir, "--name", name, "--no-progress", *variant.args]
-    return RANK_MODULE, [*common, "--impl", impl, "--steps", str(steps), "--warmup-steps", str(warmup),
-                          "--port", str(free_port()), "--result", result]
+        return TRAINER, [
+            *common,
+            *exchange,
+            "--steps",
+            str(warmup + steps),
+            "--perf-warmup-steps",
+            str(warmup),
+            "--eval-every",
+            never,
+            "--checkpoint-every",
+            never,
+            *SAME_OPTIMIZER,
+            "--run-dir",
+            run_dir,
+            "--name",
+            name,
+            "--no-progress",
+            *variant.args,
+        ]
+    return RANK_MODULE, [
+        *common,
+        "--impl",
+        impl,
+        "--steps",
+        str(steps),
+        "--warmup-steps",
+        str(warmup),
+        "--port",
+        str(free_port()),
+        "--result",
+        result,
+    ]
 
 
 def run_job(impl: str, model: str, np: int, spec: BenchSpec, out: str, tag: str) -> dict[str, Any]:
@@ -191,8 +234,14 @@ def run_job(impl: str, model: str, np: int, spec: BenchSpec, out: str, tag: str)
     # Same thread settings for every implementation: torch intra-op, OpenMP and MKL pools.
     env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, **spec.variant(impl).env}
     cmd = local_launcher(np, args, module, oversubscribe=spec.oversubscribe)
-    record: dict[str, Any] = {"impl": impl, "model": model, "np": np, "tag": tag, "command": cmd,
-                              "loadavg_before": loadavg()}
+    record: dict[str, Any] = {
+        "impl": impl,
+        "model": model,
+        "np": np,
+        "tag": tag,
+        "command": cmd,
+        "loadavg_before": loadavg(),
+    }
     job = run(cmd, env=env, timeout=spec.timeout, tail_chars=2000)
     record.update(wall_s=round(job.seconds, 2), loadavg_after=loadavg(), returncode=job.returncode)
     m = read_json(os.path.join(run_dir, name, "metrics.json") if module == TRAINER else result) if job.ok else None
@@ -213,8 +262,15 @@ def summarise(jobs: list[dict[str, Any]], spec: BenchSpec, impls: list[str]) -> 
     for model in spec.models:
         for np in spec.nps:
             mine = [j for j in jobs if j["model"] == model and j["np"] == np]
-            row: dict[str, Any] = {"model": model, "np": np, "impls": {}, "ratios": {}, "efficiency": {},
-                                   "of_bound": {}, "rounds": len({j["tag"] for j in mine})}
+            row: dict[str, Any] = {
+                "model": model,
+                "np": np,
+                "impls": {},
+                "ratios": {},
+                "efficiency": {},
+                "of_bound": {},
+                "rounds": len({j["tag"] for j in mine}),
+            }
             loads = [j["loadavg_before"][0] for j in mine if j["loadavg_before"]]
             row["loadavg_1min"] = [min(loads), max(loads)] if loads else []
             for impl in impls:
@@ -222,17 +278,25 @@ def summarise(jobs: list[dict[str, Any]], spec: BenchSpec, impls: list[str]) -> 
                 if v:
                     med = statistics.median(v)
                     cpu = [j["cpu_ms_per_step"] for j in mine if j["impl"] == impl and j.get("cpu_ms_per_step")]
-                    row["impls"][impl] = {"median": med, "min": min(v), "max": max(v),
-                                          "spread": (max(v) - min(v)) / med, "n": len(v),
-                                          "cpu_ms_per_step": statistics.median(cpu) if cpu else None}
+                    row["impls"][impl] = {
+                        "median": med,
+                        "min": min(v),
+                        "max": max(v),
+                        "spread": (max(v) - min(v)) / med,
+                        "n": len(v),
+                        "cpu_ms_per_step": statistics.median(cpu) if cpu else None,
+                    }
             by_tag: dict[str, dict[str, Any]] = {}
             for j in mine:
                 by_tag.setdefault(j["tag"], {})[j["impl"]] = j.get("samples_per_sec")
             for base in (b for b in impls if b not in ("trainer", BOUND)):  # trainer/bound: of_bound below
                 pairs = [r["trainer"] / r[base] for r in by_tag.values() if r.get("trainer") and r.get(base)]
                 if pairs:
-                    row["ratios"][f"trainer/{base}"] = {"median": statistics.median(pairs),
-                                                        "min": min(pairs), "max": max(pairs)}
+                    row["ratios"][f"trainer/{base}"] = {
+                        "median": statistics.median(pairs),
+                        "min": min(pairs),
+                        "max": max(pairs),
+                    }
             for impl in (i for i in impls if i != BOUND):  # of the bound: same-round pairs, as the ratios
                 pairs = [r[impl] / r[BOUND] for r in by_tag.values() if r.get(impl) and r.get(BOUND)]
                 if pairs:
@@ -251,22 +315,29 @@ WIDE_MAX = 6  # more implementations than this: one line per implementation inst
 
 def long_table(rows: list[dict[str, Any]], impls: list[str]) -> str:
     """The same figures, one line per (model, ranks, implementation): readable with many variants."""
-    lines = ["| model | ranks | implementation | samples/s | trainer/it | of bound | efficiency | CPU ms/step |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | ranks | implementation | samples/s | trainer/it | of bound | efficiency | CPU ms/step |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         for i in impls:
             s = r["impls"].get(i)
             q = r["ratios"].get(f"trainer/{i}")
             b = r["of_bound"].get(i)
             e = r["efficiency"].get(i)
-            cells = [r["model"], str(r["np"]), i,
-                     f"{s['median']:.0f} ({s['min']:.0f}-{s['max']:.0f})" + ("" if s["n"] == r["rounds"] else
-                                                                             f" [{s['n']} of {r['rounds']}]")
-                     if s else "failed",
-                     "1" if i == "trainer" else f"{q['median']:.2f} ({q['min']:.2f}-{q['max']:.2f})" if q else "-",
-                     "1" if i == BOUND else f"{b['median']:.2f} ({b['min']:.2f}-{b['max']:.2f})" if b else "-",
-                     f"{e:.2f}" if e is not None and r["np"] > 1 else "-",
-                     f"{s['cpu_ms_per_step']:.1f}" if s and s.get("cpu_ms_per_step") else "-"]
+            cells = [
+                r["model"],
+                str(r["np"]),
+                i,
+                f"{s['median']:.0f} ({s['min']:.0f}-{s['max']:.0f})"
+                + ("" if s["n"] == r["rounds"] else f" [{s['n']} of {r['rounds']}]")
+                if s
+                else "failed",
+                "1" if i == "trainer" else f"{q['median']:.2f} ({q['min']:.2f}-{q['max']:.2f})" if q else "-",
+                "1" if i == BOUND else f"{b['median']:.2f} ({b['min']:.2f}-{b['max']:.2f})" if b else "-",
+                f"{e:.2f}" if e is not None and r["np"] > 1 else "-",
+                f"{s['cpu_ms_per_step']:.1f}" if s and s.get("cpu_ms_per_step") else "-",
+            ]
             lines.append("| " + " | ".join(cells) + " |")
     loads = [v for r in rows for v in r["loadavg_1min"]]
     if loads:
@@ -280,8 +351,15 @@ def table(rows: list[dict[str, Any]], impls: list[str]) -> str:
         return long_table(rows, impls)
     ratio_keys = [f"trainer/{b}" for b in impls if b not in ("trainer", BOUND)]
     bounded = [i for i in impls if i != BOUND] if BOUND in impls else []
-    head = ["model", "ranks", *(f"{i} samples/s" for i in impls), *ratio_keys, *(f"{i}/bound" for i in bounded),
-            *(f"eff. {i}" for i in impls), "load 1 min"]
+    head = [
+        "model",
+        "ranks",
+        *(f"{i} samples/s" for i in impls),
+        *ratio_keys,
+        *(f"{i}/bound" for i in bounded),
+        *(f"eff. {i}" for i in impls),
+        "load 1 min",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["model"], str(r["np"])]
@@ -301,8 +379,13 @@ def table(rows: list[dict[str, Any]], impls: list[str]) -> str:
         cells.append(f"{lo_hi[0]:.1f}-{lo_hi[1]:.1f}" if lo_hi else "-")
         lines.append("| " + " | ".join(cells) + " |")
     # CPU time hardly depends on what else the machine runs, so it shows busy-polling even under load
-    lines += ["", "CPU ms per step, all ranks together (median):", "",
-              "| model | ranks | " + " | ".join(impls) + " |", "|" + "---|" * (len(impls) + 2)]
+    lines += [
+        "",
+        "CPU ms per step, all ranks together (median):",
+        "",
+        "| model | ranks | " + " | ".join(impls) + " |",
+        "|" + "---|" * (len(impls) + 2),
+    ]
     for r in rows:
         cpu = [r["impls"].get(i, {}).get("cpu_ms_per_step") for i in impls]
         lines.append(f"| {r['model']} | {r['np']} | " + " | ".join(f"{c:.1f}" if c else "-" for c in cpu) + " |")
@@ -314,17 +397,26 @@ def concept_engine(rows: list[dict[str, Any]]) -> str:
     lines: list[str] = []
     for r in rows:
         if r["np"] > 1:
-            lines += engines.markdown(f"{r['model']}, {r['np']} ranks, concept x engine",
-                                      {i: s["median"] for i, s in r["impls"].items()}, engines.BENCH)
+            lines += engines.markdown(
+                f"{r['model']}, {r['np']} ranks, concept x engine",
+                {i: s["median"] for i, s in r["impls"].items()},
+                engines.BENCH,
+            )
     return "\n\n" + "\n".join(lines).rstrip() if lines else ""
 
 
-BENCH_FIGURES = ("perf/samples_per_sec", "scaling/speedup", "scaling/efficiency", "scaling/of_bound",
-                 "perf/trainer_over")
+BENCH_FIGURES = (
+    "perf/samples_per_sec",
+    "scaling/speedup",
+    "scaling/efficiency",
+    "scaling/of_bound",
+    "perf/trainer_over",
+)
 
 
-def write_tensorboard(out: str, rows: list[dict[str, Any]], jobs: list[dict[str, Any]], spec: BenchSpec,
-                      text: str) -> None:
+def write_tensorboard(
+    out: str, rows: list[dict[str, Any]], jobs: list[dict[str, Any]], spec: BenchSpec, text: str
+) -> None:
     """``out/tensorboard``: one run per implementation, step = ranks, the same tags per model and a
     Custom Scalars chart per tag; ``out/hparams``: one HParams session per job."""
     series: tblog.Series = {}
@@ -341,11 +433,15 @@ def write_tensorboard(out: str, rows: list[dict[str, Any]], jobs: list[dict[str,
             tblog.add_point(series, k.partition("/")[2], f"perf/trainer_over/{m}", n, q["median"])
         for impl, q in r["of_bound"].items():  # each implementation as a fraction of the no-exchange bound
             tblog.add_point(series, impl, f"scaling/of_bound/{m}", n, q["median"])
-    tblog.write_comparison(os.path.join(out, tblog.COMPARISON_DIR), series,
-                           tblog.model_categories(spec.models, BENCH_FIGURES), text)
+    tblog.write_comparison(
+        os.path.join(out, tblog.COMPARISON_DIR), series, tblog.model_categories(spec.models, BENCH_FIGURES), text
+    )
     sessions = []
-    bound = {(j["model"], j["np"], j["tag"]): j["samples_per_sec"] for j in jobs
-             if j["impl"] == BOUND and "samples_per_sec" in j}
+    bound = {
+        (j["model"], j["np"], j["tag"]): j["samples_per_sec"]
+        for j in jobs
+        if j["impl"] == BOUND and "samples_per_sec" in j
+    }
     for j in jobs:
         v = spec.variant(j["impl"])
         # the baselines (a bare Horovod loop, DDP) are ring allreduce too
@@ -354,14 +450,24 @@ def write_tensorboard(out: str, rows: list[dict[str, Any]], jobs: list[dict[str,
             concept, engine = "no exchange", "-"
         if "--allreduce-engine" in v.args:  # a variant that switches the engine
             engine = {"mpi": engines.MPI4PY, "torch": engines.TORCH}.get(
-                tblog.flag_value(v.args, "--allreduce-engine", ""), engines.HOROVOD)
-        hp = {"impl": j["impl"], "base": v.base, "model": j["model"], "workers": j["np"], "concept": concept,
-              "engine": engine, "settings": " ".join([*(f"{k}={x}" for k, x in v.env.items()), *v.args]) or "-"}
+                tblog.flag_value(v.args, "--allreduce-engine", ""), engines.HOROVOD
+            )
+        hp = {
+            "impl": j["impl"],
+            "base": v.base,
+            "model": j["model"],
+            "workers": j["np"],
+            "concept": concept,
+            "engine": engine,
+            "settings": " ".join([*(f"{k}={x}" for k, x in v.env.items()), *v.args]) or "-",
+        }
         ms = {}
         if "samples_per_sec" in j:
             base = one.get((j["model"], j["impl"]))
-            ms = {"samples_per_sec": j["samples_per_sec"],
-                  "efficiency": j["samples_per_sec"] / (j["np"] * base) if base else math.nan}
+            ms = {
+                "samples_per_sec": j["samples_per_sec"],
+                "efficiency": j["samples_per_sec"] / (j["np"] * base) if base else math.nan,
+            }
             if j.get("cpu_ms_per_step"):
                 ms["cpu_ms_per_step"] = j["cpu_ms_per_step"]
             if (j["model"], j["np"], j["tag"]) in bound:  # the bound job of the same round
@@ -380,18 +486,30 @@ def run_bench(spec: BenchSpec) -> int:
         for np in spec.nps:
             for rep in range(spec.repeats):
                 # rotate the order every round, so no implementation always runs right after another
-                order = impls[rep % len(impls):] + impls[:rep % len(impls)]
+                order = impls[rep % len(impls) :] + impls[: rep % len(impls)]
                 for impl in order:
                     j = run_job(impl, model, np, spec, out, f"r{rep}")
                     jobs.append(j)
                     fig = f"{j['samples_per_sec']:.0f} samples/s" if "samples_per_sec" in j else f"FAILED: {j['error']}"
-                    print(f"{model} np{np} round {rep + 1}/{spec.repeats} {impl:>10}: {fig} "
-                          f"(load {j['loadavg_before'][:1]})", file=sys.stderr, flush=True)
+                    print(
+                        f"{model} np{np} round {rep + 1}/{spec.repeats} {impl:>10}: {fig} "
+                        f"(load {j['loadavg_before'][:1]})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     rows = summarise(jobs, spec, impls)
     text = table(rows, impls) + concept_engine(rows)
-    report = {"spec": asdict(spec), "impls": impls, "started": started, "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
-              "command": [os.path.basename(sys.executable), "-m", "lab", *sys.argv[1:]],
-              "cores": os.cpu_count(), "rows": rows, "jobs": jobs, "table": text}
+    report = {
+        "spec": asdict(spec),
+        "impls": impls,
+        "started": started,
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "command": [os.path.basename(sys.executable), "-m", "lab", *sys.argv[1:]],
+        "cores": os.cpu_count(),
+        "rows": rows,
+        "jobs": jobs,
+        "table": text,
+    }
     with open(os.path.join(out, "bench.json"), "w") as fh:
         json.dump(report, fh, indent=2)
         fh.write("\n")
@@ -417,10 +535,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     models = list(dict.fromkeys([*given, *args.model, *args.task]))
     unknown = [m for m in models if m not in MODELS and not usermodel.is_reference(m)]
     if unknown:
-        return fail(f"--models: unknown model {unknown[0]!r}; choose from: {', '.join(sorted(MODELS))}, "
-                    "or give your own as --model MODULE:CALLABLE")
-    own = BenchSpec(models=models, tasks=list(args.task), dataset=args.dataset, model_args=list(args.model_arg),
-                    dataset_args=list(args.dataset_arg))
+        return fail(
+            f"--models: unknown model {unknown[0]!r}; choose from: {', '.join(sorted(MODELS))}, "
+            "or give your own as --model MODULE:CALLABLE"
+        )
+    own = BenchSpec(
+        models=models,
+        tasks=list(args.task),
+        dataset=args.dataset,
+        model_args=list(args.model_arg),
+        dataset_args=list(args.dataset_arg),
+    )
     for m in models:  # the user's code, imported and called once here: what fails is one line before any job
         try:
             w = own.workload(m)
@@ -451,44 +576,102 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return fail(f"--batch-size must be >= 1, or 0 for each model's own (got {args.batch_size})")
     if args.steps < 0 or args.warmup < -1:
         return fail("--steps must be >= 0 and --warmup >= 0 (or -1 for the model's default)")
-    spec = BenchSpec(models=models, nps=nps, impls=impls, repeats=args.repeats, steps=args.steps, warmup=args.warmup,
-                     batch_size=args.batch_size, threads=args.threads, synthetic_samples=args.synthetic_samples,
-                     out=args.out, timeout=args.timeout, oversubscribe=args.oversubscribe, variants=variants,
-                     tasks=own.tasks, dataset=own.dataset, model_args=own.model_args, dataset_args=own.dataset_args)
+    spec = BenchSpec(
+        models=models,
+        nps=nps,
+        impls=impls,
+        repeats=args.repeats,
+        steps=args.steps,
+        warmup=args.warmup,
+        batch_size=args.batch_size,
+        threads=args.threads,
+        synthetic_samples=args.synthetic_samples,
+        out=args.out,
+        timeout=args.timeout,
+        oversubscribe=args.oversubscribe,
+        variants=variants,
+        tasks=own.tasks,
+        dataset=own.dataset,
+        model_args=own.model_args,
+        dataset_args=own.dataset_args,
+    )
     return run_bench(spec)
 
 
 def add_arguments(b: argparse.ArgumentParser) -> None:
-    b.add_argument("--models", default=None, help="comma-separated models: registered names or your own "
-                                                  "MODULE:CALLABLE (default: lenet5 unless --model/--task is given)")
-    b.add_argument("--model", action="append", default=[], metavar="MODULE:CALLABLE",
-                   help="your own model (a callable returning an nn.Module), timed beside --models; repeatable")
-    b.add_argument("--task", action="append", default=[], metavar="MODULE:CALLABLE",
-                   help="your own task (a callable returning an allreduce_train.Task); repeatable")
-    b.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="keyword argument for every --model's/--task's callable (repeatable)")
-    b.add_argument("--dataset", default="", help="every job's dataset: a name or your own MODULE:CALLABLE (default: "
-                                                 "synthetic for registered models, fashion-mnist for your own "
-                                                 "--model; give the same to time a registered and your own model "
-                                                 "on equal data)")
-    b.add_argument("--dataset-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="keyword argument for --dataset's callable (repeatable)")
+    b.add_argument(
+        "--models",
+        default=None,
+        help="comma-separated models: registered names or your own "
+        "MODULE:CALLABLE (default: lenet5 unless --model/--task is given)",
+    )
+    b.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="MODULE:CALLABLE",
+        help="your own model (a callable returning an nn.Module), timed beside --models; repeatable",
+    )
+    b.add_argument(
+        "--task",
+        action="append",
+        default=[],
+        metavar="MODULE:CALLABLE",
+        help="your own task (a callable returning an allreduce_train.Task); repeatable",
+    )
+    b.add_argument(
+        "--model-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="keyword argument for every --model's/--task's callable (repeatable)",
+    )
+    b.add_argument(
+        "--dataset",
+        default="",
+        help="every job's dataset: a name or your own MODULE:CALLABLE (default: "
+        "synthetic for registered models, fashion-mnist for your own "
+        "--model; give the same to time a registered and your own model "
+        "on equal data)",
+    )
+    b.add_argument(
+        "--dataset-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="keyword argument for --dataset's callable (repeatable)",
+    )
     b.add_argument("--np", default="1,2", help="comma-separated rank counts (default: 1,2)")
-    b.add_argument("--impls", default="", help=f"comma-separated subset of: {', '.join(default_impls())} "
-                                              "(default: all)")
+    b.add_argument(
+        "--impls", default="", help=f"comma-separated subset of: {', '.join(default_impls())} (default: all)"
+    )
     b.add_argument("--repeats", type=int, default=4, help="rounds of alternating jobs (default: 4)")
-    b.add_argument("--steps", type=int, default=0,
-                   help=f"timed steps per job (default per model: {DEFAULT_STEPS}, else 50)")
-    b.add_argument("--warmup", type=int, default=-1,
-                   help=f"untimed steps at the start of every job (default per model: {DEFAULT_WARMUP}, else 5)")
-    b.add_argument("--batch-size", type=int, default=0,
-                   help="per rank (default 0: the model's own, e.g. 64 for lenet5, 20 for ptb-lstm-small)")
+    b.add_argument(
+        "--steps", type=int, default=0, help=f"timed steps per job (default per model: {DEFAULT_STEPS}, else 50)"
+    )
+    b.add_argument(
+        "--warmup",
+        type=int,
+        default=-1,
+        help=f"untimed steps at the start of every job (default per model: {DEFAULT_WARMUP}, else 5)",
+    )
+    b.add_argument(
+        "--batch-size",
+        type=int,
+        default=0,
+        help="per rank (default 0: the model's own, e.g. 64 for lenet5, 20 for ptb-lstm-small)",
+    )
     b.add_argument("--threads", type=int, default=1, help="torch/OpenMP/MKL threads per rank (default: 1)")
     b.add_argument("--synthetic-samples", type=int, default=6400, help="synthetic dataset size (default: 6400)")
     b.add_argument("--out", default="", help="output directory (default: runs/bench-<time>)")
     b.add_argument("--timeout", type=float, default=600.0, help="seconds before a job counts as hung (default: 600)")
     b.add_argument("--oversubscribe", action="store_true", help="allow more ranks than cores")
-    b.add_argument("--variant", action="append", default=[], metavar='"NAME=BASE [KEY=VALUE ...] [--flag ...]"',
-                   help="also time implementation BASE with these environment settings and (trainer only) flags, "
-                        "as column NAME; repeatable. E.g. --variant \"cycle1=trainer HOROVOD_CYCLE_TIME=1\" "
-                        "--variant \"fp16=trainer --compression fp16\"")
+    b.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar='"NAME=BASE [KEY=VALUE ...] [--flag ...]"',
+        help="also time implementation BASE with these environment settings and (trainer only) flags, "
+        'as column NAME; repeatable. E.g. --variant "cycle1=trainer HOROVOD_CYCLE_TIME=1" '
+        '--variant "fp16=trainer --compression fp16"',
+    )

@@ -35,8 +35,9 @@ def trainer_argv(args: argparse.Namespace, out: str) -> list[str]:
     """The ``train`` flags that ``bench`` runs the trainer with (:func:`.main.job_args`)."""
     from .main import BenchSpec, job_args
 
-    spec = BenchSpec(models=[args.model], steps=args.steps, warmup=args.warmup, batch_size=args.batch_size,
-                     threads=args.threads)
+    spec = BenchSpec(
+        models=[args.model], steps=args.steps, warmup=args.warmup, batch_size=args.batch_size, threads=args.threads
+    )
     _, argv = job_args("trainer", args.model, spec, "", os.path.join(out, "jobs"), f"stepcost-{args.model}")
     return ["train", *argv, *args.trainer_args]
 
@@ -114,8 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=0, help="per rank (default: the model's own)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default="runs/stepcost")
-    p.add_argument("--no-vote", action="store_true", help="trainer: keep the per-step vote on each rank "
-                                                          "(a measurement of its cost, not a mode)")
+    p.add_argument(
+        "--no-vote",
+        action="store_true",
+        help="trainer: keep the per-step vote on each rank (a measurement of its cost, not a mode)",
+    )
     p.add_argument("--tag", default="", help="added to the result files' impl name (e.g. novote)")
     p.add_argument("--table", metavar="DIR", help="print the table of the results in DIR and exit")
     p.add_argument("trainer_args", nargs="*", help="extra `train` flags after --")

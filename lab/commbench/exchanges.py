@@ -23,9 +23,14 @@ import numpy as np
 from ..common import costmodel
 
 IMPLS = ("mpi", "mpi-ring", "ps-colocated", "horovod", "horovod-fp16", "ps-dedicated")
-KIND = {"mpi": costmodel.ALLREDUCE, "mpi-ring": costmodel.ALLREDUCE, "horovod": costmodel.ALLREDUCE,
-        "horovod-fp16": costmodel.ALLREDUCE,
-        "ps-colocated": costmodel.PS_COLOCATED, "ps-dedicated": costmodel.PS_DEDICATED}
+KIND = {
+    "mpi": costmodel.ALLREDUCE,
+    "mpi-ring": costmodel.ALLREDUCE,
+    "horovod": costmodel.ALLREDUCE,
+    "horovod-fp16": costmodel.ALLREDUCE,
+    "ps-colocated": costmodel.PS_COLOCATED,
+    "ps-dedicated": costmodel.PS_DEDICATED,
+}
 RANK_IMPLS = tuple(i for i in IMPLS if i != "ps-dedicated")
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M,256M"
 UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "G": 1 << 30, "GB": 1 << 30}
@@ -39,7 +44,7 @@ def parse_size(text: str) -> int:
     """'4K' -> 4096, '256M' -> 268435456 (binary units), rounded down to whole float32 elements."""
     t = text.strip().upper()
     num = t.rstrip("KMGB")
-    unit = t[len(num):]
+    unit = t[len(num) :]
     if not num or unit not in UNITS:
         raise BenchError(f"--sizes: cannot read {text!r}; write sizes like 4K, 1M, 256M")
     try:
@@ -131,8 +136,10 @@ def model_workload(name: str) -> Workload:
 
 
 def workloads(sizes: str, models: str) -> list[Workload]:
-    out = [Workload(human_bytes(b).replace(" ", ""), "size", [(b // 4,)])
-           for b in (parse_size(s) for s in sizes.split(",") if s.strip())]
+    out = [
+        Workload(human_bytes(b).replace(" ", ""), "size", [(b // 4,)])
+        for b in (parse_size(s) for s in sizes.split(",") if s.strip())
+    ]
     out += [model_workload(m.strip()) for m in models.split(",") if m.strip()]
     if not out:
         raise BenchError("--sizes and --models are both empty: nothing to measure")
@@ -143,11 +150,13 @@ def workloads(sizes: str, models: str) -> list[Workload]:
 # Each factory returns exchange(dst) that sums this rank's input over the workers into ``dst`` (a
 # flat float32 array). Buffers are allocated once, outside the timed loop.
 
+
 def mpi_allreduce(comm, src: np.ndarray) -> Callable[[np.ndarray], None]:
     from mpi4py import MPI
 
     def exchange(dst):
         comm.Allreduce(src, dst, op=MPI.SUM)  # communication
+
     return exchange
 
 
@@ -160,14 +169,16 @@ def mpi_ring(src: np.ndarray, shapes, total: bool, bucket_bytes: int) -> Callabl
     from allreduce_train.distributed.ring import MPIRingAllreduce
 
     # communication: its own communicator
-    ex = MPIRingAllreduce(ExchangeConfig(allreduce_engine="mpi"), MPIConfig(bucket_bytes=bucket_bytes), average=not total)
+    ex = MPIRingAllreduce(
+        ExchangeConfig(allreduce_engine="mpi"), MPIConfig(bucket_bytes=bucket_bytes), average=not total
+    )
     flat = torch.from_numpy(src.copy())
     params: list[torch.Tensor] = []
     off = 0
     for s in shapes:
         n = int(np.prod(s))
         p = torch.nn.Parameter(torch.zeros(s))
-        p.grad = flat[off:off + n].view(s)  # the exchange writes the result back into .grad: into flat
+        p.grad = flat[off : off + n].view(s)  # the exchange writes the result back into .grad: into flat
         params.append(p)
         off += n
     ex.attach(params)
@@ -176,6 +187,7 @@ def mpi_ring(src: np.ndarray, shapes, total: bool, bucket_bytes: int) -> Callabl
         flat.copy_(torch.from_numpy(src))
         ex.synchronize()  # communication: every bucket's ring
         np.copyto(dst, flat.numpy())
+
     return exchange
 
 
@@ -191,16 +203,17 @@ def ps_colocated(comm, src: np.ndarray) -> Callable[[np.ndarray], None]:
         peers = [j for j in range(n) if j != me]
         # push: shard j of my gradient to its owner j; receive my shard from every peer
         reqs = [comm.Irecv(inbox[j], source=j, tag=1) for j in peers]
-        reqs += [comm.Isend(src[b[j]:b[j + 1]], dest=j, tag=1) for j in peers]
+        reqs += [comm.Isend(src[b[j] : b[j + 1]], dest=j, tag=1) for j in peers]
         MPI.Request.Waitall(reqs)
         acc = dst[lo:hi]
         np.copyto(acc, src[lo:hi])
         for j in peers:
             acc += inbox[j]
         # pull: every owner sends its summed shard to every peer
-        reqs = [comm.Irecv(dst[b[j]:b[j + 1]], source=j, tag=2) for j in peers]
+        reqs = [comm.Irecv(dst[b[j] : b[j + 1]], source=j, tag=2) for j in peers]
         reqs += [comm.Isend(acc, dest=j, tag=2) for j in peers]
         MPI.Request.Waitall(reqs)
+
     return exchange
 
 
@@ -211,10 +224,12 @@ def ps_dedicated(comm, src: np.ndarray | None, n_elems: int, servers: int) -> Ca
     workers = range(servers, comm.size)
     b = shard_bounds(n_elems, servers)
     if comm.rank >= servers:
+
         def exchange(dst):
-            reqs = [comm.Irecv(dst[b[k]:b[k + 1]], source=k, tag=2) for k in range(servers)]  # pull
-            reqs += [comm.Isend(src[b[k]:b[k + 1]], dest=k, tag=1) for k in range(servers)]  # push
+            reqs = [comm.Irecv(dst[b[k] : b[k + 1]], source=k, tag=2) for k in range(servers)]  # pull
+            reqs += [comm.Isend(src[b[k] : b[k + 1]], dest=k, tag=1) for k in range(servers)]  # push
             MPI.Request.Waitall(reqs)
+
         return exchange
 
     k = comm.rank
@@ -225,11 +240,13 @@ def ps_dedicated(comm, src: np.ndarray | None, n_elems: int, servers: int) -> Ca
         MPI.Request.Waitall([comm.Irecv(inbox[i], source=w, tag=1) for i, w in enumerate(workers)])
         np.sum(inbox, axis=0, out=acc)
         MPI.Request.Waitall([comm.Isend(acc, dest=w, tag=2) for w in workers])
+
     return serve
 
 
-def exchange_for(impl: str, op: Any, *, comm, hvd, src: Any, load: Workload, servers: int,
-                 bucket_bytes: int) -> Callable[[Any], None]:
+def exchange_for(
+    impl: str, op: Any, *, comm, hvd, src: Any, load: Workload, servers: int, bucket_bytes: int
+) -> Callable[[Any], None]:
     """``impl``'s exchange of ``src`` reducing by ``op``, called with its destination (src and the
     destination are None on a dedicated server: ps-dedicated only)."""
     if impl == "mpi":
@@ -253,7 +270,7 @@ def horovod_allreduce(hvd, src: np.ndarray, shapes, fp16: bool, op) -> Callable[
     views, off = [], 0
     for s in shapes:
         n = int(np.prod(s))
-        views.append(flat[off:off + n].view(s))
+        views.append(flat[off : off + n].view(s))
         off += n
 
     def exchange(dst):
@@ -267,14 +284,19 @@ def horovod_allreduce(hvd, src: np.ndarray, shapes, fp16: bool, op) -> Callable[
             if wire is not t:
                 t.copy_(compression.decompress(wire, ctx))
         np.copyto(dst, flat.numpy())
+
     return exchange
 
 
 # ------------------------------------------------------------------------- per-rank benchmark
 
+
 def check_numbers(args: argparse.Namespace) -> str | None:
-    for flag, v, ok in (("--iters", args.iters, args.iters >= 0), ("--warmup", args.warmup, args.warmup >= 0),
-                        ("--budget", args.budget, args.budget > 0)):
+    for flag, v, ok in (
+        ("--iters", args.iters, args.iters >= 0),
+        ("--warmup", args.warmup, args.warmup >= 0),
+        ("--budget", args.budget, args.budget > 0),
+    ):
         if not ok:
             return f"{flag} must be {'> 0' if flag == '--budget' else '>= 0'} (got {v})"
     return None
@@ -321,8 +343,16 @@ def run_rank(args: argparse.Namespace) -> int:
             hvd.init()  # communication: forms Horovod's process group over the same ranks
         for w in loads:
             src = rank_input(worker_index, w.n_elems) if is_worker else None
-            make = functools.partial(exchange_for, impl, comm=comm, hvd=hvd, src=src, load=w, servers=servers,
-                                     bucket_bytes=args.mpi_bucket_bytes)
+            make = functools.partial(
+                exchange_for,
+                impl,
+                comm=comm,
+                hvd=hvd,
+                src=src,
+                load=w,
+                servers=servers,
+                bucket_bytes=args.mpi_bucket_bytes,
+            )
             dst = np.empty(w.n_elems, dtype=np.float32) if is_worker else None
             # 1) correctness: one summing exchange of the fresh input
             make(hvd.Sum if hvd else "sum")(dst)
@@ -335,12 +365,17 @@ def run_rank(args: argparse.Namespace) -> int:
             if comm.rank == 0:
                 assert everyone is not None  # gathered at rank 0
                 per_iter = [max(col) for col in zip(*(t for t, _ in filter(None, everyone)), strict=True)]
-                results.append(summarise(impl, w, workers, servers, comm.size, per_iter,
-                                         max(e for _, e in filter(None, everyone)), knobs))
+                results.append(
+                    summarise(
+                        impl, w, workers, servers, comm.size, per_iter, max(e for _, e in filter(None, everyone)), knobs
+                    )
+                )
                 r = results[-1]
-                print(f"  {impl:13s} {w.name:>16s} {human_bytes(w.nbytes):>9s}  {1e3 * r['time_s']:9.3f} ms  "
-                      f"algbw {r['algbw_gbs']:7.3f} GB/s  busbw {r['busbw_gbs']:7.3f} GB/s  err {r['max_abs_err']:g}",
-                      flush=True)
+                print(
+                    f"  {impl:13s} {w.name:>16s} {human_bytes(w.nbytes):>9s}  {1e3 * r['time_s']:9.3f} ms  "
+                    f"algbw {r['algbw_gbs']:7.3f} GB/s  busbw {r['busbw_gbs']:7.3f} GB/s  err {r['max_abs_err']:g}",
+                    flush=True,
+                )
     if hvd is not None:
         hvd.shutdown()
     if comm.rank == 0 and args.out:
@@ -348,18 +383,36 @@ def run_rank(args: argparse.Namespace) -> int:
     return 0
 
 
-def summarise(impl: str, w: Workload, workers: int, servers: int, world: int, per_iter: list[float],
-              max_err: float, knobs: dict[str, str]) -> dict[str, Any]:
+def summarise(
+    impl: str,
+    w: Workload,
+    workers: int,
+    servers: int,
+    world: int,
+    per_iter: list[float],
+    max_err: float,
+    knobs: dict[str, str],
+) -> dict[str, Any]:
     t = statistics.median(per_iter)
     q = statistics.quantiles(per_iter, n=4) if len(per_iter) >= 2 else [t, t, t]
     algbw = w.nbytes / t
     return {
-        "impl": impl, "workload": w.name, "workload_kind": w.kind, "bytes": w.nbytes, "tensors": len(w.shapes),
-        "workers": workers, "servers": servers, "world_size": world, "iters": len(per_iter),
-        "time_s": t, "time_p25_s": q[0], "time_p75_s": q[2],
+        "impl": impl,
+        "workload": w.name,
+        "workload_kind": w.kind,
+        "bytes": w.nbytes,
+        "tensors": len(w.shapes),
+        "workers": workers,
+        "servers": servers,
+        "world_size": world,
+        "iters": len(per_iter),
+        "time_s": t,
+        "time_p25_s": q[0],
+        "time_p75_s": q[2],
         "algbw_gbs": algbw / 1e9,
         "busbw_gbs": algbw * costmodel.bus_factor(KIND[impl], workers, max(servers, 1)) / 1e9,
-        "max_abs_err": max_err, "horovod_env": knobs if impl.startswith("horovod") else {},
+        "max_abs_err": max_err,
+        "horovod_env": knobs if impl.startswith("horovod") else {},
     }
 
 
@@ -373,27 +426,46 @@ def _write_json(path: str, data: dict) -> None:
 
 # ------------------------------------------------------------------------- front end
 
+
 def _shared_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--impls", default="", help=f"comma-separated subset of: {', '.join(IMPLS)} (default: all; "
-                                               "one rank of a job: all but ps-dedicated, which needs its own job)")
+    p.add_argument(
+        "--impls",
+        default="",
+        help=f"comma-separated subset of: {', '.join(IMPLS)} (default: all; "
+        "one rank of a job: all but ps-dedicated, which needs its own job)",
+    )
     p.add_argument("--sizes", default=DEFAULT_SIZES, help=f"message sizes to sweep (default: {DEFAULT_SIZES})")
-    p.add_argument("--models", default="lenet5",
-                   help="comma-separated models whose gradient tensor lists to exchange (default: lenet5)")
-    p.add_argument("--iters", type=int, default=0,
-                   help=f"timed iterations (default: 0 = as many as fit --budget, {MIN_ITERS} to {MAX_ITERS})")
-    p.add_argument("--budget", type=float, default=0.5,
-                   help="seconds of timed exchanges per implementation and workload when --iters is 0 (default: 0.5)")
+    p.add_argument(
+        "--models",
+        default="lenet5",
+        help="comma-separated models whose gradient tensor lists to exchange (default: lenet5)",
+    )
+    p.add_argument(
+        "--iters",
+        type=int,
+        default=0,
+        help=f"timed iterations (default: 0 = as many as fit --budget, {MIN_ITERS} to {MAX_ITERS})",
+    )
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=0.5,
+        help="seconds of timed exchanges per implementation and workload when --iters is 0 (default: 0.5)",
+    )
     p.add_argument("--warmup", type=int, default=3, help="untimed iterations first (default: 3)")
     p.add_argument("--dump-dir", default="", help="every worker saves each result array here (tests)")
-    p.add_argument("--mpi-bucket-bytes", type=int, default=1 << 20,
-                   help="mpi-ring: the trainer's --mpi-bucket-bytes (default: its default, 1 MB)")
+    p.add_argument(
+        "--mpi-bucket-bytes",
+        type=int,
+        default=1 << 20,
+        help="mpi-ring: the trainer's --mpi-bucket-bytes (default: its default, 1 MB)",
+    )
 
 
 def add_rank_arguments(p: argparse.ArgumentParser) -> None:
     """One rank of a commbench job (lab.commbench.rank)."""
     _shared_arguments(p)
-    p.add_argument("--ps-servers", type=int, default=1,
-                   help="the first K ranks are dedicated servers (with --impls ps-dedicated)")
+    p.add_argument(
+        "--ps-servers", type=int, default=1, help="the first K ranks are dedicated servers (with --impls ps-dedicated)"
+    )
     p.add_argument("--out", default="", help="rank 0 writes the results to this JSON file")
-
-

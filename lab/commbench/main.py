@@ -103,12 +103,22 @@ def plan_jobs(args: argparse.Namespace) -> list[Job]:
         for ct in _floats(args.horovod_cycle_ms, "--horovod-cycle-ms"):
             jobs.append(Job(f"cycle={ct:g}ms", args.np, "horovod", {"HOROVOD_CYCLE_TIME": f"{ct:g}"}, []))
         for mb in _floats(args.horovod_fusion_mb, "--horovod-fusion-mb"):
-            jobs.append(Job(f"fusion={mb:g}MB", args.np, "horovod",
-                            {"HOROVOD_FUSION_THRESHOLD": str(int(mb * (1 << 20)))}, []))
+            jobs.append(
+                Job(f"fusion={mb:g}MB", args.np, "horovod", {"HOROVOD_FUSION_THRESHOLD": str(int(mb * (1 << 20)))}, [])
+            )
     if "horovod" in impls and args.timeline_size:
         parse_size(args.timeline_size)
-        jobs.append(Job("timeline", args.np, "horovod", {"HOROVOD_TIMELINE": TIMELINE_NAME}, [],
-                        sizes=args.timeline_size, models=""))
+        jobs.append(
+            Job(
+                "timeline",
+                args.np,
+                "horovod",
+                {"HOROVOD_TIMELINE": TIMELINE_NAME},
+                [],
+                sizes=args.timeline_size,
+                models="",
+            )
+        )
     if "ps-dedicated" in impls:
         for k in _ints(args.ps_servers_list, "--ps-servers"):
             jobs.append(Job(f"K={k}", args.np + k, "ps-dedicated", {}, ["--ps-servers", str(k)]))
@@ -183,15 +193,35 @@ def run_front(args: argparse.Namespace, launcher: Launcher = local_launcher) -> 
     for job in jobs:
         part = os.path.join(out_dir, f"part-{job.label}.json")
         models = args.models if job.models is None else job.models
-        rank_args = ["--impls", job.impls, "--sizes", job.sizes or args.sizes, "--models", models, "--out", part,
-                     "--iters", str(args.iters), "--budget", str(args.budget), "--warmup", str(args.warmup),
-                     "--mpi-bucket-bytes", str(args.mpi_bucket_bytes), *job.extra]
+        rank_args = [
+            "--impls",
+            job.impls,
+            "--sizes",
+            job.sizes or args.sizes,
+            "--models",
+            models,
+            "--out",
+            part,
+            "--iters",
+            str(args.iters),
+            "--budget",
+            str(args.budget),
+            "--warmup",
+            str(args.warmup),
+            "--mpi-bucket-bytes",
+            str(args.mpi_bucket_bytes),
+            *job.extra,
+        ]
         if args.dump_dir:
             rank_args += ["--dump-dir", args.dump_dir]
-        print(f"[{job.label}] {job.np} ranks: {job.impls} {' '.join(f'{k}={v}' for k, v in job.env.items())}",
-              flush=True)
-        env = {**os.environ, "OMP_NUM_THREADS": "1",
-               **{k: os.path.join(out_dir, v) if k == "HOROVOD_TIMELINE" else v for k, v in job.env.items()}}
+        print(
+            f"[{job.label}] {job.np} ranks: {job.impls} {' '.join(f'{k}={v}' for k, v in job.env.items())}", flush=True
+        )
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            **{k: os.path.join(out_dir, v) if k == "HOROVOD_TIMELINE" else v for k, v in job.env.items()},
+        }
         proc = subprocess.run(launcher(job.np, rank_args, RANK_MODULE), env=env, timeout=args.job_timeout)
         if proc.returncode != 0 or not os.path.exists(part):
             failures.append(f"{job.label}: exit {proc.returncode}")
@@ -203,11 +233,19 @@ def run_front(args: argparse.Namespace, launcher: Launcher = local_launcher) -> 
         os.remove(part)
     timeline = {}
     if any(j.label == "timeline" for j in jobs) and os.path.exists(os.path.join(out_dir, TIMELINE_NAME)):
-        timeline = {"size": args.timeline_size,
-                    "phases": timeline_phases(os.path.join(out_dir, TIMELINE_NAME)),
-                    "time_s": next((r["time_s"] for r in results if r["job"] == "timeline"), math.nan)}
-    report = {"np": args.np, "memcpy_bandwidth_gbs": copy_bw / 1e9, "results": results, "failures": failures,
-              "timeline": timeline, "command": ["python", "-m", "lab", *sys.argv[1:]]}
+        timeline = {
+            "size": args.timeline_size,
+            "phases": timeline_phases(os.path.join(out_dir, TIMELINE_NAME)),
+            "time_s": next((r["time_s"] for r in results if r["job"] == "timeline"), math.nan),
+        }
+    report = {
+        "np": args.np,
+        "memcpy_bandwidth_gbs": copy_bw / 1e9,
+        "results": results,
+        "failures": failures,
+        "timeline": timeline,
+        "command": ["python", "-m", "lab", *sys.argv[1:]],
+    }
     _write_json(os.path.join(out_dir, "commbench.json"), report)
     with open(os.path.join(out_dir, "commbench.md"), "w") as fh:
         fh.write(markdown(report))
@@ -222,41 +260,62 @@ def label(r: dict) -> str:
 
 def markdown(report: dict) -> str:
     rows = report["results"]
-    lines = [f"Exchange of S bytes of float32 gradient among N = {report['np']} workers; time = median over "
-             "iterations of the slowest worker; algbw = S / time; busbw = algbw x 2(N-1)/N for allreduce "
-             "(nccl-tests), and the bottleneck-link factor of the cost model for the PS patterns.",
-             "",
-             f"Ceiling: memory copy bandwidth of one core = {report['memcpy_bandwidth_gbs']:.2f} GB/s.", ""]
+    lines = [
+        f"Exchange of S bytes of float32 gradient among N = {report['np']} workers; time = median over "
+        "iterations of the slowest worker; algbw = S / time; busbw = algbw x 2(N-1)/N for allreduce "
+        "(nccl-tests), and the bottleneck-link factor of the cost model for the PS patterns.",
+        "",
+        f"Ceiling: memory copy bandwidth of one core = {report['memcpy_bandwidth_gbs']:.2f} GB/s.",
+        "",
+    ]
     for kind in ("size", "model"):
         sel = [r for r in rows if r["workload_kind"] == kind]
         if not sel:
             continue
-        lines += ["| workload | bytes | implementation | workers (+servers) | time ms | algbw GB/s | busbw GB/s |",
-                  "|---|---:|---|---|---:|---:|---:|"]
+        lines += [
+            "| workload | bytes | implementation | workers (+servers) | time ms | algbw GB/s | busbw GB/s |",
+            "|---|---:|---|---|---:|---:|---:|",
+        ]
         for r in sorted(sel, key=lambda r: (r["bytes"], r["workload"], label(r))):
             n = f"{r['workers']}" + (f" (+{r['servers']})" if r["servers"] else "")
-            lines.append(f"| {r['workload']} | {human_bytes(r['bytes'])} | {label(r)} | {n} | "
-                         f"{1e3 * r['time_s']:.3f} | {r['algbw_gbs']:.3f} | {r['busbw_gbs']:.3f} |")
+            lines.append(
+                f"| {r['workload']} | {human_bytes(r['bytes'])} | {label(r)} | {n} | "
+                f"{1e3 * r['time_s']:.3f} | {r['algbw_gbs']:.3f} | {r['busbw_gbs']:.3f} |"
+            )
         lines.append("")
     tl = report.get("timeline")
     if tl and tl["phases"]:
         ph = tl["phases"]
-        lines += [f"Where Horovod's time goes: one {tl['size']} allreduce, {1e3 * tl['time_s']:.3f} ms per call "
-                  f"from Python (median), and the median of each activity in its timeline "
-                  f"(`{TIMELINE_NAME}`, open in chrome://tracing):", "",
-                  "| activity | median ms | count |", "|---|---:|---:|"]
+        lines += [
+            f"Where Horovod's time goes: one {tl['size']} allreduce, {1e3 * tl['time_s']:.3f} ms per call "
+            f"from Python (median), and the median of each activity in its timeline "
+            f"(`{TIMELINE_NAME}`, open in chrome://tracing):",
+            "",
+            "| activity | median ms | count |",
+            "|---|---:|---:|",
+        ]
         for name in [p for p in PHASES if p in ph] + sorted(set(ph) - set(PHASES)):
             lines.append(f"| {name} | {ph[name]['median_ms']:.3f} | {ph[name]['count']} |")
         inside = sum(ph[p]["median_ms"] for p in ("NEGOTIATE_ALLREDUCE", "ALLREDUCE") if p in ph)
-        raw = [r for r in rows if r["impl"] == "mpi" and r["workload_kind"] == "size"
-               and r["bytes"] == parse_size(tl["size"])]
-        lines += ["", f"Outside these activities (enqueueing, waiting for the background thread's next cycle, "
-                      f"the handle poll in synchronize): {max(0.0, 1e3 * tl['time_s'] - inside):.3f} ms."
-                  + (f" A raw MPI_Allreduce of the same buffer: {1e3 * raw[0]['time_s']:.3f} ms." if raw else ""), ""]
+        raw = [
+            r
+            for r in rows
+            if r["impl"] == "mpi" and r["workload_kind"] == "size" and r["bytes"] == parse_size(tl["size"])
+        ]
+        lines += [
+            "",
+            f"Outside these activities (enqueueing, waiting for the background thread's next cycle, "
+            f"the handle poll in synchronize): {max(0.0, 1e3 * tl['time_s'] - inside):.3f} ms."
+            + (f" A raw MPI_Allreduce of the same buffer: {1e3 * raw[0]['time_s']:.3f} ms." if raw else ""),
+            "",
+        ]
     bad = [r for r in rows if r["max_abs_err"] != 0]
-    lines.append("Every implementation returned the exact expected sum." if rows and not bad else
-                 f"{len(bad)} result(s) differ from the expected sum: "
-                 + ", ".join(f"{label(r)}/{r['workload']} ({r['max_abs_err']:g})" for r in bad))
+    lines.append(
+        "Every implementation returned the exact expected sum."
+        if rows and not bad
+        else f"{len(bad)} result(s) differ from the expected sum: "
+        + ", ".join(f"{label(r)}/{r['workload']} ({r['max_abs_err']:g})" for r in bad)
+    )
     if report["failures"]:
         lines.append("Failed jobs: " + "; ".join(report["failures"]))
     return "\n".join(lines) + "\n"
@@ -267,15 +326,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--np", type=int, default=2, help="workers per job (default: 2)")
     _shared_arguments(p)
     p.add_argument("--ps-servers-list", default="1", help="K values for the dedicated PS (default: 1)")
-    p.add_argument("--horovod-cycle-ms", default="0.1,5",
-                   help="extra Horovod runs with these HOROVOD_CYCLE_TIME values in ms (default: 0.1,5; "
-                        "Horovod's own default is 1)")
-    p.add_argument("--horovod-fusion-mb", default="",
-                   help="extra Horovod runs with these HOROVOD_FUSION_THRESHOLD values in MB "
-                        "(default: none; Horovod's own default is 128)")
-    p.add_argument("--timeline-size", default="4M",
-                   help="one extra Horovod run of this size with HOROVOD_TIMELINE, broken down by "
-                        "activity ('' = none; default: 4M)")
+    p.add_argument(
+        "--horovod-cycle-ms",
+        default="0.1,5",
+        help="extra Horovod runs with these HOROVOD_CYCLE_TIME values in ms (default: 0.1,5; "
+        "Horovod's own default is 1)",
+    )
+    p.add_argument(
+        "--horovod-fusion-mb",
+        default="",
+        help="extra Horovod runs with these HOROVOD_FUSION_THRESHOLD values in MB "
+        "(default: none; Horovod's own default is 128)",
+    )
+    p.add_argument(
+        "--timeline-size",
+        default="4M",
+        help="one extra Horovod run of this size with HOROVOD_TIMELINE, broken down by "
+        "activity ('' = none; default: 4M)",
+    )
     p.add_argument("--out-dir", default="", help="output directory (default: runs/commbench/<time>)")
     p.add_argument("--job-timeout", type=float, default=1800, help="seconds before a job is killed")
 

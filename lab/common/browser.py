@@ -39,9 +39,19 @@ class Browser:
         self._log = open(os.path.join(self.profile, "chromium.log"), "wb")  # noqa: SIM115 (closed in close())
         cmd_r, self._cmd_w = os.pipe()  # we write commands, Chromium reads fd 3
         self._out_r, out_w = os.pipe()  # Chromium writes fd 4, we read
-        args = [exe, "--headless=new", "--remote-debugging-pipe", "--disable-gpu", "--no-first-run",
-                "--no-default-browser-check", "--disable-extensions", "--disable-dev-shm-usage",
-                "--hide-scrollbars", f"--user-data-dir={self.profile}", f"--window-size={width},{height}"]
+        args = [
+            exe,
+            "--headless=new",
+            "--remote-debugging-pipe",
+            "--disable-gpu",
+            "--no-first-run",
+            "--no-default-browser-check",
+            "--disable-extensions",
+            "--disable-dev-shm-usage",
+            "--hide-scrollbars",
+            f"--user-data-dir={self.profile}",
+            f"--window-size={width},{height}",
+        ]
         if os.geteuid() == 0:
             args.append("--no-sandbox")  # Chromium refuses to run as root with its sandbox
 
@@ -50,8 +60,14 @@ class Browser:
             os.dup2(r, 3, inheritable=True)
             os.dup2(w, 4, inheritable=True)
 
-        self.proc = subprocess.Popen([*args, "about:blank"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=self._log, preexec_fn=to_3_and_4, close_fds=False)
+        self.proc = subprocess.Popen(
+            [*args, "about:blank"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=self._log,
+            preexec_fn=to_3_and_4,
+            close_fds=False,
+        )
         os.close(cmd_r)
         os.close(out_w)
         self._buf = b""
@@ -97,17 +113,23 @@ class Browser:
     def _attach(self, width: int, height: int) -> None:
         targets = self.send("Target.getTargets", session=False)["targetInfos"]
         page = next((t for t in targets if t["type"] == "page"), None)
-        target = page["targetId"] if page else self.send("Target.createTarget", {"url": "about:blank"},
-                                                          session=False)["targetId"]
-        self.session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True},
-                                 session=False)["sessionId"]
+        target = (
+            page["targetId"]
+            if page
+            else self.send("Target.createTarget", {"url": "about:blank"}, session=False)["targetId"]
+        )
+        self.session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True}, session=False)[
+            "sessionId"
+        ]
         self.send("Page.enable")
         self.resize(width, height)
 
     def resize(self, width: int, height: int) -> None:
         """The page's viewport (a page that scrolls inside itself shows no more than this)."""
-        self.send("Emulation.setDeviceMetricsOverride",
-                  {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
+        self.send(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+        )
 
     # ----------------------------------------------------------------- page
 
@@ -134,8 +156,10 @@ class Browser:
         params: dict[str, Any] = {"format": "png"}
         if full_page:
             size = self.send("Page.getLayoutMetrics")["cssContentSize"]
-            params.update(captureBeyondViewport=True, clip={"x": 0, "y": 0, "width": size["width"],
-                                                            "height": size["height"], "scale": 1})
+            params.update(
+                captureBeyondViewport=True,
+                clip={"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1},
+            )
         data = base64.b64decode(self.send("Page.captureScreenshot", params)["data"])
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "wb") as fh:

@@ -110,8 +110,9 @@ class Prediction:
     efficiency: float
 
 
-def predict(kind: str, n: int, nbytes: float, compute_s: float, batch: int, net: Network,
-            servers: int = 1) -> Prediction:
+def predict(
+    kind: str, n: int, nbytes: float, compute_s: float, batch: int, net: Network, servers: int = 1
+) -> Prediction:
     """Throughput and scaling of ``n`` workers, each processing ``batch`` samples per step.
 
     Speedup is against the same exchange with one worker (which for a dedicated PS still pays
@@ -126,8 +127,7 @@ def predict(kind: str, n: int, nbytes: float, compute_s: float, batch: int, net:
     one = compute_s + exchange_time(kind, 1, nbytes, net, servers)
     thr = n * batch / step if step > 0 else math.inf
     speedup = n * one / step if step > 0 else float(n)
-    return Prediction(kind, n, servers if kind == PS_DEDICATED else 0, compute_s, ex, step, thr,
-                      speedup, speedup / n)
+    return Prediction(kind, n, servers if kind == PS_DEDICATED else 0, compute_s, ex, step, thr, speedup, speedup / n)
 
 
 def fit_alpha_beta(kind: str, n: int, points: Iterable[tuple[float, float]], servers: int = 1) -> Network:
@@ -182,7 +182,9 @@ CAST_BYTES = 6  # a cast of one element between float32 and 16 bits reads 4 byte
 # read by M Q and by M^T P and written by P Q^T (12 more), an uncompressed tensor is copied into the
 # flat buffer and back (16 more).
 POWERSGD_BYTES_ALL, POWERSGD_BYTES_MATRIX, POWERSGD_BYTES_PLAIN = 32, 12, 16
-LOCALSGD_BYTES = 16  # local SGD's parameter sum: every parameter copied in and the average copied back (read + write 8 each)
+LOCALSGD_BYTES = (
+    16  # local SGD's parameter sum: every parameter copied in and the average copied back (read + write 8 each)
+)
 # DiLoCo's outer step per parameter: the delta (read outer and local, write: 12), its sum copied in and out
 # (8), Nesterov momentum and the outer update (read 3, write 2 tensors: 20) and the copy into the model (8)
 DILOCO_BYTES = 48
@@ -229,11 +231,15 @@ class Method:
         if self.every < 0:
             raise ValueError(f"local SGD period H must be >= 0 (got {self.every})")
         if self.compression == POWERSGD and self.period > 1:
-            raise ValueError("PowerSGD with local SGD is not a method of the trainer (--compression powersgd "
-                             "refuses --average-every)")
+            raise ValueError(
+                "PowerSGD with local SGD is not a method of the trainer (--compression powersgd "
+                "refuses --average-every)"
+            )
         if self.outer < 0 or (self.outer and (self.every > 1 or self.compression != NONE)):
-            raise ValueError("DiLoCo (--diloco-every H >= 1) sends float32 parameter deltas only: no --compression, "
-                             "no --average-every")
+            raise ValueError(
+                "DiLoCo (--diloco-every H >= 1) sends float32 parameter deltas only: no --compression, "
+                "no --average-every"
+            )
 
     @property
     def period(self) -> int:
@@ -256,8 +262,9 @@ class Method:
         return f"localsgd-h{self.period}" + ("" if self.compression == NONE else f"+{base}")
 
     @classmethod
-    def from_flags(cls, compression: str = NONE, powersgd_rank: int = 1, average_every: int = 0,
-                   diloco_every: int = 0) -> Method:
+    def from_flags(
+        cls, compression: str = NONE, powersgd_rank: int = 1, average_every: int = 0, diloco_every: int = 0
+    ) -> Method:
         """The method of a trainer run with these flags (its config's values)."""
         return cls(compression, powersgd_rank if compression == POWERSGD else 1, max(1, average_every), diloco_every)
 
@@ -267,13 +274,13 @@ class Method:
         (as :attr:`label` writes them); ValueError otherwise."""
         t = text.strip().lower()
         if t.startswith("diloco-h"):
-            h = t[len("diloco-h"):]
+            h = t[len("diloco-h") :]
             if not h.isdigit() or int(h) < 1:
                 raise ValueError(f"method {text!r}: DiLoCo is diloco-hH with H >= 1, e.g. diloco-h16")
             return cls(outer=int(h))
         every, sep, rest = t.partition("+")
         if every.startswith("localsgd-h"):
-            h = every[len("localsgd-h"):]
+            h = every[len("localsgd-h") :]
             if not h.isdigit() or int(h) < 1:
                 raise ValueError(f"method {text!r}: local SGD is localsgd-hH with H >= 1, e.g. localsgd-h4")
             inner = cls.parse(rest) if sep else cls()
@@ -284,10 +291,11 @@ class Method:
             return cls()
         if t in (FP16, BF16):
             return cls(t)
-        if t.startswith("powersgd-r") and t[len("powersgd-r"):].isdigit():
-            return cls(POWERSGD, int(t[len("powersgd-r"):]))
-        raise ValueError(f"unknown method {text!r}; choose fp32, fp16, bf16, powersgd-rR, localsgd-hH[+fp16] "
-                         "or diloco-hH")
+        if t.startswith("powersgd-r") and t[len("powersgd-r") :].isdigit():
+            return cls(POWERSGD, int(t[len("powersgd-r") :]))
+        raise ValueError(
+            f"unknown method {text!r}; choose fp32, fp16, bf16, powersgd-rR, localsgd-hH[+fp16] or diloco-hH"
+        )
 
 
 BASELINE = Method()  # synchronous SGD, float32 on the wire
@@ -324,8 +332,9 @@ class MethodCost:
         return self.messages * net.alpha + self.volume / net.bandwidth
 
 
-def method_cost(method: Method, kind: str, n: int, grad: float | Iterable[Shape], servers: int = 1,
-                host: Host = HOST) -> MethodCost:
+def method_cost(
+    method: Method, kind: str, n: int, grad: float | Iterable[Shape], servers: int = 1, host: Host = HOST
+) -> MethodCost:
     """What ``method`` costs per step on exchange ``kind`` with ``n`` workers, for a gradient given as
     its float32 tensor shapes (or, except for PowerSGD, its float32 bytes):
 
@@ -360,8 +369,9 @@ def method_cost(method: Method, kind: str, n: int, grad: float | Iterable[Shape]
         messages, volume = coefficients(ALLREDUCE, n, 4.0 * numel)
         return MethodCost(messages / h, volume / h, DILOCO_BYTES * numel / host.mem_bw / h, 0.0)
     if method.compression == POWERSGD and isinstance(grad, (int, float)):
-        raise ValueError("PowerSGD's cost needs the gradient's tensor shapes (which matrices it compresses), "
-                         "not its bytes")
+        raise ValueError(
+            "PowerSGD's cost needs the gradient's tensor shapes (which matrices it compresses), not its bytes"
+        )
     if method.compression == POWERSGD:
         sent, flops, mem = 0, 0.0, 0.0
         for s in shapes:
@@ -405,8 +415,17 @@ class MethodPrediction(Prediction):
     volume: float
 
 
-def predict_method(method: Method, kind: str, n: int, grad: float | Iterable[Shape], compute_s: float, batch: int,
-                   net: Network, servers: int = 1, host: Host = HOST) -> MethodPrediction:
+def predict_method(
+    method: Method,
+    kind: str,
+    n: int,
+    grad: float | Iterable[Shape],
+    compute_s: float,
+    batch: int,
+    net: Network,
+    servers: int = 1,
+    host: Host = HOST,
+) -> MethodPrediction:
     """:func:`predict` for a communication-reduction ``method``: step = compute + the method's extra
     compute + its exchange (averaged over a local SGD period). ``grad``: the float32 gradient as its
     tensor shapes (a model's parameters; PowerSGD needs them), or its bytes. For ``BASELINE`` (fp32, every step) this is
@@ -423,5 +442,17 @@ def predict_method(method: Method, kind: str, n: int, grad: float | Iterable[Sha
     step_one = compute_s + one.extra_compute_s + one.exchange_s(net)
     thr = n * batch / step if step > 0 else math.inf
     speedup = n * step_one / step if step > 0 else float(n)
-    return MethodPrediction(kind, n, servers if kind == PS_DEDICATED else 0, compute_s, ex, step, thr, speedup,
-                            speedup / n, method.label, cost.extra_compute_s, cost.volume)
+    return MethodPrediction(
+        kind,
+        n,
+        servers if kind == PS_DEDICATED else 0,
+        compute_s,
+        ex,
+        step,
+        thr,
+        speedup,
+        speedup / n,
+        method.label,
+        cost.extra_compute_s,
+        cost.volume,
+    )

@@ -13,16 +13,26 @@ comparison a reader sees first, is the product of the two.
 from __future__ import annotations
 
 HOROVOD, MPI4PY, TORCH = "Horovod", "mpi4py", "torch.distributed"
-ENGINES = {HOROVOD: "Horovod (C++ background thread, MPI collectives)",
-           MPI4PY: "mpi4py (buckets from gradient hooks, point-to-point messages)",
-           TORCH: "torch.distributed (buckets from gradient hooks, Gloo/NCCL all_reduce)"}
+ENGINES = {
+    HOROVOD: "Horovod (C++ background thread, MPI collectives)",
+    MPI4PY: "mpi4py (buckets from gradient hooks, point-to-point messages)",
+    TORCH: "torch.distributed (buckets from gradient hooks, Gloo/NCCL all_reduce)",
+}
 RING, PS_COLOCATED, PS_DEDICATED = "ring allreduce", "PS colocated", "PS dedicated"
 
 # what each experiment calls its implementations -> (concept, engine)
-SCALING = {"allreduce": (RING, HOROVOD), "allreduce-mpi": (RING, MPI4PY),
-           "ps-colocated": (PS_COLOCATED, MPI4PY), "ps-dedicated": (PS_DEDICATED, MPI4PY)}
-BENCH = {"trainer": (RING, HOROVOD), "trainer-mpi": (RING, MPI4PY), "trainer-torch": (RING, TORCH),
-         "trainer-ps": (PS_COLOCATED, MPI4PY)}
+SCALING = {
+    "allreduce": (RING, HOROVOD),
+    "allreduce-mpi": (RING, MPI4PY),
+    "ps-colocated": (PS_COLOCATED, MPI4PY),
+    "ps-dedicated": (PS_DEDICATED, MPI4PY),
+}
+BENCH = {
+    "trainer": (RING, HOROVOD),
+    "trainer-mpi": (RING, MPI4PY),
+    "trainer-torch": (RING, TORCH),
+    "trainer-ps": (PS_COLOCATED, MPI4PY),
+}
 
 
 def cells(speed: dict[str, float], names: dict[str, tuple[str, str]]) -> dict[tuple[str, str], float]:
@@ -30,8 +40,9 @@ def cells(speed: dict[str, float], names: dict[str, tuple[str, str]]) -> dict[tu
     return {names[impl]: v for impl, v in speed.items() if impl in names and v and v > 0}
 
 
-def markdown(title: str, speed: dict[str, float], names: dict[str, tuple[str, str]], unit: str = "samples/s",
-             fmt: str = ".0f") -> list[str]:
+def markdown(
+    title: str, speed: dict[str, float], names: dict[str, tuple[str, str]], unit: str = "samples/s", fmt: str = ".0f"
+) -> list[str]:
     """A concept x engine table of ``speed`` (higher is better) and the sentences that split the
     Horovod-ring vs colocated-PS ratio into the concept's and the implementation's parts."""
     c = cells(speed, names)
@@ -39,8 +50,12 @@ def markdown(title: str, speed: dict[str, float], names: dict[str, tuple[str, st
         return []
     concepts = [k for k in (RING, PS_COLOCATED, PS_DEDICATED) if any(key[0] == k for key in c)]
     engines = [e for e in (HOROVOD, MPI4PY, TORCH) if any(key[1] == e for key in c)]
-    out = [f"{title} ({unit}):", "", "| concept \\ engine | " + " | ".join(ENGINES[e] for e in engines) + " |",
-           "|---|" + "---:|" * len(engines)]
+    out = [
+        f"{title} ({unit}):",
+        "",
+        "| concept \\ engine | " + " | ".join(ENGINES[e] for e in engines) + " |",
+        "|---|" + "---:|" * len(engines),
+    ]
     for k in concepts:
         out.append(f"| {k} | " + " | ".join(format(c[(k, e)], fmt) if (k, e) in c else "–" for e in engines) + " |")
     out += ["", verdict(c), ""]
@@ -52,19 +67,26 @@ def verdict(c: dict[tuple[str, str], float]) -> str:
     hr, mr, mp = c.get((RING, HOROVOD)), c.get((RING, MPI4PY)), c.get((PS_COLOCATED, MPI4PY))
     said = []
     if mr and mp:
-        said.append(f"Same engine (mpi4py), ring / colocated PS = {mr / mp:.2f}: the concept's difference "
-                    "(both move 2(N-1)/N of the gradient through every link per step; what remains is the "
-                    "ring's 2(N-1) sequential messages against the PS's parallel ones, and the PS's SGD on the "
-                    "servers).")
+        said.append(
+            f"Same engine (mpi4py), ring / colocated PS = {mr / mp:.2f}: the concept's difference "
+            "(both move 2(N-1)/N of the gradient through every link per step; what remains is the "
+            "ring's 2(N-1) sequential messages against the PS's parallel ones, and the PS's SGD on the "
+            "servers)."
+        )
     if hr and mr:
-        said.append(f"Same concept (ring), Horovod / mpi4py = {hr / mr:.2f}: the implementation's difference "
-                    "(Horovod's background thread, its negotiation cycle and fusion buffer, and across "
-                    "hosts the allreduce algorithm Open MPI picks for it, against a ring of messages sent "
-                    "from this process's gradient hooks; docs/emulated_cluster.md).")
+        said.append(
+            f"Same concept (ring), Horovod / mpi4py = {hr / mr:.2f}: the implementation's difference "
+            "(Horovod's background thread, its negotiation cycle and fusion buffer, and across "
+            "hosts the allreduce algorithm Open MPI picks for it, against a ring of messages sent "
+            "from this process's gradient hooks; docs/emulated_cluster.md)."
+        )
     if hr and mp and mr:
-        said.append(f"The Horovod ring / colocated PS = {hr / mp:.2f} is their product "
-                    f"({mr / mp:.2f} x {hr / mr:.2f}).")
+        said.append(
+            f"The Horovod ring / colocated PS = {hr / mp:.2f} is their product ({mr / mp:.2f} x {hr / mr:.2f})."
+        )
     elif hr and mp:
-        said.append(f"Horovod ring / colocated PS = {hr / mp:.2f}, concept and implementation together "
-                    "(the mpi engine was not measured, so they cannot be told apart).")
+        said.append(
+            f"Horovod ring / colocated PS = {hr / mp:.2f}, concept and implementation together "
+            "(the mpi engine was not measured, so they cannot be told apart)."
+        )
     return " ".join(said) if said else "One concept or one engine only: nothing to separate."

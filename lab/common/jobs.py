@@ -32,8 +32,9 @@ def local_launcher(np_: int, args: list[str], module: str = TRAINER, oversubscri
     return [*cmd, "--", *args]
 
 
-def emulated_launcher(link_rate: str, timeout: float = 0, mca: list[tuple[str, str]] | tuple = (),
-                      mpi_allreduce: str = "ring"):
+def emulated_launcher(
+    link_rate: str, timeout: float = 0, mca: list[tuple[str, str]] | tuple = (), mpi_allreduce: str = "ring"
+):
     """A drop-in for the benchmark runners' ``launcher(np, args, module) -> argv`` hook: the same
     job on ``np`` emulated hosts, one rank each, every link at ``link_rate``; ``mca``: Open MPI
     parameters for every job (they override the emulation's own); ``mpi_allreduce``: the launcher's
@@ -47,8 +48,19 @@ def emulated_launcher(link_rate: str, timeout: float = 0, mca: list[tuple[str, s
         raise ValueError(f"mpi_allreduce: one of {', '.join(MPI_ALLREDUCE_CHOICES)} (got {mpi_allreduce!r})")
 
     def argv(np_: int, args: list[str], module: str = "allreduce_train") -> list[str]:
-        cmd = [sys.executable, "-m", "lab.emulation", "-np", str(np_), "--emulate-hosts", str(np_),
-               "--link-rate", link_rate, "--mpi-allreduce", mpi_allreduce]
+        cmd = [
+            sys.executable,
+            "-m",
+            "lab.emulation",
+            "-np",
+            str(np_),
+            "--emulate-hosts",
+            str(np_),
+            "--link-rate",
+            link_rate,
+            "--mpi-allreduce",
+            mpi_allreduce,
+        ]
         for key, value in mca:
             cmd += ["--mca", key, value]
         if module != "allreduce_train":
@@ -84,7 +96,7 @@ class JobResult:
 _OWN_ERROR = re.compile(r"^[\w.\-]+: error\b")  # "allreduce_train: error on rank 1: ...", "launch: error: ..."
 _EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit|Timeout)\b(?::.*)?$")
 _SIGNAL = re.compile(r"exited on signal \d+|killed|out of memory", re.IGNORECASE)
-_NOISE = ("link traffic", "emulated cluster", "+ ", "MPI_ABORT was invoked", "File \"", "NOTE: invoking MPI_ABORT")
+_NOISE = ("link traffic", "emulated cluster", "+ ", "MPI_ABORT was invoked", 'File "', "NOTE: invoking MPI_ABORT")
 
 
 def failure_cause(output: str, returncode: int) -> str:
@@ -113,8 +125,13 @@ def failure_cause(output: str, returncode: int) -> str:
     return f"killed by signal {-returncode}" if returncode < 0 else f"exit {returncode}"
 
 
-def run(argv: list[str], env: dict[str, str] | None = None, timeout: float = 600.0, log_path: str = "",
-        tail_chars: int = 4000) -> JobResult:
+def run(
+    argv: list[str],
+    env: dict[str, str] | None = None,
+    timeout: float = 600.0,
+    log_path: str = "",
+    tail_chars: int = 4000,
+) -> JobResult:
     """Run one job to its end (or ``timeout``); its output goes to ``log_path`` when given."""
     t0 = time.monotonic()
     env = dict(os.environ if env is None else env)

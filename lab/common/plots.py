@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import math
 
-STYLE = {"allreduce": ("tab:blue", "o"), "ps-dedicated": ("tab:red", "s"), "ps-colocated": ("tab:green", "^"),
-         "allreduce-mpi": ("tab:purple", "D")}
+STYLE = {
+    "allreduce": ("tab:blue", "o"),
+    "ps-dedicated": ("tab:red", "s"),
+    "ps-colocated": ("tab:green", "^"),
+    "allreduce-mpi": ("tab:purple", "D"),
+}
 
 
 def plot_measured(path: str, rows: list[dict], models: list[str]) -> list[str]:
@@ -23,25 +27,52 @@ def plot_measured(path: str, rows: list[dict], models: list[str]) -> list[str]:
     for ax, m in zip(axes[0], models, strict=False):
         sel = [r for r in rows if r["model"] == m and r["repeats"]]
         ns = sorted({r["workers"] for r in sel}) or [1]
-        curves = {s: sorted((r for r in sel if r["strategy"] == s and not math.isnan(r["speedup"])),
-                            key=lambda r: r["workers"]) for s in sorted({r["strategy"] for r in sel})}
+        curves = {
+            s: sorted(
+                (r for r in sel if r["strategy"] == s and not math.isnan(r["speedup"])), key=lambda r: r["workers"]
+            )
+            for s in sorted({r["strategy"] for r in sel})
+        }
         if not any(curves.values()):
-            no_data(ax, f"{m}: no speedup, " + (
-                "every job failed" if not sel else
-                f"no 1-worker baseline (measured N = {', '.join(map(str, ns))}); run --workers 1,..."))
+            no_data(
+                ax,
+                f"{m}: no speedup, "
+                + (
+                    "every job failed"
+                    if not sel
+                    else f"no 1-worker baseline (measured N = {', '.join(map(str, ns))}); run --workers 1,..."
+                ),
+            )
             continue
         ax.plot(ns, ns, color="0.6", ls=":", label="ideal")
         for s, pts in curves.items():
             if not pts:
                 continue
             color, marker = STYLE.get(s, ("black", "x"))
-            ax.errorbar([r["workers"] for r in pts], [r["speedup"] for r in pts],
-                        yerr=[r["speedup_std"] for r in pts], color=color, marker=marker, capsize=3, label=s)
-            pred = [(r["workers"], r["predicted_efficiency"] * r["workers"]) for r in pts
-                    if not math.isnan(r.get("predicted_efficiency", math.nan))]
+            ax.errorbar(
+                [r["workers"] for r in pts],
+                [r["speedup"] for r in pts],
+                yerr=[r["speedup_std"] for r in pts],
+                color=color,
+                marker=marker,
+                capsize=3,
+                label=s,
+            )
+            pred = [
+                (r["workers"], r["predicted_efficiency"] * r["workers"])
+                for r in pts
+                if not math.isnan(r.get("predicted_efficiency", math.nan))
+            ]
             if pred:
-                ax.plot(*zip(*pred, strict=True), color=color, ls="--", marker=marker, mfc="none", alpha=0.7,
-                        label=f"{s} (model)")
+                ax.plot(
+                    *zip(*pred, strict=True),
+                    color=color,
+                    ls="--",
+                    marker=marker,
+                    mfc="none",
+                    alpha=0.7,
+                    label=f"{s} (model)",
+                )
         missing = [s for s, pts in curves.items() if not pts]
         ax.set_title(m + (f" ({', '.join(missing)}: no 1-worker baseline)" if missing else ""), fontsize=9)
         ax.set_xlabel("workers N")

@@ -135,8 +135,12 @@ def instrument_trainer(meter: Meter, warmup: int, steps: int) -> None:
         s.batches.batches = lambda *a, **k: meter.wrap_iter("batch (data)", batches(*a, **k))
         self.task.loss = meter.wrap("forward+loss", self.task.loss)
         ex = self.ex
-        for attr, name in (("start_vote", "vote: start"), ("synchronize", "exchange wait (synchronize)"),
-                           ("end_vote", "vote: end"), ("apply", "optimizer step (apply)")):
+        for attr, name in (
+            ("start_vote", "vote: start"),
+            ("synchronize", "exchange wait (synchronize)"),
+            ("end_vote", "vote: end"),
+            ("apply", "optimizer step (apply)"),
+        ):
             patch(meter, ex, attr, name)
         prepare = ex.prepare
 
@@ -157,18 +161,35 @@ def result(meter: Meter, impl: str, model: str, rank: int, size: int) -> dict[st
     """Per part its own microseconds per step (without the timed parts it called) and calls per step."""
     steps = max(1, getattr(meter, "steps", 0))
     over = meter.overhead_us()
-    parts = {name: {"us_per_step": 1e6 * total / steps, "cpu_us_per_step": 1e6 * meter.cpu[name] / steps,
-                    "calls_per_step": meter.calls[name] / steps}
-             for name, total in meter.total.items()}
+    parts = {
+        name: {
+            "us_per_step": 1e6 * total / steps,
+            "cpu_us_per_step": 1e6 * meter.cpu[name] / steps,
+            "calls_per_step": meter.calls[name] / steps,
+        }
+        for name, total in meter.total.items()
+    }
     wall = 1e6 * (meter.stopped - meter.started) / steps
     cpu = 1e6 * (meter.cpu_stopped - meter.cpu_started) / steps
     calls = sum(p["calls_per_step"] for p in parts.values())
     # what no wrapper covers: the loop's own lines, less the wrappers' own cost
-    parts["loop residue"] = {"us_per_step": wall - sum(p["us_per_step"] for p in parts.values()) - over * calls,
-                             "cpu_us_per_step": cpu - sum(p["cpu_us_per_step"] for p in parts.values()) - over * calls,
-                             "calls_per_step": 1.0}
-    return {"impl": impl, "model": model, "rank": rank, "size": size, "steps": steps, "step_us": wall,
-            "step_cpu_us": cpu, "wrapper_us_per_call": over, "wrapper_us_per_step": over * calls, "parts": parts}
+    parts["loop residue"] = {
+        "us_per_step": wall - sum(p["us_per_step"] for p in parts.values()) - over * calls,
+        "cpu_us_per_step": cpu - sum(p["cpu_us_per_step"] for p in parts.values()) - over * calls,
+        "calls_per_step": 1.0,
+    }
+    return {
+        "impl": impl,
+        "model": model,
+        "rank": rank,
+        "size": size,
+        "steps": steps,
+        "step_us": wall,
+        "step_cpu_us": cpu,
+        "wrapper_us_per_call": over,
+        "wrapper_us_per_step": over * calls,
+        "parts": parts,
+    }
 
 
 def load(out: str) -> dict[tuple[str, str], list[dict]]:
@@ -181,10 +202,25 @@ def load(out: str) -> dict[tuple[str, str], list[dict]]:
     return found
 
 
-ORDER = ("batch (data)", "lr schedule", "watchdog notes", "zero_grad", "forward+loss", "preempt check", "vote: start",
-         "backward", "exchange wait (synchronize)", "vote: end", "optimizer step (apply)", "train_step",
-         "step meter (Throughput.record)", "progress bar", "log step: metric allreduce",
-         "log step: figures+TensorBoard", "loop residue")
+ORDER = (
+    "batch (data)",
+    "lr schedule",
+    "watchdog notes",
+    "zero_grad",
+    "forward+loss",
+    "preempt check",
+    "vote: start",
+    "backward",
+    "exchange wait (synchronize)",
+    "vote: end",
+    "optimizer step (apply)",
+    "train_step",
+    "step meter (Throughput.record)",
+    "progress bar",
+    "log step: metric allreduce",
+    "log step: figures+TensorBoard",
+    "loop residue",
+)
 LABELS = {"train_step": "train_step's own lines (the vote's tensor)", "optimizer step (apply)": "optimizer step"}
 
 
@@ -197,8 +233,11 @@ def table(found: dict[tuple[str, str], list[dict]]) -> str:
         for r in rs:
             names += [n for n in r["parts"] if n not in names]
     names = [n for n in ORDER if n in names] + [n for n in names if n not in ORDER]
-    head = "| part: µs per step, wall / main thread's CPU (median over ranks) | " + " | ".join(
-        f"{m} {i} ({len(found[(m, i)])} rank{'s' if len(found[(m, i)]) > 1 else ''})" for m, i in cols) + " |"
+    head = (
+        "| part: µs per step, wall / main thread's CPU (median over ranks) | "
+        + " | ".join(f"{m} {i} ({len(found[(m, i)])} rank{'s' if len(found[(m, i)]) > 1 else ''})" for m, i in cols)
+        + " |"
+    )
     lines = [head, "|---|" + "---:|" * len(cols)]
     for n in names:
         cells = []
@@ -207,9 +246,18 @@ def table(found: dict[tuple[str, str], list[dict]]) -> str:
             u = [r["parts"][n]["cpu_us_per_step"] for r in found[c] if n in r["parts"]]
             cells.append(f"{statistics.median(v):.0f} / {statistics.median(u):.0f}" if v else "–")
         lines.append(f"| {LABELS.get(n, n)} | " + " | ".join(cells) + " |")
-    lines.append("| **step** | " + " | ".join(f"**{statistics.median(r['step_us'] for r in found[c]):.0f} / "
-                                              f"{statistics.median(r['step_cpu_us'] for r in found[c]):.0f}**"
-                                              for c in cols) + " |")
-    lines.append("| wrapper cost per call (taken off the residue) | " + " | ".join(
-        f"{statistics.median(r['wrapper_us_per_call'] for r in found[c]):.2f}" for c in cols) + " |")
+    lines.append(
+        "| **step** | "
+        + " | ".join(
+            f"**{statistics.median(r['step_us'] for r in found[c]):.0f} / "
+            f"{statistics.median(r['step_cpu_us'] for r in found[c]):.0f}**"
+            for c in cols
+        )
+        + " |"
+    )
+    lines.append(
+        "| wrapper cost per call (taken off the residue) | "
+        + " | ".join(f"{statistics.median(r['wrapper_us_per_call'] for r in found[c]):.2f}" for c in cols)
+        + " |"
+    )
     return "\n".join(lines)

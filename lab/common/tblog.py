@@ -78,13 +78,16 @@ def clear_events(logdir: str) -> None:
 
 
 # Said in every comparison's notes: a plain `tensorboard` opens with the outlier scaling that cuts lines.
-SCALING_NOTE = ("Opened with a plain `tensorboard`, untick \"Ignore outliers in chart scaling\" (left): ticked, it "
-                "scales each chart to the values between their 5th and 95th percentiles and leaves the lowest and "
-                "highest point of a few-point line off the plot. `make tensorboard` starts with it unticked.")
+SCALING_NOTE = (
+    'Opened with a plain `tensorboard`, untick "Ignore outliers in chart scaling" (left): ticked, it '
+    "scales each chart to the values between their 5th and 95th percentiles and leaves the lowest and "
+    "highest point of a few-point line off the plot. `make tensorboard` starts with it unticked."
+)
 
 
-def write_comparison(logdir: str, series: Series, categories: Iterable[tuple[str, list[tuple[str, str]]]],
-                     text: str = "") -> dict[str, dict[str, list]]:
+def write_comparison(
+    logdir: str, series: Series, categories: Iterable[tuple[str, list[tuple[str, str]]]], text: str = ""
+) -> dict[str, dict[str, list]]:
     """One TensorBoard run per key of ``series`` under ``logdir``, with the layout (in the first
     run: TensorBoard merges the layouts of all runs) and a text (``comparison/notes``: ``text`` and
     :data:`SCALING_NOTE`). Returns the layout written.

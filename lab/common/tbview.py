@@ -123,11 +123,14 @@ def check_port(port: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lab.common.tbview",
-                                description="Serve a TensorBoard logdir on 127.0.0.1: the latest comparison "
-                                            "(scaling, scaling-netns, bench) by default.")
-    p.add_argument("logdir", nargs="?", default="", help="logdir to serve (default: the newest runs/**/tensorboard, "
-                                                         "else runs/)")
+    p = argparse.ArgumentParser(
+        prog="python -m lab.common.tbview",
+        description="Serve a TensorBoard logdir on 127.0.0.1: the latest comparison "
+        "(scaling, scaling-netns, bench) by default.",
+    )
+    p.add_argument(
+        "logdir", nargs="?", default="", help="logdir to serve (default: the newest runs/**/tensorboard, else runs/)"
+    )
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"(default: {DEFAULT_PORT}; 6006 is refused)")
     p.add_argument("--root", default="runs", help="where to look for the latest comparison (default: runs)")
     p.add_argument("--serve", action="store_true", help="serve LOGDIR and print nothing else (tb-check's server)")
@@ -143,8 +146,10 @@ def main(argv: list[str] | None = None) -> int:
         return serve(args.logdir, args.port)
     logdir, tab = args.logdir, "custom_scalars"
     if logdir and not os.path.isdir(logdir):
-        print(f"tensorboard: error: {logdir}: no such directory; give a logdir, e.g. RUN=runs/scaling/<time>/tensorboard",
-              file=sys.stderr)
+        print(
+            f"tensorboard: error: {logdir}: no such directory; give a logdir, e.g. RUN=runs/scaling/<time>/tensorboard",
+            file=sys.stderr,
+        )
         return 2
     if not logdir:
         logdir = latest_comparison(args.root) or ""
@@ -158,8 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     for sub, what in (("hparams", "every job in the HParams tab"), ("jobs", "every job's own run")):
         if tab == "custom_scalars" and os.path.isdir(os.path.join(parent, sub)):
             print(f"  {what}: make tensorboard RUN={os.path.join(parent, sub)}", flush=True)
-    print(f"+ tensorboard --logdir {logdir} --host 127.0.0.1 --port {args.port} (in this process; "
-          '"Ignore outliers in chart scaling" starts unticked)', flush=True)
+    print(
+        f"+ tensorboard --logdir {logdir} --host 127.0.0.1 --port {args.port} (in this process; "
+        '"Ignore outliers in chart scaling" starts unticked)',
+        flush=True,
+    )
     try:
         return serve(logdir, args.port)
     except KeyboardInterrupt:  # Ctrl-C ends the server

@@ -54,15 +54,23 @@ DEFAULT_METHODS = ("fp32", "fp16", "powersgd-r4", "localsgd-h4")
 # Compute per step on this project's 2-core build machine, one worker, one thread: the idle scaling
 # run's one-worker throughput (docs/scaling.md: 6258, 179 and 22.6 samples/s at batch 64, 20 and 8).
 DEFAULT_COMPUTE_MS = {"lenet5": 10.2, "ptb-lstm-small": 112.0, "resnet18": 354.0}
-COLOURS = {"fp32": "#9e9e9e", "fp16": "#1f77b4", "bf16": "#17becf", "powersgd": "#ff7f0e", "localsgd": "#2ca02c",
-           "localsgd+": "#98df8a"}
+COLOURS = {
+    "fp32": "#9e9e9e",
+    "fp16": "#1f77b4",
+    "bf16": "#17becf",
+    "powersgd": "#ff7f0e",
+    "localsgd": "#2ca02c",
+    "localsgd+": "#98df8a",
+}
 TB_RUN = "concept-map"
 # Steps to the target over float32's, 4 emulated hosts (docs/time_to_accuracy.md, "What they add": LeNet-5 to
 # test accuracy 0.89, float32 986 steps as fp16, PowerSGD r4 1102, local SGD H = 16 1682; the small LSTM to
 # perplexity 300 at 1 Gbit/s, float32 333 steps, fp16 296, local SGD H = 16 370 "with one evaluation more"
 # than the others, so PowerSGD's is taken as fp16's 296; the page does not state it).
-STEPS_RATIO = {"lenet5": {"fp16": 1.0, "powersgd-r4": 1102 / 986, "localsgd-h16": 1682 / 986},
-               "ptb-lstm-small": {"fp16": 296 / 333, "powersgd-r4": 296 / 333, "localsgd-h16": 370 / 333}}
+STEPS_RATIO = {
+    "lenet5": {"fp16": 1.0, "powersgd-r4": 1102 / 986, "localsgd-h16": 1682 / 986},
+    "ptb-lstm-small": {"fp16": 296 / 333, "powersgd-r4": 296 / 333, "localsgd-h16": 370 / 333},
+}
 STEPS_SOURCE = "docs/time_to_accuracy.md (4 emulated hosts)"
 TTA_METHODS = ("fp32", "fp16", "powersgd-r4", "localsgd-h16")  # the methods with measured steps
 
@@ -87,9 +95,16 @@ def rate_gbit(rate: str) -> float:
     return link_network(rate).bandwidth * 8 / 1e9
 
 
-def winners(methods: list[costmodel.Method], shapes, n: int, compute_s: float, bw_gbit: list[float],
-            lat_us: list[float], host: costmodel.Host,
-            steps: dict[str, float] | None = None) -> tuple[list[list[int]], list[list[float]]]:
+def winners(
+    methods: list[costmodel.Method],
+    shapes,
+    n: int,
+    compute_s: float,
+    bw_gbit: list[float],
+    lat_us: list[float],
+    host: costmodel.Host,
+    steps: dict[str, float] | None = None,
+) -> tuple[list[list[int]], list[list[float]]]:
     """Per (latency, bandwidth): the index of the fastest method, and its step / the fp32 ring's step. With
     ``steps`` (label -> steps to the target over float32's): the fastest to the target, and its time over fp32's;
     a method missing from ``steps`` is never picked."""
@@ -101,8 +116,9 @@ def winners(methods: list[costmodel.Method], shapes, n: int, compute_s: float, b
         brow, grow = [], []
         for bw in bw_gbit:
             net = costmodel.Network.from_gbit_us(bw, lat)
-            times = [w * (compute_s + c.extra_compute_s + c.exchange_s(net))
-                     for w, c in zip(weight, costs, strict=True)]
+            times = [
+                w * (compute_s + c.extra_compute_s + c.exchange_s(net)) for w, c in zip(weight, costs, strict=True)
+            ]
             i = min(range(len(times)), key=times.__getitem__)
             brow.append(i)
             grow.append(times[i] / (compute_s + base.exchange_s(net)))
@@ -126,25 +142,43 @@ def measured_points(path: str) -> list[dict[str, Any]]:
         if not r.get("ok") or "step_ms" not in r or not r["strategy"].startswith("allreduce"):
             continue
         label = r.get("method", "fp32")
-        engine = r["strategy"][:-len(label) - 1] if r["strategy"].endswith("-" + label) else r["strategy"]
+        engine = r["strategy"][: -len(label) - 1] if r["strategy"].endswith("-" + label) else r["strategy"]
         groups.setdefault((r["rate"], r["model"], r["workers"], engine), {})[label] = r
     out = []
     for (rate, model, n, engine), by in sorted(groups.items()):
         if len(by) < 2:
             continue
-        out.append({"rate": rate, "gbit": rate_gbit(rate), "model": model, "workers": n, "engine": engine,
-                    "measured_best": min(by, key=lambda k: by[k]["step_ms"]),
-                    # the model's pick by the methods' own costs (extra compute + exchange): the jobs'
-                    # measured compute differs by the shared cores' load, not by the method
-                    "predicted_best": min(by, key=lambda k: by[k]["pred_step_ms"] - by[k].get("compute_ms", 0.0)),
-                    "steps_ms": {k: by[k]["step_ms"] for k in by},
-                    "measured_over_model": {k: by[k]["step_ms"] / by[k]["pred_step_ms"] for k in by}})
+        out.append(
+            {
+                "rate": rate,
+                "gbit": rate_gbit(rate),
+                "model": model,
+                "workers": n,
+                "engine": engine,
+                "measured_best": min(by, key=lambda k: by[k]["step_ms"]),
+                # the model's pick by the methods' own costs (extra compute + exchange): the jobs'
+                # measured compute differs by the shared cores' load, not by the method
+                "predicted_best": min(by, key=lambda k: by[k]["pred_step_ms"] - by[k].get("compute_ms", 0.0)),
+                "steps_ms": {k: by[k]["step_ms"] for k in by},
+                "measured_over_model": {k: by[k]["step_ms"] / by[k]["pred_step_ms"] for k in by},
+            }
+        )
     return out
 
 
-def draw(path: str, models: list[str], workers: list[int], methods: list[costmodel.Method],
-         grids: dict[tuple[str, int], tuple[list, list]], bw: list[float], lat: list[float], pale: float,
-         points: list[dict[str, Any]], per_step: set[str] | None = None, view: str = "step") -> list[str]:
+def draw(
+    path: str,
+    models: list[str],
+    workers: list[int],
+    methods: list[costmodel.Method],
+    grids: dict[tuple[str, int], tuple[list, list]],
+    bw: list[float],
+    lat: list[float],
+    pale: float,
+    points: list[dict[str, Any]],
+    per_step: set[str] | None = None,
+    view: str = "step",
+) -> list[str]:
     """The map: a panel per (model, N). Returns the panels' titles, row by row."""
     import matplotlib
 
@@ -157,12 +191,20 @@ def draw(path: str, models: list[str], workers: list[int], methods: list[costmod
 
     labels = [m.label for m in methods]
     cmap = ListedColormap([colour(lb) for lb in labels])
-    fig, axes = plt.subplots(len(models), len(workers), figsize=(3.3 * len(workers) + 0.6, 2.9 * len(models) + 1.2),
-                             squeeze=False, sharex=True, sharey=True)
+    fig, axes = plt.subplots(
+        len(models),
+        len(workers),
+        figsize=(3.3 * len(workers) + 0.6, 2.9 * len(models) + 1.2),
+        squeeze=False,
+        sharex=True,
+        sharey=True,
+    )
+
     # cell edges for pcolormesh on log axes: geometric midpoints
     def edges(v):
         mids = [math.sqrt(a * b) for a, b in pairwise(v)]
         return [v[0] ** 2 / mids[0], *mids, v[-1] ** 2 / mids[-1]]
+
     xe, ye = edges(bw), edges(lat)
     titles = []
     for i, model in enumerate(models):
@@ -182,26 +224,57 @@ def draw(path: str, models: list[str], workers: list[int], methods: list[costmod
             if j == 0:
                 ax.set_ylabel("latency per message, µs")
             # the measured points: in the panel of the nearest N (log distance), on the latency floor
-            near = [p for p in points if p["model"] == model
-                    and min(workers, key=lambda w: abs(math.log(w / p["workers"]))) == n]
+            near = [
+                p
+                for p in points
+                if p["model"] == model and min(workers, key=lambda w: abs(math.log(w / p["workers"]))) == n
+            ]
             for p in near:
-                ax.scatter([p["gbit"]], [lat[0]], marker="^", s=120, color=colour(p["measured_best"]),
-                           edgecolors="black", linewidths=1.0, clip_on=False, zorder=5)
+                ax.scatter(
+                    [p["gbit"]],
+                    [lat[0]],
+                    marker="^",
+                    s=120,
+                    color=colour(p["measured_best"]),
+                    edgecolors="black",
+                    linewidths=1.0,
+                    clip_on=False,
+                    zorder=5,
+                )
                 agree = "=" if p["measured_best"] == p["predicted_best"] else f"≠ model {p['predicted_best']}"
-                ax.annotate(f"N={p['workers']} {p['rate']}: {p['measured_best']} {agree}", (p["gbit"], lat[0]),
-                            xytext=(4, 8 + 9 * near.index(p)), textcoords="offset points", fontsize=6,
-                            zorder=6, bbox={"boxstyle": "round,pad=0.15", "fc": "white", "alpha": 0.8, "lw": 0})
+                ax.annotate(
+                    f"N={p['workers']} {p['rate']}: {p['measured_best']} {agree}",
+                    (p["gbit"], lat[0]),
+                    xytext=(4, 8 + 9 * near.index(p)),
+                    textcoords="offset points",
+                    fontsize=6,
+                    zorder=6,
+                    bbox={"boxstyle": "round,pad=0.15", "fc": "white", "alpha": 0.8, "lw": 0},
+                )
             ax.set_xlim(xe[0], xe[-1])
             ax.set_ylim(ye[0], ye[-1])
     handles: list[Artist] = [Patch(color=colour(lb), label=lb) for lb in labels]
     handles.append(Patch(facecolor="white", edgecolor="0.6", label=f"pale: within {pale:g} % of fp32"))
     if points:
-        handles.append(Line2D([], [], marker="^", color="white", markeredgecolor="black", markerfacecolor="0.8",
-                              markersize=9, label="measured fastest (emulated, no latency)"))
+        handles.append(
+            Line2D(
+                [],
+                [],
+                marker="^",
+                color="white",
+                markeredgecolor="black",
+                markerfacecolor="0.8",
+                markersize=9,
+                label="measured fastest (emulated, no latency)",
+            )
+        )
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
-    fig.suptitle("Fastest method to the target, predicted: measured steps x predicted step (ring allreduce)"
-                 if view == "tta" else
-                 "Fastest method per step, predicted (ring allreduce; compute + extra compute + exchange)", fontsize=10)
+    fig.suptitle(
+        "Fastest method to the target, predicted: measured steps x predicted step (ring allreduce)"
+        if view == "tta"
+        else "Fastest method per step, predicted (ring allreduce; compute + extra compute + exchange)",
+        fontsize=10,
+    )
     fig.tight_layout(rect=(0, 0.05, 1, 0.97))
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -224,20 +297,34 @@ def write_tensorboard(logdir: str, png: str, text: str) -> None:
 def report_md(res: dict[str, Any]) -> str:
     labels = res["methods"]
     refs = res["reference_links"]
-    out = ["# Which concept wins where (cost model)", "",
-           f"`{res['command']}`. Ring allreduce, step = compute + the method's extra compute + its exchange "
-           f"(lab/common/costmodel.py `predict_method`); host: {res['host']['mem_bw'] / 1e9:g} GB/s of memory "
-           f"traffic, {res['host']['flops'] / 1e9:g} GFLOP/s; methods: {', '.join(labels)}.", "",
-           *(["Time to accuracy: each method's predicted step x its steps to the target over float32's ("
-              + res["steps_source"] + "; measured at 4 workers, used as they are at every N): "
-              + "; ".join(f"{m} " + ", ".join(f"{k} {v:.2f}" for k, v in r.items())
-                          for m, r in res["steps_ratio"].items())
-              + (f". Per step only (no steps measured): {', '.join(res['per_step'])}" if res["per_step"] else "")
-              + ".", ""] if res["view"] == "tta" else []),
-           "Predicted fastest method at some links (bandwidth / latency), and its "
-           + ("time to the target over fp32's:" if res["view"] == "tta" else "step over the fp32 ring's:"), "",
-           "| model | N | " + " | ".join(f"{g:g} Gbit/s, {u:g} µs" for g, u in refs) + " |",
-           "|---|---:|" + "---|" * len(refs)]
+    out = [
+        "# Which concept wins where (cost model)",
+        "",
+        f"`{res['command']}`. Ring allreduce, step = compute + the method's extra compute + its exchange "
+        f"(lab/common/costmodel.py `predict_method`); host: {res['host']['mem_bw'] / 1e9:g} GB/s of memory "
+        f"traffic, {res['host']['flops'] / 1e9:g} GFLOP/s; methods: {', '.join(labels)}.",
+        "",
+        *(
+            [
+                "Time to accuracy: each method's predicted step x its steps to the target over float32's ("
+                + res["steps_source"]
+                + "; measured at 4 workers, used as they are at every N): "
+                + "; ".join(
+                    f"{m} " + ", ".join(f"{k} {v:.2f}" for k, v in r.items()) for m, r in res["steps_ratio"].items()
+                )
+                + (f". Per step only (no steps measured): {', '.join(res['per_step'])}" if res["per_step"] else "")
+                + ".",
+                "",
+            ]
+            if res["view"] == "tta"
+            else []
+        ),
+        "Predicted fastest method at some links (bandwidth / latency), and its "
+        + ("time to the target over fp32's:" if res["view"] == "tta" else "step over the fp32 ring's:"),
+        "",
+        "| model | N | " + " | ".join(f"{g:g} Gbit/s, {u:g} µs" for g, u in refs) + " |",
+        "|---|---:|" + "---|" * len(refs),
+    ]
     for model in res["models"]:
         for n in res["workers"]:
             cells = []
@@ -247,14 +334,19 @@ def report_md(res: dict[str, Any]) -> str:
             out.append(f"| {model} | {n} | " + " | ".join(cells) + " |")
     out.append("")
     if res["measured"]:
-        out += ["Measured on the emulated cluster (" + res["measured_source"] + "): fastest per model, rate, "
-                "workers and engine; step ms per method (measured / model):", "",
-                "| model | rate | N | engine | measured fastest | model's fastest | steps ms (measured / model) |",
-                "|---|---|---:|---|---|---|---|"]
+        out += [
+            "Measured on the emulated cluster (" + res["measured_source"] + "): fastest per model, rate, "
+            "workers and engine; step ms per method (measured / model):",
+            "",
+            "| model | rate | N | engine | measured fastest | model's fastest | steps ms (measured / model) |",
+            "|---|---|---:|---|---|---|---|",
+        ]
         for p in res["measured"]:
             steps = ", ".join(f"{k} {v:.0f} ({p['measured_over_model'][k]:.2f})" for k, v in p["steps_ms"].items())
-            out.append(f"| {p['model']} | {p['rate']} | {p['workers']} | {p['engine']} | {p['measured_best']} | "
-                       f"{p['predicted_best']} | {steps} |")
+            out.append(
+                f"| {p['model']} | {p['rate']} | {p['workers']} | {p['engine']} | {p['measured_best']} | "
+                f"{p['predicted_best']} | {steps} |"
+            )
         out.append("")
     return "\n".join(out)
 
@@ -274,33 +366,70 @@ def parse_compute(text: str, models: list[str]) -> dict[str, float]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated models, one row of panels each "
-                   f"(default: {','.join(DEFAULT_MODELS)})")
-    p.add_argument("--workers", default=",".join(map(str, DEFAULT_WORKERS)),
-                   help="comma-separated worker counts N, one column each (default: 4,16,64,256)")
-    p.add_argument("--view", choices=("tta", "step"), default="tta",
-                   help="tta (default): fastest to the quality target (measured steps x predicted step); "
-                        "step: fastest per step")
-    p.add_argument("--steps-from", default="", metavar="DIR[,DIR...]",
-                   help="time-to-accuracy grids (their results.json) to take the steps ratios from, per model at its "
-                        f"largest worker count (default: {STEPS_SOURCE})")
-    p.add_argument("--methods", default="",
-                   help="the concepts that compete: fp32, fp16, bf16, powersgd-rR, localsgd-hH, localsgd-hH+fp16 "
-                        f"(default: {','.join(TTA_METHODS)} with --view tta, {','.join(DEFAULT_METHODS)} with "
-                        "--view step)")
-    p.add_argument("--bandwidth-gbit", default="0.01,100", help="bandwidth axis: lowest,highest Gbit/s (default: 0.01,100)")
+    p.add_argument(
+        "--models",
+        default=",".join(DEFAULT_MODELS),
+        help=f"comma-separated models, one row of panels each (default: {','.join(DEFAULT_MODELS)})",
+    )
+    p.add_argument(
+        "--workers",
+        default=",".join(map(str, DEFAULT_WORKERS)),
+        help="comma-separated worker counts N, one column each (default: 4,16,64,256)",
+    )
+    p.add_argument(
+        "--view",
+        choices=("tta", "step"),
+        default="tta",
+        help="tta (default): fastest to the quality target (measured steps x predicted step); step: fastest per step",
+    )
+    p.add_argument(
+        "--steps-from",
+        default="",
+        metavar="DIR[,DIR...]",
+        help="time-to-accuracy grids (their results.json) to take the steps ratios from, per model at its "
+        f"largest worker count (default: {STEPS_SOURCE})",
+    )
+    p.add_argument(
+        "--methods",
+        default="",
+        help="the concepts that compete: fp32, fp16, bf16, powersgd-rR, localsgd-hH, localsgd-hH+fp16 "
+        f"(default: {','.join(TTA_METHODS)} with --view tta, {','.join(DEFAULT_METHODS)} with "
+        "--view step)",
+    )
+    p.add_argument(
+        "--bandwidth-gbit", default="0.01,100", help="bandwidth axis: lowest,highest Gbit/s (default: 0.01,100)"
+    )
     p.add_argument("--latency-us", default="1,10000", help="latency axis: lowest,highest µs (default: 1,10000)")
     p.add_argument("--resolution", type=int, default=48, help="points per axis (default: 48)")
-    p.add_argument("--compute-ms", default="", help="compute per step, model=ms[,...] (default: this machine's, "
-                   + ", ".join(f"{m}={v:g}" for m, v in DEFAULT_COMPUTE_MS.items()) + "); only the paleness uses it")
-    p.add_argument("--pale-pct", type=float, default=5.0,
-                   help="pale where the winner's step is within this many %% of the fp32 ring's (default: 5)")
-    p.add_argument("--mem-gbs", type=float, default=costmodel.HOST.mem_bw / 1e9,
-                   help="memory traffic per second of one core, GB/s, for the casts and copies (default: %(default)g)")
-    p.add_argument("--gflops", type=float, default=costmodel.HOST.flops / 1e9,
-                   help="float32 GFLOP/s of one core, for PowerSGD's products (default: %(default)g)")
+    p.add_argument(
+        "--compute-ms",
+        default="",
+        help="compute per step, model=ms[,...] (default: this machine's, "
+        + ", ".join(f"{m}={v:g}" for m, v in DEFAULT_COMPUTE_MS.items())
+        + "); only the paleness uses it",
+    )
+    p.add_argument(
+        "--pale-pct",
+        type=float,
+        default=5.0,
+        help="pale where the winner's step is within this many %% of the fp32 ring's (default: 5)",
+    )
+    p.add_argument(
+        "--mem-gbs",
+        type=float,
+        default=costmodel.HOST.mem_bw / 1e9,
+        help="memory traffic per second of one core, GB/s, for the casts and copies (default: %(default)g)",
+    )
+    p.add_argument(
+        "--gflops",
+        type=float,
+        default=costmodel.HOST.flops / 1e9,
+        help="float32 GFLOP/s of one core, for PowerSGD's products (default: %(default)g)",
+    )
     p.add_argument("--measured", default="", help="a scaling-netns results.json whose points to mark on the map")
-    p.add_argument("--copy-to", default="", help="also copy concept_map.png to this path (e.g. docs/img/concept_map.png)")
+    p.add_argument(
+        "--copy-to", default="", help="also copy concept_map.png to this path (e.g. docs/img/concept_map.png)"
+    )
     p.add_argument("--out", default="", help="output directory (default: runs/concept-map/<time>)")
 
 
@@ -311,8 +440,11 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in models if m not in MODELS]
     if not models or unknown:
-        raise MapError(f"--models: unknown model {unknown[0]!r}; choose from: {', '.join(MODELS)}" if unknown
-                       else "--models: give at least one model")
+        raise MapError(
+            f"--models: unknown model {unknown[0]!r}; choose from: {', '.join(MODELS)}"
+            if unknown
+            else "--models: give at least one model"
+        )
     try:
         workers = [int(w) for w in args.workers.split(",") if w.strip()]
     except ValueError:
@@ -341,11 +473,15 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
         raise MapError("--mem-gbs and --gflops must be > 0")
     if args.measured and not os.path.isfile(args.measured):
         raise MapError(f"--measured {args.measured}: file not found; give a scaling-netns results.json")
-    return {"models": models, "workers": workers, "methods": methods,
-            "bw": logspace(*axes["--bandwidth-gbit"], args.resolution),
-            "lat": logspace(*axes["--latency-us"], args.resolution),
-            "compute_ms": parse_compute(args.compute_ms, models),
-            "host": costmodel.Host(mem_bw=args.mem_gbs * 1e9, flops=args.gflops * 1e9)}
+    return {
+        "models": models,
+        "workers": workers,
+        "methods": methods,
+        "bw": logspace(*axes["--bandwidth-gbit"], args.resolution),
+        "lat": logspace(*axes["--latency-us"], args.resolution),
+        "compute_ms": parse_compute(args.compute_ms, models),
+        "host": costmodel.Host(mem_bw=args.mem_gbs * 1e9, flops=args.gflops * 1e9),
+    }
 
 
 def steps_ratios(dirs: str, models: list[str]) -> dict[str, dict[str, float]]:
@@ -370,8 +506,9 @@ def steps_ratios(dirs: str, models: list[str]) -> dict[str, dict[str, float]]:
         for j in jobs:
             if j["model"] == model and j["workers"] == n and j.get("concept", "none") != "none":
                 label = j["method"].split("-", 2)[2]  # ring-mpi-powersgd-r4 -> powersgd-r4
-                out.setdefault(model, {})[label] = min(out.get(model, {}).get(label, math.inf),
-                                                       j["steps_to_target"] / fp32)
+                out.setdefault(model, {})[label] = min(
+                    out.get(model, {}).get(label, math.inf), j["steps_to_target"] / fp32
+                )
     return out
 
 
@@ -408,16 +545,41 @@ def main(args: argparse.Namespace) -> int:
             reference.setdefault(model, {})[str(n)] = ref
     png = os.path.join(out, "concept_map.png")
     per_step = [m for m in cfg["models"] if m not in ratios] if args.view == "tta" else []
-    titles = draw(png, cfg["models"], cfg["workers"], methods, grids, cfg["bw"], cfg["lat"], args.pale_pct, points,
-                  set(per_step), args.view)
+    titles = draw(
+        png,
+        cfg["models"],
+        cfg["workers"],
+        methods,
+        grids,
+        cfg["bw"],
+        cfg["lat"],
+        args.pale_pct,
+        points,
+        set(per_step),
+        args.view,
+    )
     labels = [m.label for m in methods]
-    res = {"command": shlex.join(["python", "-m", "lab", *sys.argv[1:]]), "models": cfg["models"], "workers": cfg["workers"], "methods": labels,
-           "bandwidth_gbit": cfg["bw"], "latency_us": cfg["lat"], "compute_ms": cfg["compute_ms"],
-           "host": {"mem_bw": host.mem_bw, "flops": host.flops}, "pale_pct": args.pale_pct, "panels": titles,
-           "winners": {f"{m}/{n}": [[labels[i] for i in row] for row in grids[(m, n)][0]] for m, n in grids},
-           "reference_links": [list(r) for r in REFERENCE_LINKS], "reference": reference,
-           "measured": points, "measured_source": args.measured, "view": args.view, "steps_ratio": ratios,
-           "steps_source": (args.steps_from or STEPS_SOURCE) if args.view == "tta" else "", "per_step": per_step}
+    res = {
+        "command": shlex.join(["python", "-m", "lab", *sys.argv[1:]]),
+        "models": cfg["models"],
+        "workers": cfg["workers"],
+        "methods": labels,
+        "bandwidth_gbit": cfg["bw"],
+        "latency_us": cfg["lat"],
+        "compute_ms": cfg["compute_ms"],
+        "host": {"mem_bw": host.mem_bw, "flops": host.flops},
+        "pale_pct": args.pale_pct,
+        "panels": titles,
+        "winners": {f"{m}/{n}": [[labels[i] for i in row] for row in grids[(m, n)][0]] for m, n in grids},
+        "reference_links": [list(r) for r in REFERENCE_LINKS],
+        "reference": reference,
+        "measured": points,
+        "measured_source": args.measured,
+        "view": args.view,
+        "steps_ratio": ratios,
+        "steps_source": (args.steps_from or STEPS_SOURCE) if args.view == "tta" else "",
+        "per_step": per_step,
+    }
     text = report_md(res)
     with open(os.path.join(out, "concept_map.json"), "w") as fh:
         json.dump(res, fh, indent=1)

@@ -36,10 +36,17 @@ class Emulation:
         p.description = __doc__.split("\n\n")[0].split(": ", 1)[1]
         p.epilog = "example: python -m lab.emulation -np 4 --emulate-hosts 4 --link-rate 100mbit -- --model lenet5"
         g = p.add_argument_group("emulated hosts")
-        g.add_argument("--emulate-hosts", type=int, default=0, metavar="N", required=True,
-                       help="run on N emulated hosts (network namespaces on this machine, needs root) instead of -H")
-        g.add_argument("--link-rate", default="1gbit",
-                       help="each host's link rate per direction, e.g. 1gbit, 100mbit, none")
+        g.add_argument(
+            "--emulate-hosts",
+            type=int,
+            default=0,
+            metavar="N",
+            required=True,
+            help="run on N emulated hosts (network namespaces on this machine, needs root) instead of -H",
+        )
+        g.add_argument(
+            "--link-rate", default="1gbit", help="each host's link rate per direction, e.g. 1gbit, 100mbit, none"
+        )
 
     @staticmethod
     def cluster(args: argparse.Namespace) -> ClusterSpec:
@@ -52,8 +59,14 @@ class Emulation:
         return run_emulated(cluster, job=job)
 
 
-def run_emulated(cluster: ClusterSpec, cmd: list[str] | None = None, env: dict[str, str] | None = None,
-                 timeout: float = EMULATED_TIMEOUT, grace: float = GRACE_PERIOD, job: Callable | None = None) -> int:
+def run_emulated(
+    cluster: ClusterSpec,
+    cmd: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = EMULATED_TIMEOUT,
+    grace: float = GRACE_PERIOD,
+    job: Callable | None = None,
+) -> int:
     """Build the emulated cluster, run the job in it, and remove the cluster however the job ended.
 
     ``job(between)``: the launcher's run (its restarts and elastic step included); ``between()`` ends

@@ -109,8 +109,10 @@ class ClusterSpec:
         if not NAME_RE.match(f"{self.prefix}-head"):
             raise ValueError(f"cluster prefix {self.prefix!r} must look like art-<pid>-<n>")
         if any(c in str(AGENT) for c in " :"):  # Open MPI splits plm_rsh_agent at spaces and colons
-            raise ValueError(f"--emulate-hosts: the checkout path {AGENT.parents[2]} contains a space or ':', "
-                             "which Open MPI's plm_rsh_agent cannot take; move the checkout")
+            raise ValueError(
+                f"--emulate-hosts: the checkout path {AGENT.parents[2]} contains a space or ':', "
+                "which Open MPI's plm_rsh_agent cannot take; move the checkout"
+            )
 
     @property
     def rate_bits(self) -> int:
@@ -145,21 +147,27 @@ class ClusterSpec:
         """The ip/tc commands that build the cluster, in order."""
         head = self.head
         cmds = [["ip", "netns", "add", ns] for ns in self.namespaces]
-        cmds += [["ip", "-n", head, "link", "add", "br0", "type", "bridge"],
-                 ["ip", "-n", head, "addr", "add", f"{HEAD_ADDR}/24", "dev", "br0"],
-                 ["ip", "-n", head, "link", "set", "br0", "up"],
-                 ["ip", "-n", head, "link", "set", "lo", "up"]]
+        cmds += [
+            ["ip", "-n", head, "link", "add", "br0", "type", "bridge"],
+            ["ip", "-n", head, "addr", "add", f"{HEAD_ADDR}/24", "dev", "br0"],
+            ["ip", "-n", head, "link", "set", "br0", "up"],
+            ["ip", "-n", head, "link", "set", "lo", "up"],
+        ]
         for i in range(1, self.hosts + 1):
             ns, port = self.netns(i), self.hostname(i)
-            cmds += [["ip", "-n", head, "link", "add", port, "type", "veth", "peer", "name", HOST_IFACE, "netns", ns],
-                     ["ip", "-n", head, "link", "set", port, "master", "br0"],
-                     ["ip", "-n", head, "link", "set", port, "up"],
-                     ["ip", "-n", ns, "addr", "add", f"{self.address(i)}/24", "dev", HOST_IFACE],
-                     ["ip", "-n", ns, "link", "set", HOST_IFACE, "up"],
-                     ["ip", "-n", ns, "link", "set", "lo", "up"]]
+            cmds += [
+                ["ip", "-n", head, "link", "add", port, "type", "veth", "peer", "name", HOST_IFACE, "netns", ns],
+                ["ip", "-n", head, "link", "set", port, "master", "br0"],
+                ["ip", "-n", head, "link", "set", port, "up"],
+                ["ip", "-n", ns, "addr", "add", f"{self.address(i)}/24", "dev", HOST_IFACE],
+                ["ip", "-n", ns, "link", "set", HOST_IFACE, "up"],
+                ["ip", "-n", ns, "link", "set", "lo", "up"],
+            ]
             if self.rate_bits:
-                cmds += [["tc", "-n", ns, "qdisc", "add", "dev", HOST_IFACE, "root", *self._tbf()],  # upload
-                         ["tc", "-n", head, "qdisc", "add", "dev", port, "root", *self._tbf()]]  # download
+                cmds += [
+                    ["tc", "-n", ns, "qdisc", "add", "dev", HOST_IFACE, "root", *self._tbf()],  # upload
+                    ["tc", "-n", head, "qdisc", "add", "dev", port, "root", *self._tbf()],
+                ]  # download
         return cmds
 
     def _tbf(self) -> list[str]:
@@ -170,30 +178,47 @@ class ClusterSpec:
         ns, name = (self.head, "head") if host is None else (self.netns(host), self.hostname(host))
         # `unshare --uts` gives the process tree its own hostname: Open MPI and Horovod tell hosts
         # apart by hostname, and every namespace would otherwise report the machine's.
-        return ["ip", "netns", "exec", ns, "env", f"{AGENT_ENV}={self.prefix}",
-                "unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', name]
+        return [
+            "ip",
+            "netns",
+            "exec",
+            ns,
+            "env",
+            f"{AGENT_ENV}={self.prefix}",
+            "unshare",
+            "--uts",
+            "--",
+            "sh",
+            "-c",
+            'hostname "$0" && exec "$@"',
+            name,
+        ]
 
     def mca(self) -> list[tuple[str, str]]:
         """Open MPI parameters: hosts via the namespace agent, traffic on TCP over the emulated links."""
         net = f"{SUBNET}.0/24"
-        return [("plm_rsh_agent", str(AGENT)),
-                ("plm_rsh_no_tree_spawn", "1"),  # every orted is started by mpirun, through the agent
-                ("btl", "tcp,self"),  # never shared memory: /dev/shm is common to all namespaces
-                ("btl_tcp_if_include", net),
-                ("oob_tcp_if_include", net),
-                # One TCP connection per pair of ranks halves an exchange that sends both ways at once
-                # (ring, colocated PS: 2.1x the link-rate bound at 100 Mbit/s, while two plain TCP
-                # streams fill both directions); four per pair come within 10 % (docs/emulated_cluster.md).
-                ("btl_tcp_links", "4")]
+        return [
+            ("plm_rsh_agent", str(AGENT)),
+            ("plm_rsh_no_tree_spawn", "1"),  # every orted is started by mpirun, through the agent
+            ("btl", "tcp,self"),  # never shared memory: /dev/shm is common to all namespaces
+            ("btl_tcp_if_include", net),
+            ("oob_tcp_if_include", net),
+            # One TCP connection per pair of ranks halves an exchange that sends both ways at once
+            # (ring, colocated PS: 2.1x the link-rate bound at 100 Mbit/s, while two plain TCP
+            # streams fill both directions); four per pair come within 10 % (docs/emulated_cluster.md).
+            ("btl_tcp_links", "4"),
+        ]
 
     def env(self) -> dict[str, str]:
         """Interface selection for libraries that open their own sockets (Gloo, NCCL)."""
         return {"HOROVOD_GLOO_IFACE": HOST_IFACE, "GLOO_SOCKET_IFNAME": HOST_IFACE, "NCCL_SOCKET_IFNAME": HOST_IFACE}
 
     def describe(self) -> str:
-        return (f"emulated cluster {self.prefix}: {self.hosts} hosts h1..h{self.hosts} "
-                f"({self.address(1)}..{self.address(self.hosts)}) on one switch, each link "
-                f"{format_rate(self.rate_bits)} per direction, no added latency")
+        return (
+            f"emulated cluster {self.prefix}: {self.hosts} hosts h1..h{self.hosts} "
+            f"({self.address(1)}..{self.address(self.hosts)}) on one switch, each link "
+            f"{format_rate(self.rate_bits)} per direction, no added latency"
+        )
 
 
 def _run(cmd: list[str], check: bool = True) -> subprocess.CompletedProcess:
@@ -234,15 +259,17 @@ def unavailable_reason() -> str | None:
             return f"`{tool}` not found: install {pkg} (apt-get install {pkg})"
     probe = ClusterSpec(hosts=1, link_rate="1gbit")
     try:
-        for cmd in probe.setup_commands()[:1] + [["ip", "-n", probe.head, "link", "add", "br0", "type", "bridge"],
-                                                   ["tc", "-n", probe.head, "qdisc", "add", "dev", "lo", "root",
-                                                    *probe._tbf()],
-                                                   ["ip", "netns", "exec", probe.head, "unshare", "--uts", "--",
-                                                    "hostname", "probe"]]:
+        for cmd in probe.setup_commands()[:1] + [
+            ["ip", "-n", probe.head, "link", "add", "br0", "type", "bridge"],
+            ["tc", "-n", probe.head, "qdisc", "add", "dev", "lo", "root", *probe._tbf()],
+            ["ip", "netns", "exec", probe.head, "unshare", "--uts", "--", "hostname", "probe"],
+        ]:
             _run(cmd)
     except ClusterError as e:
-        return (f"cannot create network namespaces here (needs root, or CAP_NET_ADMIN and CAP_SYS_ADMIN; "
-                f"the tbf qdisc; unshare --uts): {e}")
+        return (
+            f"cannot create network namespaces here (needs root, or CAP_NET_ADMIN and CAP_SYS_ADMIN; "
+            f"the tbf qdisc; unshare --uts): {e}"
+        )
     finally:
         if probe.head in list_namespaces():
             _run(["ip", "netns", "delete", probe.head], check=False)
@@ -319,8 +346,10 @@ def remove(names: list[str], grace: float = 5.0, retry: str | None = None) -> No
                 errors.append(f"{name}: {proc.stderr.strip()}")
     still = _holders(inodes)
     if errors or still:
-        raise ClusterError(f"could not remove emulated hosts ({'; '.join(errors) or f'pids {still} survive SIGKILL'}); "
-                           f"retry with: {retry or cleanup_command()}")
+        raise ClusterError(
+            f"could not remove emulated hosts ({'; '.join(errors) or f'pids {still} survive SIGKILL'}); "
+            f"retry with: {retry or cleanup_command()}"
+        )
 
 
 class EmulatedCluster:
@@ -339,8 +368,9 @@ class EmulatedCluster:
     def create(self) -> EmulatedCluster:
         old = leftovers()
         if old:
-            raise ClusterError(f"leftovers of an earlier emulated run exist ({', '.join(old)}); "
-                               f"remove them with: {cleanup_command()}")
+            raise ClusterError(
+                f"leftovers of an earlier emulated run exist ({', '.join(old)}); remove them with: {cleanup_command()}"
+            )
         clash = [n for n in self.spec.namespaces if os.path.exists(f"/run/netns/{n}")]
         if clash:
             raise ClusterError(f"namespace {clash[0]} already exists; choose another prefix")
@@ -427,12 +457,15 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("cleanup", help="remove emulated hosts whose creating process is gone")
     c.add_argument("--all", action="store_true", help="also those of runs still alive (stops them)")
     sub.add_parser("bench", help="moved: python -m lab.emulation.probe bench", add_help=False).add_argument(
-        "rest", nargs=argparse.REMAINDER)
+        "rest", nargs=argparse.REMAINDER
+    )
     args = p.parse_args(argv)
 
     if args.cmd == "bench":
-        print("lab.emulation.netns: error: the link measurement moved: python -m lab.emulation.probe bench "
-              "(same flags)", file=sys.stderr)
+        print(
+            "lab.emulation.netns: error: the link measurement moved: python -m lab.emulation.probe bench (same flags)",
+            file=sys.stderr,
+        )
         return 2
     if args.cmd == "list":
         dead = set(leftovers())

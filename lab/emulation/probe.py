@@ -57,16 +57,18 @@ def tcp_source(addr: str, port: int, seconds: float) -> None:
     conn.close()
 
 
-
 def measure(cluster: EmulatedCluster, src: int, dst: int, seconds: float = 2.0) -> tuple[float, int]:
     """One TCP stream from host ``src`` to host ``dst``: (payload bits/s as received, bytes received)."""
     port = 5201
     python = [sys.executable, "-m", "lab.emulation.probe"]
     cwd = CHECKOUT
-    sink = subprocess.Popen(cluster.spec.exec_prefix(dst) + python + ["tcp-sink", str(port)],
-                            stdout=subprocess.PIPE, text=True, cwd=cwd)
+    sink = subprocess.Popen(
+        cluster.spec.exec_prefix(dst) + python + ["tcp-sink", str(port)], stdout=subprocess.PIPE, text=True, cwd=cwd
+    )
     try:
-        _run(cluster.spec.exec_prefix(src) + python + ["tcp-source", cluster.spec.address(dst), str(port), str(seconds)])
+        _run(
+            cluster.spec.exec_prefix(src) + python + ["tcp-source", cluster.spec.address(dst), str(port), str(seconds)]
+        )
         out, _ = sink.communicate(timeout=seconds + CMD_TIMEOUT)
     finally:
         if sink.poll() is None:
@@ -74,8 +76,6 @@ def measure(cluster: EmulatedCluster, src: int, dst: int, seconds: float = 2.0) 
             sink.wait()
     bps, nbytes = out.split()
     return float(bps), int(nbytes)
-
-
 
 
 def streams(cluster: EmulatedCluster, pairs: list[tuple[int, int]], seconds: float) -> list[float]:
@@ -87,11 +87,21 @@ def streams(cluster: EmulatedCluster, pairs: list[tuple[int, int]], seconds: flo
     sources: list[subprocess.Popen] = []
     try:
         for i, (_src, dst) in enumerate(pairs):
-            sinks.append(subprocess.Popen(spec.exec_prefix(dst) + python + ["tcp-sink", str(5301 + i)],
-                                          stdout=subprocess.PIPE, text=True, cwd=cwd))
+            sinks.append(
+                subprocess.Popen(
+                    spec.exec_prefix(dst) + python + ["tcp-sink", str(5301 + i)],
+                    stdout=subprocess.PIPE,
+                    text=True,
+                    cwd=cwd,
+                )
+            )
         for i, (src, dst) in enumerate(pairs):
-            sources.append(subprocess.Popen(spec.exec_prefix(src) + python + [
-                "tcp-source", spec.address(dst), str(5301 + i), str(seconds)], cwd=cwd))
+            sources.append(
+                subprocess.Popen(
+                    spec.exec_prefix(src) + python + ["tcp-source", spec.address(dst), str(5301 + i), str(seconds)],
+                    cwd=cwd,
+                )
+            )
         for p in sources:
             p.wait(timeout=seconds + CMD_TIMEOUT)
         return [float(s.communicate(timeout=CMD_TIMEOUT)[0].split()[0]) / 1e6 for s in sinks]
@@ -125,11 +135,17 @@ def both_ways(conn: socket.socket, seconds: float) -> None:
 def one_connection(cluster: EmulatedCluster, seconds: float) -> list[float]:
     """h1 and h2 send to each other over one TCP connection at the same time; Mbit/s each received."""
     spec, me = cluster.spec, [sys.executable, "-m", "lab.emulation.probe"]
-    server = subprocess.Popen(spec.exec_prefix(1) + me + ["serve", "5401", str(seconds)], stdout=subprocess.PIPE,
-                              text=True, cwd=CHECKOUT)
+    server = subprocess.Popen(
+        spec.exec_prefix(1) + me + ["serve", "5401", str(seconds)], stdout=subprocess.PIPE, text=True, cwd=CHECKOUT
+    )
     try:
-        client = subprocess.run(spec.exec_prefix(2) + me + ["connect", spec.address(1), "5401", str(seconds)],
-                                capture_output=True, text=True, timeout=seconds + CMD_TIMEOUT, cwd=CHECKOUT)
+        client = subprocess.run(
+            spec.exec_prefix(2) + me + ["connect", spec.address(1), "5401", str(seconds)],
+            capture_output=True,
+            text=True,
+            timeout=seconds + CMD_TIMEOUT,
+            cwd=CHECKOUT,
+        )
         return [float(server.communicate(timeout=CMD_TIMEOUT)[0]), float(client.stdout)]
     finally:
         if server.poll() is None:
@@ -148,8 +164,11 @@ def duplex(link_rate: str, seconds: float, n_streams: int) -> None:
         a, b = one_connection(cluster, seconds)
         print(f"one connection, both ways: h2 -> h1 {a:7.1f} Mbit/s, h1 -> h2 {b:7.1f} Mbit/s at the same time")
         many = streams(cluster, [(2, 1)] * n_streams, seconds)
-        print(f"{n_streams} streams  h2 -> h1: " + ", ".join(f"{v:.1f}" for v in many)
-              + f" Mbit/s, together {sum(many):.1f}")
+        print(
+            f"{n_streams} streams  h2 -> h1: "
+            + ", ".join(f"{v:.1f}" for v in many)
+            + f" Mbit/s, together {sum(many):.1f}"
+        )
     print(f"load average after: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
 
 
@@ -208,8 +227,11 @@ def main(argv: list[str] | None = None) -> int:
         spec = ClusterSpec(hosts=2, link_rate=args.link_rate)
         with EmulatedCluster(spec) as cluster:
             bps, _ = measure(cluster, src=2, dst=1, seconds=args.seconds)
-        limit = (f"link {format_rate(spec.rate_bits)}; TCP payload tops out near 95 % of it at MTU 1500"
-                 if spec.rate_bits else "no rate limit: bounded by this machine's CPU")
+        limit = (
+            f"link {format_rate(spec.rate_bits)}; TCP payload tops out near 95 % of it at MTU 1500"
+            if spec.rate_bits
+            else "no rate limit: bounded by this machine's CPU"
+        )
         print(f"h2 -> h1: {bps / 1e6:.1f} Mbit/s TCP payload over {args.seconds:g} s ({limit})")
         return 0
     except (ClusterError, ValueError) as e:

@@ -162,37 +162,59 @@ class SlurmClusterSpec:
             "KillWait=5",
             "MinJobAge=300",
         ]
-        lines += [f"NodeName={self.node(i)} NodeAddr={self.address(i)} CPUs={self.cpus} State=UNKNOWN"
-                  for i in range(1, self.nodes + 1)]
+        lines += [
+            f"NodeName={self.node(i)} NodeAddr={self.address(i)} CPUs={self.cpus} State=UNKNOWN"
+            for i in range(1, self.nodes + 1)
+        ]
         lines.append(f"PartitionName={PARTITION} Nodes={self.node_range()} Default=YES MaxTime=INFINITE State=UP")
         return "\n".join(lines) + "\n"
 
     def network_commands(self) -> list[list[str]]:
         """The ip/tc commands that build the nodes' network, in order."""
-        cmds = [["ip", "link", "add", BRIDGE, "type", "bridge"],
-                ["ip", "addr", "add", f"{CONTROLLER_ADDR}/24", "dev", BRIDGE],
-                ["ip", "link", "set", BRIDGE, "up"]]
+        cmds = [
+            ["ip", "link", "add", BRIDGE, "type", "bridge"],
+            ["ip", "addr", "add", f"{CONTROLLER_ADDR}/24", "dev", BRIDGE],
+            ["ip", "link", "set", BRIDGE, "up"],
+        ]
         rate = netns.parse_rate(self.link_rate)
         for i in range(1, self.nodes + 1):
             ns = port = self.netns(i)  # the root side of the veth carries the namespace's name
-            cmds += [["ip", "netns", "add", ns],
-                     ["ip", "link", "add", port, "type", "veth", "peer", "name", NODE_IFACE, "netns", ns],
-                     ["ip", "link", "set", port, "master", BRIDGE],
-                     ["ip", "link", "set", port, "up"],
-                     ["ip", "-n", ns, "addr", "add", f"{self.address(i)}/24", "dev", NODE_IFACE],
-                     ["ip", "-n", ns, "link", "set", NODE_IFACE, "up"],
-                     ["ip", "-n", ns, "link", "set", "lo", "up"]]
+            cmds += [
+                ["ip", "netns", "add", ns],
+                ["ip", "link", "add", port, "type", "veth", "peer", "name", NODE_IFACE, "netns", ns],
+                ["ip", "link", "set", port, "master", BRIDGE],
+                ["ip", "link", "set", port, "up"],
+                ["ip", "-n", ns, "addr", "add", f"{self.address(i)}/24", "dev", NODE_IFACE],
+                ["ip", "-n", ns, "link", "set", NODE_IFACE, "up"],
+                ["ip", "-n", ns, "link", "set", "lo", "up"],
+            ]
             if rate:
-                cmds += [["tc", "-n", ns, "qdisc", "add", "dev", NODE_IFACE, "root", *netns.tbf(rate)],  # upload
-                         ["tc", "qdisc", "add", "dev", port, "root", *netns.tbf(rate)]]  # download
+                cmds += [
+                    ["tc", "-n", ns, "qdisc", "add", "dev", NODE_IFACE, "root", *netns.tbf(rate)],  # upload
+                    ["tc", "qdisc", "add", "dev", port, "root", *netns.tbf(rate)],
+                ]  # download
         return cmds
 
     def slurmd_command(self, i: int) -> list[str]:
         """Start node ``i``'s slurmd in its namespace under its own hostname (each ``exec``s: the PID is slurmd's)."""
         name = self.node(i)
-        return ["nsenter", f"--net=/run/netns/{self.netns(i)}", "unshare", "--uts", "--",
-                "sh", "-c", 'hostname "$0" && exec "$@"', name,
-                "slurmd", "-D", "-N", name, "-f", str(self.conf)]
+        return [
+            "nsenter",
+            f"--net=/run/netns/{self.netns(i)}",
+            "unshare",
+            "--uts",
+            "--",
+            "sh",
+            "-c",
+            'hostname "$0" && exec "$@"',
+            name,
+            "slurmd",
+            "-D",
+            "-N",
+            name,
+            "-f",
+            str(self.conf),
+        ]
 
     def env(self) -> dict[str, str]:
         """What clients (sbatch, squeue, ...) need to find this cluster."""
@@ -201,10 +223,12 @@ class SlurmClusterSpec:
 
 # ------------------------------------------------------------------ running it
 
+
 def _run(cmd: list[str], check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=netns.CMD_TIMEOUT,
-                              env={**os.environ, **(env or {})})
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=netns.CMD_TIMEOUT, env={**os.environ, **(env or {})}
+        )
     except subprocess.TimeoutExpired as e:
         raise SlurmClusterError(f"`{shlex.join(cmd)}` did not finish within {netns.CMD_TIMEOUT}s") from e
     if check and proc.returncode != 0:
@@ -216,8 +240,10 @@ def unavailable_reason() -> str | None:
     """Why the emulated cluster cannot run here (``None`` when it can): missing packages or privileges."""
     for tool in DAEMONS:
         if shutil.which(tool) is None:
-            return (f"`{tool}` not found: install Slurm and munge "
-                    "(apt-get install --no-install-recommends slurmctld slurmd slurm-client munge, or make install)")
+            return (
+                f"`{tool}` not found: install Slurm and munge "
+                "(apt-get install --no-install-recommends slurmctld slurmd slurm-client munge, or make install)"
+            )
     if shutil.which("nsenter") is None:
         return "`nsenter` not found: install util-linux"
     return netns.unavailable_reason()
@@ -243,14 +269,20 @@ def _alive(pid: int, name: str) -> bool:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return False
-    comm, state = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2]
+    comm, state = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2]
     return state not in "ZX" and comm in (name[:15], "nsenter", "unshare", "sh")
 
 
 def _start(cmd: list[str], log: Path, env: dict[str, str]) -> int:
     with open(log, "ab") as out:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, **env}, start_new_session=True)  # outlives `up`
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env},
+            start_new_session=True,
+        )  # outlives `up`
     return proc.pid
 
 
@@ -280,8 +312,10 @@ def up(spec: SlurmClusterSpec, log=print) -> dict:
         raise SlurmClusterError(reason)
     old = leftovers(spec.dir)
     if old:
-        raise SlurmClusterError(f"an emulated Slurm cluster (or its leftovers) exists: {', '.join(old)}; "
-                                f"stop it with: {sys.executable} -m lab.emulation.slurm_cluster down")
+        raise SlurmClusterError(
+            f"an emulated Slurm cluster (or its leftovers) exists: {', '.join(old)}; "
+            f"stop it with: {sys.executable} -m lab.emulation.slurm_cluster down"
+        )
     state: dict = {"spec": asdict(spec), "pids": {}}
     try:
         _up(spec, state, log)
@@ -293,8 +327,14 @@ def up(spec: SlurmClusterSpec, log=print) -> dict:
 
 def _up(spec: SlurmClusterSpec, state: dict, log) -> None:
     d = spec.dir
-    for sub in ("munge", "ctld", "run", "log", *(f"spool/{n}" for n in spec.node_names),
-                *(f"tmp/{n}" for n in spec.node_names)):
+    for sub in (
+        "munge",
+        "ctld",
+        "run",
+        "log",
+        *(f"spool/{n}" for n in spec.node_names),
+        *(f"tmp/{n}" for n in spec.node_names),
+    ):
         (d / sub).mkdir(parents=True, exist_ok=True)
     (d / "munge").chmod(0o755)  # munged requires others to be able to reach its socket
     key = d / "munge" / "munge.key"
@@ -307,9 +347,19 @@ def _up(spec: SlurmClusterSpec, state: dict, log) -> None:
 
     record()
     state["pids"]["munged"] = _start(
-        ["munged", "--foreground", "--force", f"--key-file={key}", f"--socket={spec.munge_socket}",
-         f"--pid-file={d}/run/munged.pid", f"--log-file={d}/log/munged.log", f"--seed-file={d}/munge/munged.seed"],
-        d / "log" / "munged.out", {})
+        [
+            "munged",
+            "--foreground",
+            "--force",
+            f"--key-file={key}",
+            f"--socket={spec.munge_socket}",
+            f"--pid-file={d}/run/munged.pid",
+            f"--log-file={d}/log/munged.log",
+            f"--seed-file={d}/munge/munged.seed",
+        ],
+        d / "log" / "munged.out",
+        {},
+    )
     record()
     _wait_for(lambda: spec.munge_socket.exists(), 10, "munged did not create its socket", d / "log" / "munged.out")
     for cmd in spec.network_commands():
@@ -317,12 +367,14 @@ def _up(spec: SlurmClusterSpec, state: dict, log) -> None:
     state["network"] = True
     record()
     env = spec.env()
-    state["pids"]["slurmctld"] = _start(["slurmctld", "-D", "-i", "-f", str(spec.conf)], d / "log" / "slurmctld.out",
-                                        env)
+    state["pids"]["slurmctld"] = _start(
+        ["slurmctld", "-D", "-i", "-f", str(spec.conf)], d / "log" / "slurmctld.out", env
+    )
     record()
     for i in range(1, spec.nodes + 1):
-        state["pids"][f"slurmd-{spec.node(i)}"] = _start(spec.slurmd_command(i), d / "log" / f"slurmd-{spec.node(i)}.out",
-                                                        env)
+        state["pids"][f"slurmd-{spec.node(i)}"] = _start(
+            spec.slurmd_command(i), d / "log" / f"slurmd-{spec.node(i)}.out", env
+        )
         record()
 
     def all_idle() -> bool:
@@ -335,9 +387,11 @@ def _up(spec: SlurmClusterSpec, state: dict, log) -> None:
 
     _wait_for(all_idle, START_TIMEOUT, f"the nodes did not become idle within {START_TIMEOUT:g}s", d / "log")
     link = netns.format_rate(netns.parse_rate(spec.link_rate))
-    log(f"emulated Slurm cluster up: {spec.nodes} node(s) {spec.node_range()} "
+    log(
+        f"emulated Slurm cluster up: {spec.nodes} node(s) {spec.node_range()} "
         f"({spec.address(1)}..{spec.address(spec.nodes)}), {spec.cpus} CPUs each, partition {PARTITION}, "
-        f"each link {link} per direction; controller {spec.controller_host}({CONTROLLER_ADDR}):{CONTROLLER_PORT}")
+        f"each link {link} per direction; controller {spec.controller_host}({CONTROLLER_ADDR}):{CONTROLLER_PORT}"
+    )
     log(f"use it with: export SLURM_CONF={spec.conf}")
 
 
@@ -389,8 +443,10 @@ def down(state_dir: Path = STATE_DIR, log=print, state: dict | None = None) -> l
         removed.append(str(state_dir))
     survivors = [(n, p) for n, p in pids if _alive(p, n.split("-")[0])]
     if survivors:
-        raise SlurmClusterError(f"could not stop {', '.join(f'{n} (pid {p})' for n, p in survivors)}; "
-                                f"end them with kill -9 and retry: {sys.executable} -m lab.emulation.slurm_cluster down")
+        raise SlurmClusterError(
+            f"could not stop {', '.join(f'{n} (pid {p})' for n, p in survivors)}; "
+            f"end them with kill -9 and retry: {sys.executable} -m lab.emulation.slurm_cluster down"
+        )
     log("emulated Slurm cluster down" + (f": removed {', '.join(removed)}" if removed else " (nothing was running)"))
     return removed
 
@@ -418,7 +474,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     u = sub.add_parser("up", help="start N nodes, slurmctld and munge; wait until the nodes are idle")
     u.add_argument("--nodes", type=int, default=2, help="number of nodes (default: 2)")
-    u.add_argument("--link-rate", default="1gbit", help="each node's link rate per direction, e.g. 1gbit, 100mbit, none")
+    u.add_argument(
+        "--link-rate", default="1gbit", help="each node's link rate per direction, e.g. 1gbit, 100mbit, none"
+    )
     u.add_argument("--cpus", type=int, default=0, help="CPUs each node offers (default: this machine's)")
     sub.add_parser("down", help="stop the daemons, remove the namespaces, the bridge and all state")
     sub.add_parser("status", help="daemons and nodes")

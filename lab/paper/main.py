@@ -77,8 +77,10 @@ def _models(text: str, flag: str, allow_none: bool = False) -> list[str]:
         return []
     bad = [v for v in vals if v not in PAPER_MODELS]
     if not vals or bad:
-        raise PaperError(f"{flag}: the paper's models are {', '.join(PAPER_MODELS)} (got {text!r})"
-                         + ("; 'none' skips the time-to-quality grid" if allow_none else ""))
+        raise PaperError(
+            f"{flag}: the paper's models are {', '.join(PAPER_MODELS)} (got {text!r})"
+            + ("; 'none' skips the time-to-quality grid" if allow_none else "")
+        )
     return vals
 
 
@@ -88,16 +90,26 @@ def config_from_args(args: argparse.Namespace) -> PaperConfig:
     hosts = _ints(args.hosts, "--hosts")
     if 1 not in hosts:
         raise PaperError(f"--hosts: include 1, the speedup's baseline (got {args.hosts!r})")
-    for flag, v, lo in (("--ps-servers", args.ps_servers, 1), ("--steps", args.steps, 0),
-                        ("--tta-max-epochs", args.tta_max_epochs, 0)):
+    for flag, v, lo in (
+        ("--ps-servers", args.ps_servers, 1),
+        ("--steps", args.steps, 0),
+        ("--tta-max-epochs", args.tta_max_epochs, 0),
+    ):
         if v < lo:
             raise PaperError(f"{flag} must be >= {lo} (got {v})")
-    return PaperConfig(models=_models(args.models, "--models"), hosts=hosts, rates=rates,
-                       ps_servers=args.ps_servers, steps=args.steps,
-                       tta_models=_models(args.tta_models, "--tta-models", allow_none=True),
-                       tta_workers=_ints(args.tta_workers, "--tta-workers"), tta_rates=tta_rates,
-                       tta_max_epochs=args.tta_max_epochs, tta_target=_target(args.tta_target),
-                       out_dir=args.out_dir)
+    return PaperConfig(
+        models=_models(args.models, "--models"),
+        hosts=hosts,
+        rates=rates,
+        ps_servers=args.ps_servers,
+        steps=args.steps,
+        tta_models=_models(args.tta_models, "--tta-models", allow_none=True),
+        tta_workers=_ints(args.tta_workers, "--tta-workers"),
+        tta_rates=tta_rates,
+        tta_max_epochs=args.tta_max_epochs,
+        tta_target=_target(args.tta_target),
+        out_dir=args.out_dir,
+    )
 
 
 def _target(text: str) -> str:
@@ -112,8 +124,7 @@ def _target(text: str) -> str:
     except ValueError:
         op = ""
     if not sep or model not in PAPER_MODELS or not op or not metric:
-        raise PaperError(f"--tta-target {text!r}: write MODEL=METRIC>=VALUE (or <=), e.g. "
-                         "lenet5=eval/accuracy>=0.89")
+        raise PaperError(f"--tta-target {text!r}: write MODEL=METRIC>=VALUE (or <=), e.g. lenet5=eval/accuracy>=0.89")
     return text
 
 
@@ -127,42 +138,92 @@ def _rates(text: str, flag: str) -> list[str]:
 def plan(cfg: PaperConfig, out: str) -> list[tuple[str, list[str]]]:
     """The grids to run, as (what, argv): the existing ``python -m lab`` commands, nothing of its own."""
     py = [sys.executable, "-m", "lab"]
-    steps = [("throughput", [*py, "scaling-netns", "--hosts", ",".join(map(str, cfg.hosts)),
-                             "--rates", ",".join(cfg.rates), "--models", ",".join(cfg.models),
-                             "--strategies", ",".join(STRATEGIES), "--ps-servers", str(cfg.ps_servers),
-                             *(["--steps", str(cfg.steps)] if cfg.steps else []),
-                             "--out-dir", os.path.join(out, "throughput")])]
+    steps = [
+        (
+            "throughput",
+            [
+                *py,
+                "scaling-netns",
+                "--hosts",
+                ",".join(map(str, cfg.hosts)),
+                "--rates",
+                ",".join(cfg.rates),
+                "--models",
+                ",".join(cfg.models),
+                "--strategies",
+                ",".join(STRATEGIES),
+                "--ps-servers",
+                str(cfg.ps_servers),
+                *(["--steps", str(cfg.steps)] if cfg.steps else []),
+                "--out-dir",
+                os.path.join(out, "throughput"),
+            ],
+        )
+    ]
     if cfg.tta_models:
         workers = ",".join(map(str, cfg.tta_workers))
-        steps.append(("time to quality", [
-            *py, "time-to-accuracy", "--models", ",".join(cfg.tta_models), "--methods", ",".join(TTA_RUNS),
-            "--workers", workers, "--emulate-from", str(min(cfg.tta_workers)),
-            "--rates", ",".join(cfg.tta_rates or cfg.rates),
-            *(["--max-epochs", str(cfg.tta_max_epochs)] if cfg.tta_max_epochs else []),
-            *(["--target", cfg.tta_target] if cfg.tta_target else []),
-            "--out-dir", os.path.join(out, "tta")]))
+        steps.append(
+            (
+                "time to quality",
+                [
+                    *py,
+                    "time-to-accuracy",
+                    "--models",
+                    ",".join(cfg.tta_models),
+                    "--methods",
+                    ",".join(TTA_RUNS),
+                    "--workers",
+                    workers,
+                    "--emulate-from",
+                    str(min(cfg.tta_workers)),
+                    "--rates",
+                    ",".join(cfg.tta_rates or cfg.rates),
+                    *(["--max-epochs", str(cfg.tta_max_epochs)] if cfg.tta_max_epochs else []),
+                    *(["--target", cfg.tta_target] if cfg.tta_target else []),
+                    "--out-dir",
+                    os.path.join(out, "tta"),
+                ],
+            )
+        )
     return steps
 
 
 # ------------------------------------------------------------------------- command line
 
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = PaperConfig()
-    p.add_argument("--models", default=",".join(d.models), help="throughput grid's models (default: both of the "
-                                                                "paper's: lenet5,ptb-lstm-small)")
-    p.add_argument("--hosts", default=",".join(map(str, d.hosts)), help="worker counts, one emulated host each; "
-                                                                        "1 is the speedup's baseline (default: 1,2,4)")
-    p.add_argument("--rates", default=",".join(d.rates), help="link rates per direction (default: 1gbit,100mbit: "
-                                                              "a commodity cluster's Ethernet and a tenth of it)")
+    p.add_argument(
+        "--models",
+        default=",".join(d.models),
+        help="throughput grid's models (default: both of the paper's: lenet5,ptb-lstm-small)",
+    )
+    p.add_argument(
+        "--hosts",
+        default=",".join(map(str, d.hosts)),
+        help="worker counts, one emulated host each; 1 is the speedup's baseline (default: 1,2,4)",
+    )
+    p.add_argument(
+        "--rates",
+        default=",".join(d.rates),
+        help="link rates per direction (default: 1gbit,100mbit: a commodity cluster's Ethernet and a tenth of it)",
+    )
     p.add_argument("--ps-servers", type=int, default=d.ps_servers, help="K, the dedicated PS's servers (default: 1)")
     p.add_argument("--steps", type=int, default=0, help="measured steps per throughput job (default: the plan's)")
-    p.add_argument("--tta-models", default=",".join(d.tta_models),
-                   help="models of the time-to-quality grid, or none (default: lenet5)")
+    p.add_argument(
+        "--tta-models",
+        default=",".join(d.tta_models),
+        help="models of the time-to-quality grid, or none (default: lenet5)",
+    )
     p.add_argument("--tta-workers", default=",".join(map(str, d.tta_workers)), help="its worker counts (default: 4)")
     p.add_argument("--tta-rates", default="", help="its link rates (default: --rates)")
     p.add_argument("--tta-max-epochs", type=int, default=0, help="its epoch limit (default: the workload's)")
-    p.add_argument("--tta-target", default="", metavar="MODEL=METRIC>=VALUE",
-                   help="its quality target (default: the workload's, lenet5=eval/accuracy>=0.89)")
+    p.add_argument(
+        "--tta-target",
+        default="",
+        metavar="MODEL=METRIC>=VALUE",
+        help="its quality target (default: the workload's, lenet5=eval/accuracy>=0.89)",
+    )
     p.add_argument("--out-dir", default="", help="default: runs/paper/<time>")
     p.add_argument("--dry-run", action="store_true", help="print the commands and run nothing")
     p.add_argument("--report", default="", metavar="DIR", help="run nothing: write DIR's report again")
@@ -177,9 +238,12 @@ def main(args: argparse.Namespace) -> int:
     command = shlex.join(["python", "-m", "lab", *sys.argv[1:]])
     if args.report:
         if not os.path.isfile(os.path.join(args.report, "paper.json")) and not os.path.isdir(
-                os.path.join(args.report, "throughput")):
-            print(f"paper: error: --report {args.report}: no paper run there (no throughput/ nor paper.json)",
-                  file=sys.stderr)
+            os.path.join(args.report, "throughput")
+        ):
+            print(
+                f"paper: error: --report {args.report}: no paper run there (no throughput/ nor paper.json)",
+                file=sys.stderr,
+            )
             return 2
         old = read_json(os.path.join(args.report, "paper.json")) or {}
         meta = {k: old.get(k, v) for k, v in _meta(command, cfg, 0.0).items()}
@@ -200,8 +264,9 @@ def main(args: argparse.Namespace) -> int:
         if rcs[-1] in (2, 130):  # bad input or Ctrl-C: the next grid would fail or be unwanted too
             break
     meta = _meta(command, cfg, (time.monotonic() - t0) / 60, started)
-    meta["grids"] = {what: {"command": shlex.join(argv), "returncode": rc}
-                     for (what, argv), rc in zip(steps, rcs, strict=False)}
+    meta["grids"] = {
+        what: {"command": shlex.join(argv), "returncode": rc} for (what, argv), rc in zip(steps, rcs, strict=False)
+    }
     report(out, meta)
     print(f"-> {out}/report.md, {out}/paper.png; make tensorboard RUN={out}/{tblog.COMPARISON_DIR}", flush=True)
     return 0 if rcs and all(rc == 0 for rc in rcs) and len(rcs) == len(steps) else 1
@@ -209,6 +274,11 @@ def main(args: argparse.Namespace) -> int:
 
 def _meta(command: str, cfg: PaperConfig, minutes: float, started: str = "") -> dict[str, Any]:
     load = os.getloadavg() if hasattr(os, "getloadavg") else (math.nan,) * 3
-    return {"command": command, "started": started or time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "minutes": minutes,
-            "cpus": os.cpu_count(), "load": f"{load[0]:.1f} at the end", "config": asdict(cfg)}
+    return {
+        "command": command,
+        "started": started or time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "minutes": minutes,
+        "cpus": os.cpu_count(),
+        "load": f"{load[0]:.1f} at the end",
+        "config": asdict(cfg),
+    }

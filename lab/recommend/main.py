@@ -110,31 +110,48 @@ def parse_links(text: str) -> list[tuple[str, float]]:
 
 # ------------------------------------------------------------------------- the plan (pure: tested on small inputs)
 
-def predict_cell(inp: Inputs, n: int, bandwidth: float, methods: list[str], latency_s: float | None = None,
-                 compute_s: float | None = None) -> dict[str, Any]:
+
+def predict_cell(
+    inp: Inputs,
+    n: int,
+    bandwidth: float,
+    methods: list[str],
+    latency_s: float | None = None,
+    compute_s: float | None = None,
+) -> dict[str, Any]:
     """One (workers, link): each concept's predicted step and time to the target relative to float32's, the
     winner, and whether the model decides it (trust.decisive) and the ratio was measured at ``n``."""
     net = costmodel.Network(alpha=inp.latency_s if latency_s is None else latency_s, bandwidth=bandwidth)
     compute = inp.compute_s if compute_s is None else compute_s
     steps, rel = {}, {}
     for label in ["fp32", *[m for m in methods if m != "fp32"]]:
-        p = costmodel.predict_method(costmodel.Method.parse(label), costmodel.ALLREDUCE, n, inp.shapes, compute,
-                                     inp.batch, net, host=inp.host)
+        p = costmodel.predict_method(
+            costmodel.Method.parse(label), costmodel.ALLREDUCE, n, inp.shapes, compute, inp.batch, net, host=inp.host
+        )
         steps[label] = p.step_s
         ratio = 1.0 if label == "fp32" else inp.steps_ratio.get(label)
         if ratio is not None:
             rel[label] = ratio * p.step_s / steps["fp32"]
     order = sorted(rel, key=rel.__getitem__)
-    base_ex = costmodel.predict_method(costmodel.BASELINE, costmodel.ALLREDUCE, n, inp.shapes, compute, inp.batch,
-                                       net).exchange_s
+    base_ex = costmodel.predict_method(
+        costmodel.BASELINE, costmodel.ALLREDUCE, n, inp.shapes, compute, inp.batch, net
+    ).exchange_s
     best = order[0]
     runner = order[1] if len(order) > 1 else None
-    return {"workers": n, "bandwidth": bandwidth, "winner": best, "runner_up": runner, "time_vs_fp32": rel,
-            "step_s": steps, "fp32_exchange_s": base_ex, "compute_s": compute,
-            "in_region": trust.in_region(base_ex, compute),
-            "decided": runner is None or trust.decisive(rel[best], rel[runner], base_ex, compute),
-            "ratio_measured_here": n == inp.ratio_workers,
-            "not_reached": [m for m in methods if m != "fp32" and inp.steps_ratio.get(m) is None]}
+    return {
+        "workers": n,
+        "bandwidth": bandwidth,
+        "winner": best,
+        "runner_up": runner,
+        "time_vs_fp32": rel,
+        "step_s": steps,
+        "fp32_exchange_s": base_ex,
+        "compute_s": compute,
+        "in_region": trust.in_region(base_ex, compute),
+        "decided": runner is None or trust.decisive(rel[best], rel[runner], base_ex, compute),
+        "ratio_measured_here": n == inp.ratio_workers,
+        "not_reached": [m for m in methods if m != "fp32" and inp.steps_ratio.get(m) is None],
+    }
 
 
 def plan(inp: Inputs, workers: list[int], links: list[tuple[str, float]], methods: list[str]) -> list[dict[str, Any]]:
@@ -142,13 +159,17 @@ def plan(inp: Inputs, workers: list[int], links: list[tuple[str, float]], method
     return [{**predict_cell(inp, n, bw, methods), "link": name} for n in workers for name, bw in links]
 
 
-def summary(inp: Inputs, cells: list[dict[str, Any]], methods: list[str], check: dict[str, Any] | None,
-            out: str = "") -> str:
+def summary(
+    inp: Inputs, cells: list[dict[str, Any]], methods: list[str], check: dict[str, Any] | None, out: str = ""
+) -> str:
     """The one-screen answer: the inputs with their sources, the pick per (workers, link), what it rests on."""
     lines = [f"Which concept reaches the target fastest for {inp.model}", ""]
     src = inp.sources
-    ratios = ", ".join(f"{m} {inp.steps_ratio[m]:.2f}" if inp.steps_ratio.get(m) is not None else f"{m} not reached"
-                       for m in methods if m != "fp32")
+    ratios = ", ".join(
+        f"{m} {inp.steps_ratio[m]:.2f}" if inp.steps_ratio.get(m) is not None else f"{m} not reached"
+        for m in methods
+        if m != "fp32"
+    )
     lines += [
         "inputs:",
         f"  compute per step  {1e3 * inp.compute_s:.1f} ms at batch {inp.batch}  [{src.get('compute', 'given')}]",
@@ -157,7 +178,9 @@ def summary(inp: Inputs, cells: list[dict[str, Any]], methods: list[str], check:
         f"  steps to target / float32's, at {inp.ratio_workers} workers: {ratios}  [{src.get('steps', 'given')}]",
         f"  latency           {1e6 * inp.latency_s:g} us per message  [assumed: --latency]",
         "  bytes, messages, extra compute per concept  [modelled: costmodel.method_cost; host "
-        f"{inp.host.mem_bw / 1e9:g} GB/s, {inp.host.flops / 1e9:g} GFLOP/s assumed]", ""]
+        f"{inp.host.mem_bw / 1e9:g} GB/s, {inp.host.flops / 1e9:g} GFLOP/s assumed]",
+        "",
+    ]
     links = list(dict.fromkeys(c["link"] for c in cells))
     lines.append("| workers | " + " | ".join(links) + " |")
     lines.append("|---:|" + "---|" * len(links))
@@ -174,8 +197,10 @@ def summary(inp: Inputs, cells: list[dict[str, Any]], methods: list[str], check:
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", "cells: the fastest concept's time to the target over float32's (the runner-up's)"]
     if any(not c["ratio_measured_here"] for c in cells):
-        lines.append(f"+ steps ratio measured at {inp.ratio_workers} workers, not at this N: used as it is, not "
-                     "extrapolated (local SGD's and PowerSGD's steps usually grow with N: check at your N)")
+        lines.append(
+            f"+ steps ratio measured at {inp.ratio_workers} workers, not at this N: used as it is, not "
+            "extrapolated (local SGD's and PowerSGD's steps usually grow with N: check at your N)"
+        )
     if any(not c["decided"] for c in cells):
         lines.append("* " + trust.note())
     missed = sorted({m for c in cells for m in c["not_reached"]})
@@ -190,11 +215,14 @@ def summary(inp: Inputs, cells: list[dict[str, Any]], methods: list[str], check:
 
 def check_line(check: dict[str, Any]) -> str:
     parts = [f"{m} {c['predicted']:.2f} / {c['measured']:.2f}" for m, c in check["methods"].items()]
-    return (f"check, {MEASURED_WORKERS} emulated hosts at {check['rate']} (time to target / float32's, predicted / "
-            f"measured): " + ", ".join(parts))
+    return (
+        f"check, {MEASURED_WORKERS} emulated hosts at {check['rate']} (time to target / float32's, predicted / "
+        f"measured): " + ", ".join(parts)
+    )
 
 
 # ------------------------------------------------------------------------- measurements
+
 
 def measure_compute(w: usermodel.Workload, batch: int, steps: int = 12, warmup: int = 3) -> float:
     """Median seconds of one training step (forward, backward, SGD) of one worker with one thread."""
@@ -227,8 +255,10 @@ def steps_from(results_path: str, model: str, methods: list[str]) -> tuple[dict[
         raise RecommendError(f"--steps-from: {results_path} is not a time-to-accuracy results.json ({e})") from None
     base = [j for j in jobs if j["method"] == tta_method("fp32") and j.get("reached")]
     if not base:
-        raise RecommendError(f"--steps-from {results_path}: float32 ({tta_method('fp32')}) did not reach the target "
-                             f"for {model}: no ratio to take (a lower target, or more --max-epochs)")
+        raise RecommendError(
+            f"--steps-from {results_path}: float32 ({tta_method('fp32')}) did not reach the target "
+            f"for {model}: no ratio to take (a lower target, or more --max-epochs)"
+        )
     n = base[0]["workers"]
     by = {j["method"]: j for j in jobs if j["workers"] == n}
     ratios: dict[str, float | None] = {}
@@ -253,21 +283,49 @@ def emulated_check(by: dict[str, dict], inp: Inputs, methods: list[str]) -> dict
     for m in methods:
         j = by.get(tta_method(m))
         if m != "fp32" and j and j.get("reached") and m in cell["time_vs_fp32"]:
-            out["methods"][m] = {"predicted": cell["time_vs_fp32"][m],
-                                 "measured": j["seconds_to_target"] / base["seconds_to_target"]}
+            out["methods"][m] = {
+                "predicted": cell["time_vs_fp32"][m],
+                "measured": j["seconds_to_target"] / base["seconds_to_target"],
+            }
     return out
 
 
-def run_steps_grid(w: usermodel.Workload, target: str, methods: list[str], rate: str, out: str, max_epochs: int,
-                   evals_per_epoch: int, extra: list[str], batch: int) -> str:
+def run_steps_grid(
+    w: usermodel.Workload,
+    target: str,
+    methods: list[str],
+    rate: str,
+    out: str,
+    max_epochs: int,
+    evals_per_epoch: int,
+    extra: list[str],
+    batch: int,
+) -> str:
     """The time-to-accuracy grid at 2 emulated hosts for this model; returns its results.json."""
     from ..common.jobs import run
 
-    argv = [sys.executable, "-m", "lab", "time-to-accuracy", "--workers", str(MEASURED_WORKERS),
-            "--emulate-from", str(MEASURED_WORKERS), "--link-rate", rate,
-            "--target", target if w.own else f"{w.model}={target}",
-            "--methods", ",".join(tta_method(m) for m in methods), "--max-epochs", str(max_epochs),
-            "--evals-per-epoch", str(evals_per_epoch), "--out-dir", out]
+    argv = [
+        sys.executable,
+        "-m",
+        "lab",
+        "time-to-accuracy",
+        "--workers",
+        str(MEASURED_WORKERS),
+        "--emulate-from",
+        str(MEASURED_WORKERS),
+        "--link-rate",
+        rate,
+        "--target",
+        target if w.own else f"{w.model}={target}",
+        "--methods",
+        ",".join(tta_method(m) for m in methods),
+        "--max-epochs",
+        str(max_epochs),
+        "--evals-per-epoch",
+        str(evals_per_epoch),
+        "--out-dir",
+        out,
+    ]
     argv += ["--task", w.task] if w.task else ["--model", w.model] if w.own else ["--models", w.model]
     for a in w.model_args:
         argv += ["--model-arg", a]
@@ -277,8 +335,11 @@ def run_steps_grid(w: usermodel.Workload, target: str, methods: list[str], rate:
         argv += ["--dataset-arg", a]
     for e in ["--batch-size", str(batch), *extra]:  # the batch whose compute was measured
         argv.append(f"--extra={e}")
-    print(f"measuring the steps to {target} on {MEASURED_WORKERS} emulated hosts at {rate}: "
-          f"{len(methods)} training jobs -> {out}", flush=True)
+    print(
+        f"measuring the steps to {target} on {MEASURED_WORKERS} emulated hosts at {rate}: "
+        f"{len(methods)} training jobs -> {out}",
+        flush=True,
+    )
     res = run(argv, timeout=24 * 3600, log_path=os.path.join(out + ".log"))
     path = os.path.join(out, "results.json")
     if not os.path.exists(path):
@@ -288,16 +349,23 @@ def run_steps_grid(w: usermodel.Workload, target: str, methods: list[str], rate:
 
 # ------------------------------------------------------------------------- the map
 
-COLOURS = {"fp32": "#9e9e9e", "fp16": "#1f77b4", "bf16": "#17becf", "powersgd": "#ff7f0e", "localsgd": "#2ca02c",
-           "localsgd-h16": "#98df8a"}
+COLOURS = {
+    "fp32": "#9e9e9e",
+    "fp16": "#1f77b4",
+    "bf16": "#17becf",
+    "powersgd": "#ff7f0e",
+    "localsgd": "#2ca02c",
+    "localsgd-h16": "#98df8a",
+}
 
 
 def colour(label: str) -> str:
     """One colour per concept (concept-map's), local SGD H = 16 lighter than the other periods."""
     if label in COLOURS:
         return COLOURS[label]
-    return COLOURS.get("powersgd" if label.startswith("powersgd") else "localsgd" if label.startswith("localsgd")
-                       else label, "black")
+    return COLOURS.get(
+        "powersgd" if label.startswith("powersgd") else "localsgd" if label.startswith("localsgd") else label, "black"
+    )
 
 
 def plot(path: str, inp: Inputs, cells: list[dict[str, Any]], methods: list[str]) -> None:
@@ -318,20 +386,35 @@ def plot(path: str, inp: Inputs, cells: list[dict[str, Any]], methods: list[str]
             c = predict_cell(inp, max(2, round(n)), g * 1e9 / 8, methods)
             x0, x1 = (bws[j - 1] * g) ** 0.5 if j else g, (g * bws[j + 1]) ** 0.5 if j + 1 < len(bws) else g
             y0, y1 = (ns[i - 1] * n) ** 0.5 if i else n, (n * ns[i + 1]) ** 0.5 if i + 1 < len(ns) else n
-            ax.fill_between([x0, x1], y0, y1, color=colour(c["winner"]), alpha=1.0 if c["decided"] else 0.45,
-                            hatch=None if c["decided"] else "//", linewidth=0)
+            ax.fill_between(
+                [x0, x1],
+                y0,
+                y1,
+                color=colour(c["winner"]),
+                alpha=1.0 if c["decided"] else 0.45,
+                hatch=None if c["decided"] else "//",
+                linewidth=0,
+            )
             seen.add(c["winner"])
     for c in cells:
         g = c["bandwidth"] * 8 / 1e9
         ax.plot([g], [c["workers"]], "o", mfc="none", mec="black", ms=11, mew=1.8)
-        ax.annotate(f"{c['winner']}{'' if c['decided'] else '?'}", (g, c["workers"]), textcoords="offset points",
-                    xytext=(8, 6), fontsize=8)
+        ax.annotate(
+            f"{c['winner']}{'' if c['decided'] else '?'}",
+            (g, c["workers"]),
+            textcoords="offset points",
+            xytext=(8, 6),
+            fontsize=8,
+        )
     ax.set_xscale("log")
     ax.set_yscale("log", base=2)
     ax.set_xlabel("link rate per worker, Gbit/s")
     ax.set_ylabel("workers")
-    ax.set_title(f"{inp.model}: fastest to the target (steps ratio from {inp.ratio_workers} workers), "
-                 f"latency {1e6 * inp.latency_s:g} us", fontsize=9)
+    ax.set_title(
+        f"{inp.model}: fastest to the target (steps ratio from {inp.ratio_workers} workers), "
+        f"latency {1e6 * inp.latency_s:g} us",
+        fontsize=9,
+    )
     handles = [Patch(color=colour(m), label=m) for m in methods if m in seen]
     handles.append(Patch(facecolor="white", edgecolor="black", hatch="//", label="not decided by the model"))
     ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
@@ -342,36 +425,79 @@ def plot(path: str, inp: Inputs, cells: list[dict[str, Any]], methods: list[str]
 
 # ------------------------------------------------------------------------- command line
 
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="", metavar="MODULE:CALLABLE",
-                   help="your own model (a callable returning an nn.Module), or a registered name")
+    p.add_argument(
+        "--model",
+        default="",
+        metavar="MODULE:CALLABLE",
+        help="your own model (a callable returning an nn.Module), or a registered name",
+    )
     p.add_argument("--task", default="", metavar="MODULE:CALLABLE", help="your own task (an allreduce_train.Task)")
-    p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="keyword argument for --model's/--task's callable (repeatable)")
-    p.add_argument("--dataset", default="", help="your own --model's data: MODULE:CALLABLE or a name "
-                                                 "(default: the trainer's, fashion-mnist)")
-    p.add_argument("--dataset-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="keyword argument for --dataset's callable (repeatable)")
-    p.add_argument("--target", required=True, help="the quality target, as the trainer's --target: "
-                                                    "'eval/accuracy>=0.85', 'eval/loss<=2.5'")
+    p.add_argument(
+        "--model-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="keyword argument for --model's/--task's callable (repeatable)",
+    )
+    p.add_argument(
+        "--dataset",
+        default="",
+        help="your own --model's data: MODULE:CALLABLE or a name (default: the trainer's, fashion-mnist)",
+    )
+    p.add_argument(
+        "--dataset-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="keyword argument for --dataset's callable (repeatable)",
+    )
+    p.add_argument(
+        "--target",
+        required=True,
+        help="the quality target, as the trainer's --target: 'eval/accuracy>=0.85', 'eval/loss<=2.5'",
+    )
     p.add_argument("--workers", default="8,64,512", help="worker counts of your cluster (default: 8,64,512)")
     p.add_argument("--link", default="10gbit,100gbit", help="link rates per worker (default: 10gbit,100gbit)")
     p.add_argument("--latency", default="50us", help="per-message latency of your network, assumed (default: 50us)")
-    p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
-                   help=f"concepts to compare (default: {','.join(DEFAULT_METHODS)}; fp32 is always in)")
+    p.add_argument(
+        "--methods",
+        default=",".join(DEFAULT_METHODS),
+        help=f"concepts to compare (default: {','.join(DEFAULT_METHODS)}; fp32 is always in)",
+    )
     p.add_argument("--batch-size", type=int, default=64, help="per worker, as the trainer's (default: 64)")
-    p.add_argument("--compute-ms", type=float, default=0.0,
-                   help="compute per step of one worker on YOUR hardware, instead of measuring it here")
-    p.add_argument("--steps-from", default="", metavar="DIR",
-                   help="take the steps ratios from a finished time-to-accuracy grid (its results.json) instead of "
-                        "measuring them")
-    p.add_argument("--measure-rate", default="1gbit",
-                   help="the emulated hosts' link rate for the steps measurement and the check (default: 1gbit)")
+    p.add_argument(
+        "--compute-ms",
+        type=float,
+        default=0.0,
+        help="compute per step of one worker on YOUR hardware, instead of measuring it here",
+    )
+    p.add_argument(
+        "--steps-from",
+        default="",
+        metavar="DIR",
+        help="take the steps ratios from a finished time-to-accuracy grid (its results.json) instead of measuring them",
+    )
+    p.add_argument(
+        "--measure-rate",
+        default="1gbit",
+        help="the emulated hosts' link rate for the steps measurement and the check (default: 1gbit)",
+    )
     p.add_argument("--max-epochs", type=int, default=5, help="the measurement's epoch limit per job (default: 5)")
-    p.add_argument("--evals-per-epoch", type=int, default=8,
-                   help="evaluations per epoch in the measurement: the steps' resolution (default: 8)")
-    p.add_argument("--extra", action="append", default=[], metavar="ARG",
-                   help="an extra trainer argument for the measurement's jobs, e.g. --extra=--lr --extra=0.003")
+    p.add_argument(
+        "--evals-per-epoch",
+        type=int,
+        default=8,
+        help="evaluations per epoch in the measurement: the steps' resolution (default: 8)",
+    )
+    p.add_argument(
+        "--extra",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="an extra trainer argument for the measurement's jobs, e.g. --extra=--lr --extra=0.003",
+    )
     p.add_argument("--out", default="", help="output directory (default: runs/recommend/<time>)")
 
 
@@ -414,17 +540,21 @@ def recommend(args: argparse.Namespace) -> dict[str, Any]:
     if args.batch_size < 1 or args.compute_ms < 0 or args.max_epochs < 1 or args.evals_per_epoch < 1:
         raise RecommendError("--batch-size, --max-epochs and --evals-per-epoch must be >= 1, --compute-ms >= 0")
     parse_links(args.measure_rate)
-    w = usermodel.from_args(args.model, task=args.task, dataset=args.dataset, model_args=args.model_arg,
-                            dataset_args=args.dataset_arg)
+    w = usermodel.from_args(
+        args.model, task=args.task, dataset=args.dataset, model_args=args.model_arg, dataset_args=args.dataset_arg
+    )
     out = args.out or os.path.join("runs", "recommend", time.strftime("%Y%m%d-%H%M%S"))
     try:
         shapes = [tuple(s) for s in usermodel.shapes(w)]
         compute = args.compute_ms / 1e3 if args.compute_ms else measure_compute(w, args.batch_size)
     except UserError as e:
         raise RecommendError(str(e)) from None
-    sources = {"compute": "given: --compute-ms" if args.compute_ms else
-               "measured here: 1 worker, 1 thread, median of 12 steps", "shapes": "measured here: the model's "
-               "trainable parameters"}
+    sources = {
+        "compute": "given: --compute-ms"
+        if args.compute_ms
+        else "measured here: 1 worker, 1 thread, median of 12 steps",
+        "shapes": "measured here: the model's trainable parameters",
+    }
     os.makedirs(out, exist_ok=True)
     if args.steps_from:
         results = os.path.join(args.steps_from, "results.json")
@@ -435,8 +565,17 @@ def recommend(args: argparse.Namespace) -> dict[str, Any]:
         reason = unavailable_reason()
         if reason:
             raise RecommendError(f"measuring the steps needs emulated hosts: {reason}; or give --steps-from DIR")
-        results = run_steps_grid(w, args.target, methods, args.measure_rate, os.path.join(out, "steps"),
-                                 args.max_epochs, args.evals_per_epoch, args.extra, args.batch_size)
+        results = run_steps_grid(
+            w,
+            args.target,
+            methods,
+            args.measure_rate,
+            os.path.join(out, "steps"),
+            args.max_epochs,
+            args.evals_per_epoch,
+            args.extra,
+            args.batch_size,
+        )
         sources["steps"] = f"measured here: {MEASURED_WORKERS} emulated hosts at {args.measure_rate}, {results}"
     ratios, n_measured, jobs = steps_from(results, w.name, methods)
     inp = Inputs(w.name, shapes, compute, args.batch_size, latency, ratios, n_measured, sources)
@@ -444,8 +583,15 @@ def recommend(args: argparse.Namespace) -> dict[str, Any]:
     check = emulated_check(jobs, inp, methods)
     text = summary(inp, cells, methods, check, out)
     plot(os.path.join(out, "recommend.png"), inp, cells, methods)
-    res = {"command": ["python", "-m", "lab", *sys.argv[1:]], "inputs": asdict(inp), "cells": cells, "check": check,
-           "methods": methods, "target": args.target, "trust": {"miss": trust.MISS, "note": trust.note()}}
+    res = {
+        "command": ["python", "-m", "lab", *sys.argv[1:]],
+        "inputs": asdict(inp),
+        "cells": cells,
+        "check": check,
+        "methods": methods,
+        "target": args.target,
+        "trust": {"miss": trust.MISS, "note": trust.note()},
+    }
     with open(os.path.join(out, "recommend.json"), "w") as fh:
         json.dump(res, fh, indent=1, default=str)
         fh.write("\n")

@@ -46,8 +46,15 @@ from .spec import GridConfig, GridError, Plan, Variant, parse_list, variants
 
 # The no-exchange bound, run beside every strategy at every N: the same workers at the same time, each
 # training alone on its shard (the report's bound rows; every strategy is also reported as a fraction of it).
-BOUND = Variant(BOUND_STRATEGY, "none", (), 0, costmodel.ALLREDUCE, "", "no exchange: each worker trains alone "
-                "on its shard (--strategy none), the bound")
+BOUND = Variant(
+    BOUND_STRATEGY,
+    "none",
+    (),
+    0,
+    costmodel.ALLREDUCE,
+    "",
+    "no exchange: each worker trains alone on its shard (--strategy none), the bound",
+)
 
 
 def available(cfg: GridConfig) -> tuple[list[Variant], list[str], list[str]]:
@@ -99,17 +106,41 @@ class Job:
 def trainer_args(cfg: GridConfig, job: Job, run_dir: str) -> list[str]:
     plan = cfg.plan(job.model)
     total = plan.warmup + plan.steps
-    return ["--model", job.model, *dataset_args(cfg, job.model, plan), "--batch-size", str(plan.batch_size),
-            "--strategy", job.variant.strategy, *job.variant.flags,
-            "--threads", "1", "--steps", str(total), "--perf-warmup-steps", str(plan.warmup),
-            "--eval-every", str(total), "--checkpoint-every", str(total), "--log-every", str(max(1, total // 4)),
-            # A synchronous PS cannot clip the global gradient norm (no server sees all of it), so no
-            # job clips (the LSTM's recipe would): every strategy then does the same work per step.
-            "--grad-clip", "0",
-            # every job with denormal floats flushed, as bench's: the bound's workers, each on its own
-            # gradient, can reach them and time the CPU's slow path instead of the code (docs/performance.md)
-            "--flush-denormal",
-            "--no-progress", "--run-dir", run_dir, "--name", job.name, *cfg.extra]
+    return [
+        "--model",
+        job.model,
+        *dataset_args(cfg, job.model, plan),
+        "--batch-size",
+        str(plan.batch_size),
+        "--strategy",
+        job.variant.strategy,
+        *job.variant.flags,
+        "--threads",
+        "1",
+        "--steps",
+        str(total),
+        "--perf-warmup-steps",
+        str(plan.warmup),
+        "--eval-every",
+        str(total),
+        "--checkpoint-every",
+        str(total),
+        "--log-every",
+        str(max(1, total // 4)),
+        # A synchronous PS cannot clip the global gradient norm (no server sees all of it), so no
+        # job clips (the LSTM's recipe would): every strategy then does the same work per step.
+        "--grad-clip",
+        "0",
+        # every job with denormal floats flushed, as bench's: the bound's workers, each on its own
+        # gradient, can reach them and time the CPU's slow path instead of the code (docs/performance.md)
+        "--flush-denormal",
+        "--no-progress",
+        "--run-dir",
+        run_dir,
+        "--name",
+        job.name,
+        *cfg.extra,
+    ]
 
 
 def job_env(cfg: GridConfig, cycle_ms: float | None) -> dict[str, str]:
@@ -126,10 +157,17 @@ def job_hparams(cfg: GridConfig, job: Job) -> dict[str, Any]:
     flags = [*job.variant.flags, *cfg.extra]
     ps = job.variant.strategy == "ps"
     engine = engines.MPI4PY if ps or tblog.flag_value(flags, "--allreduce-engine", "") == "mpi" else engines.HOROVOD
-    return {"model": job.model, "variant": job.variant.name, "strategy": job.variant.strategy,
-            "placement": tblog.flag_value(flags, "--ps-placement", "dedicated") if ps else "-",
-            "mode": tblog.flag_value(flags, "--ps-mode", "sync") if ps else "sync", "engine": engine,
-            "workers": job.workers, "servers": job.variant.servers, "link_rate": cfg.link_rate or "this host"}
+    return {
+        "model": job.model,
+        "variant": job.variant.name,
+        "strategy": job.variant.strategy,
+        "placement": tblog.flag_value(flags, "--ps-placement", "dedicated") if ps else "-",
+        "mode": tblog.flag_value(flags, "--ps-mode", "sync") if ps else "sync",
+        "engine": engine,
+        "workers": job.workers,
+        "servers": job.variant.servers,
+        "link_rate": cfg.link_rate or "this host",
+    }
 
 
 def run_job(cfg: GridConfig, job: Job, out: str, launcher: Launcher, cycle_ms: float | None = None) -> dict[str, Any]:
@@ -139,15 +177,29 @@ def run_job(cfg: GridConfig, job: Job, out: str, launcher: Launcher, cycle_ms: f
     log_path = os.path.join(out, "logs", f"{job.model}-{job.name}.log")
     load = os.getloadavg()[0]
     res = run_job_argv(argv, env=job_env(cfg, cycle_ms), timeout=cfg.job_timeout, log_path=log_path)
-    record = {"model": job.model, "strategy": job.variant.name, "workers": job.workers,
-              "servers": job.variant.servers, "world_size": job.world, "repeat": job.repeat,
-              "seconds": res.seconds, "loadavg_before": load, "log": os.path.relpath(log_path, out),
-              "run": os.path.relpath(os.path.join(run_dir, job.name), out), "argv": argv,
-              "hparams": job_hparams(cfg, job)}
+    record = {
+        "model": job.model,
+        "strategy": job.variant.name,
+        "workers": job.workers,
+        "servers": job.variant.servers,
+        "world_size": job.world,
+        "repeat": job.repeat,
+        "seconds": res.seconds,
+        "loadavg_before": load,
+        "log": os.path.relpath(log_path, out),
+        "run": os.path.relpath(os.path.join(run_dir, job.name), out),
+        "argv": argv,
+        "hparams": job_hparams(cfg, job),
+    }
     m = read_json(os.path.join(run_dir, job.name, "metrics.json")) if res.ok else None
     if m is not None:
-        record.update(ok=True, samples_per_sec=m["samples_per_sec"], step_ms=m["step_ms"],
-                      comm_wait_ms=m["comm_wait_ms"], global_batch=m["global_batch"])
+        record.update(
+            ok=True,
+            samples_per_sec=m["samples_per_sec"],
+            step_ms=m["step_ms"],
+            comm_wait_ms=m["comm_wait_ms"],
+            global_batch=m["global_batch"],
+        )
         if (m.get("target") or {}).get("reached"):  # --extra=--target ...: the time to that quality
             record["time_to_target_s"] = m["target"]["seconds"]
     else:
@@ -157,8 +209,10 @@ def run_job(cfg: GridConfig, job: Job, out: str, launcher: Launcher, cycle_ms: f
 
 # ------------------------------------------------------------------------- the run
 
-def run(cfg: GridConfig, launcher: Launcher = local_launcher,
-        network: tuple[costmodel.Network, str] | None = None) -> dict[str, Any]:
+
+def run(
+    cfg: GridConfig, launcher: Launcher = local_launcher, network: tuple[costmodel.Network, str] | None = None
+) -> dict[str, Any]:
     """Run the grid and write every output; returns the results (as in results.json).
 
     ``network``: the network is known (the emulated grid's link rate) and its (alpha, B) stand for
@@ -193,8 +247,9 @@ def run(cfg: GridConfig, launcher: Launcher = local_launcher,
     knob = "Horovod's default" if cycle_ms is None else f"{cycle_ms:g} ms"
     print(f"HOROVOD_CYCLE_TIME for the allreduce jobs: {knob}", flush=True)
 
-    jobs = [Job(m, v, n, r) for r in range(1, cfg.repeats + 1) for m in models for v in [*vs, BOUND]
-            for n in cfg.workers]
+    jobs = [
+        Job(m, v, n, r) for r in range(1, cfg.repeats + 1) for m in models for v in [*vs, BOUND] for n in cfg.workers
+    ]
     records = []
     for i, job in enumerate(jobs, 1):
         try:
@@ -206,9 +261,11 @@ def run(cfg: GridConfig, launcher: Launcher = local_launcher,
         done = time.perf_counter() - t_start
         eta = done / i * (len(jobs) - i)
         figure = f"{rec['samples_per_sec']:9.1f} samples/s" if rec["ok"] else f"FAILED ({rec['error']})"
-        print(f"[{i:3d}/{len(jobs)}] {job.model:15s} {job.variant.name:13s} N={job.workers} "
-              f"(+{job.variant.servers}) r{job.repeat}: {figure}  {rec['seconds']:5.1f} s, eta {eta / 60:4.1f} min",
-              flush=True)
+        print(
+            f"[{i:3d}/{len(jobs)}] {job.model:15s} {job.variant.name:13s} N={job.workers} "
+            f"(+{job.variant.servers}) r{job.repeat}: {figure}  {rec['seconds']:5.1f} s, eta {eta / 60:4.1f} min",
+            flush=True,
+        )
         if not rec["ok"]:
             notes.append(f"{job.model} {job.name} failed: {rec['error']} (see {rec['log']})")
 
@@ -220,60 +277,117 @@ def run(cfg: GridConfig, launcher: Launcher = local_launcher,
     given_label = f"{cfg.net_gbps:g} Gbit/s, {cfg.net_latency_us:g} us"
     compute, compute_source, curves = predictions(rows, vs, models, plans, calib, given, sizes)
 
-    res: dict[str, Any] = {"started": started, "seconds": time.perf_counter() - t_start,
-           "command": ["python", "-m", "lab", *sys.argv[1:]], "out_dir": out, "code": code,
-           "machine": {"cores": os.cpu_count(), "platform": platform.platform()},
-           "config": asdict(cfg), "models": models, "strategies": [v.name for v in vs],
-           "plans": {m: asdict(p) for m, p in plans.items()}, "gradient_bytes": sizes,
-           "horovod_cycle": {"setting": cfg.horovod_cycle_ms, "used_ms": cycle_ms, "knob": knob},
-           "loadavg": load_summary(records), "rows": rows, "jobs": records, "notes": notes, "compute_s": compute,
-           "compute_source": compute_source,
-           "calibration": calib, "calibration_source": os.path.relpath(calib_path, out) if calib_path else "",
-           "given_network": {"gbps": cfg.net_gbps, "latency_us": cfg.net_latency_us, "label": given_label},
-           "curves": curves}
+    res: dict[str, Any] = {
+        "started": started,
+        "seconds": time.perf_counter() - t_start,
+        "command": ["python", "-m", "lab", *sys.argv[1:]],
+        "out_dir": out,
+        "code": code,
+        "machine": {"cores": os.cpu_count(), "platform": platform.platform()},
+        "config": asdict(cfg),
+        "models": models,
+        "strategies": [v.name for v in vs],
+        "plans": {m: asdict(p) for m, p in plans.items()},
+        "gradient_bytes": sizes,
+        "horovod_cycle": {"setting": cfg.horovod_cycle_ms, "used_ms": cycle_ms, "knob": knob},
+        "loadavg": load_summary(records),
+        "rows": rows,
+        "jobs": records,
+        "notes": notes,
+        "compute_s": compute,
+        "compute_source": compute_source,
+        "calibration": calib,
+        "calibration_source": os.path.relpath(calib_path, out) if calib_path else "",
+        "given_network": {"gbps": cfg.net_gbps, "latency_us": cfg.net_latency_us, "label": given_label},
+        "curves": curves,
+    }
     with open(os.path.join(out, "results.json"), "w") as fh:
         json.dump(res, fh, indent=2, default=str)
         fh.write("\n")
     write_outputs(res)
-    print(f"done in {res['seconds'] / 60:.1f} min: {out}/report.md, scaling.png, results.csv; "
-          f"make tensorboard RUN={out}/{tblog.COMPARISON_DIR}", flush=True)
+    print(
+        f"done in {res['seconds'] / 60:.1f} min: {out}/report.md, scaling.png, results.csv; "
+        f"make tensorboard RUN={out}/{tblog.COMPARISON_DIR}",
+        flush=True,
+    )
     return res
 
 
 # ------------------------------------------------------------------------- command line
 
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = GridConfig()
-    p.add_argument("--strategies", default=",".join(d.strategies),
-                   help=f"comma-separated subset of {', '.join(variants())} (default: all)")
-    p.add_argument("--models", default=",".join(d.models), help=f"comma-separated models (default: {','.join(d.models)})")
-    p.add_argument("--workers", default=",".join(map(str, d.workers)),
-                   help="comma-separated worker counts; include 1, the speedup baseline (default: 1,2)")
+    p.add_argument(
+        "--strategies",
+        default=",".join(d.strategies),
+        help=f"comma-separated subset of {', '.join(variants())} (default: all)",
+    )
+    p.add_argument(
+        "--models", default=",".join(d.models), help=f"comma-separated models (default: {','.join(d.models)})"
+    )
+    p.add_argument(
+        "--workers",
+        default=",".join(map(str, d.workers)),
+        help="comma-separated worker counts; include 1, the speedup baseline (default: 1,2)",
+    )
     p.add_argument("--repeats", type=int, default=d.repeats, help=f"jobs per grid point (default: {d.repeats})")
-    p.add_argument("--data", choices=("synthetic", "real"), default=d.data,
-                   help="synthetic (default) or each model's own dataset (Fashion-MNIST, the PTB-format corpus)")
+    p.add_argument(
+        "--data",
+        choices=("synthetic", "real"),
+        default=d.data,
+        help="synthetic (default) or each model's own dataset (Fashion-MNIST, the PTB-format corpus)",
+    )
     p.add_argument("--steps", type=int, default=d.steps, help="measured steps per job (default: per model, 8-40)")
-    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps,
-                   help="warm-up steps per job, excluded from throughput (default: per model, 2-10)")
+    p.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=d.warmup_steps,
+        help="warm-up steps per job, excluded from throughput (default: per model, 2-10)",
+    )
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="per-worker batch (default: per model)")
     p.add_argument("--ps-servers", type=int, default=d.ps_servers, help="K for ps-dedicated (default: 1)")
     p.add_argument("--out-dir", default="", help="output directory (default: runs/scaling/<time>)")
-    p.add_argument("--no-commbench", dest="commbench", action="store_false",
-                   help="skip the calibration commbench (no model column in the report)")
+    p.add_argument(
+        "--no-commbench",
+        dest="commbench",
+        action="store_false",
+        help="skip the calibration commbench (no model column in the report)",
+    )
     p.add_argument("--commbench-sizes", default=d.commbench_sizes, help="sizes for the calibration sweep")
     p.add_argument("--calibration", default="", help="calibrate from this commbench.json instead of running one")
-    p.add_argument("--net-gbps", type=float, default=d.net_gbps,
-                   help="link speed of the network for the prediction to 1024 workers, Gbit/s (default: 10)")
-    p.add_argument("--net-latency-us", type=float, default=d.net_latency_us,
-                   help="per-message latency of that network, microseconds (default: 50)")
-    p.add_argument("--horovod-cycle-ms", default=d.horovod_cycle_ms,
-                   help="HOROVOD_CYCLE_TIME of the allreduce jobs: auto = the fastest of Horovod's default (1 ms) "
-                        f"and {CYCLE_CANDIDATES} in the calibration commbench; default = Horovod's; or a number "
-                        "(default: auto)")
-    p.add_argument("--horovod-fusion-mb", type=float, default=d.horovod_fusion_mb,
-                   help="HOROVOD_FUSION_THRESHOLD in MB for every job (default: Horovod's, 128)")
-    p.add_argument("--extra", action="append", default=[], metavar="ARG",
-                   help="an extra trainer argument for every job, e.g. --extra=--compression --extra=fp16")
+    p.add_argument(
+        "--net-gbps",
+        type=float,
+        default=d.net_gbps,
+        help="link speed of the network for the prediction to 1024 workers, Gbit/s (default: 10)",
+    )
+    p.add_argument(
+        "--net-latency-us",
+        type=float,
+        default=d.net_latency_us,
+        help="per-message latency of that network, microseconds (default: 50)",
+    )
+    p.add_argument(
+        "--horovod-cycle-ms",
+        default=d.horovod_cycle_ms,
+        help="HOROVOD_CYCLE_TIME of the allreduce jobs: auto = the fastest of Horovod's default (1 ms) "
+        f"and {CYCLE_CANDIDATES} in the calibration commbench; default = Horovod's; or a number "
+        "(default: auto)",
+    )
+    p.add_argument(
+        "--horovod-fusion-mb",
+        type=float,
+        default=d.horovod_fusion_mb,
+        help="HOROVOD_FUSION_THRESHOLD in MB for every job (default: Horovod's, 128)",
+    )
+    p.add_argument(
+        "--extra",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="an extra trainer argument for every job, e.g. --extra=--compression --extra=fp16",
+    )
     p.add_argument("--job-timeout", type=float, default=d.job_timeout, help="seconds before a job is killed")
 
 
@@ -292,13 +406,27 @@ def parse_cycle(text: str) -> float | None:
 
 def config_from_args(args: argparse.Namespace) -> GridConfig:
     parse_cycle(args.horovod_cycle_ms)
-    cfg = GridConfig(strategies=parse_list(args.strategies, "--strategies"), models=parse_list(args.models, "--models"),
-                     workers=sorted(set(parse_list(args.workers, "--workers", int))), repeats=args.repeats,
-                     data=args.data, steps=args.steps, warmup_steps=args.warmup_steps, batch_size=args.batch_size,
-                     ps_servers=args.ps_servers, out_dir=args.out_dir, commbench=args.commbench,
-                     commbench_sizes=args.commbench_sizes, calibration=args.calibration, net_gbps=args.net_gbps,
-                     net_latency_us=args.net_latency_us, horovod_cycle_ms=args.horovod_cycle_ms,
-                     horovod_fusion_mb=args.horovod_fusion_mb, extra=args.extra, job_timeout=args.job_timeout)
+    cfg = GridConfig(
+        strategies=parse_list(args.strategies, "--strategies"),
+        models=parse_list(args.models, "--models"),
+        workers=sorted(set(parse_list(args.workers, "--workers", int))),
+        repeats=args.repeats,
+        data=args.data,
+        steps=args.steps,
+        warmup_steps=args.warmup_steps,
+        batch_size=args.batch_size,
+        ps_servers=args.ps_servers,
+        out_dir=args.out_dir,
+        commbench=args.commbench,
+        commbench_sizes=args.commbench_sizes,
+        calibration=args.calibration,
+        net_gbps=args.net_gbps,
+        net_latency_us=args.net_latency_us,
+        horovod_cycle_ms=args.horovod_cycle_ms,
+        horovod_fusion_mb=args.horovod_fusion_mb,
+        extra=args.extra,
+        job_timeout=args.job_timeout,
+    )
     cfg.validate()
     return cfg
 

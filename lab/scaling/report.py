@@ -38,8 +38,15 @@ def aggregate(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for (model, strategy, n), rs in sorted(groups.items()):
         ok = [r for r in rs if r["ok"]]
-        row = {"model": model, "strategy": strategy, "workers": n, "servers": rs[0]["servers"],
-               "world_size": rs[0]["world_size"], "repeats": len(ok), "failed": len(rs) - len(ok)}
+        row = {
+            "model": model,
+            "strategy": strategy,
+            "workers": n,
+            "servers": rs[0]["servers"],
+            "world_size": rs[0]["world_size"],
+            "repeats": len(ok),
+            "failed": len(rs) - len(ok),
+        }
         for key in ("samples_per_sec", "step_ms", "comm_wait_ms"):
             mean, sd, lo, hi = _stats([r[key] for r in ok])
             row.update({f"{key}_mean": mean, f"{key}_std": sd, f"{key}_min": lo, f"{key}_max": hi})
@@ -53,8 +60,12 @@ def aggregate(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             sp = t / b["samples_per_sec_mean"]
             # the baseline against itself is 1 exactly
             rel = 0.0 if b is row else math.hypot(s / t, b["samples_per_sec_std"] / b["samples_per_sec_mean"])
-            row.update(speedup=sp, speedup_std=sp * rel, efficiency=sp / row["workers"],
-                       efficiency_std=sp * rel / row["workers"])
+            row.update(
+                speedup=sp,
+                speedup_std=sp * rel,
+                efficiency=sp / row["workers"],
+                efficiency_std=sp * rel / row["workers"],
+            )
         else:
             row.update(speedup=math.nan, speedup_std=math.nan, efficiency=math.nan, efficiency_std=math.nan)
     add_bound(rows, records)
@@ -65,24 +76,54 @@ def add_bound(rows: list[dict[str, Any]], records: list[dict[str, Any]]) -> None
     """Beside every row: the no-exchange bound of the same model and N (its mean throughput) and the
     row's fraction of it, the median over repeats of throughput / the bound job's of the same repeat
     (paired, like the bench's ratios, so that load which slows a whole repeat cancels)."""
-    bound = {(r["model"], r["workers"], r["repeat"]): r["samples_per_sec"] for r in records
-             if r["strategy"] == BOUND and r["ok"]}
+    bound = {
+        (r["model"], r["workers"], r["repeat"]): r["samples_per_sec"]
+        for r in records
+        if r["strategy"] == BOUND and r["ok"]
+    }
     means = {(r["model"], r["workers"]): r["samples_per_sec_mean"] for r in rows if r["strategy"] == BOUND}
     for row in rows:
         key = (row["model"], row["workers"])
-        pairs = [r["samples_per_sec"] / bound[key + (r["repeat"],)] for r in records
-                 if r["ok"] and r["model"] == row["model"] and r["strategy"] == row["strategy"]
-                 and r["workers"] == row["workers"] and (*key, r["repeat"]) in bound]
-        row.update(bound_samples_per_sec=means.get(key, math.nan),
-                   of_bound=statistics.median(pairs) if pairs else math.nan)
+        pairs = [
+            r["samples_per_sec"] / bound[key + (r["repeat"],)]
+            for r in records
+            if r["ok"]
+            and r["model"] == row["model"]
+            and r["strategy"] == row["strategy"]
+            and r["workers"] == row["workers"]
+            and (*key, r["repeat"]) in bound
+        ]
+        row.update(
+            bound_samples_per_sec=means.get(key, math.nan), of_bound=statistics.median(pairs) if pairs else math.nan
+        )
 
 
-
-CSV_FIELDS = ("model", "strategy", "workers", "servers", "world_size", "repeats", "failed",
-              "samples_per_sec_mean", "samples_per_sec_std", "samples_per_sec_min", "samples_per_sec_max",
-              "speedup", "speedup_std", "efficiency", "efficiency_std", "bound_samples_per_sec", "of_bound",
-              "step_ms_mean", "step_ms_std", "comm_wait_ms_mean", "comm_wait_ms_std",
-              "predicted_samples_per_sec", "predicted_efficiency", "prediction_error_pct")
+CSV_FIELDS = (
+    "model",
+    "strategy",
+    "workers",
+    "servers",
+    "world_size",
+    "repeats",
+    "failed",
+    "samples_per_sec_mean",
+    "samples_per_sec_std",
+    "samples_per_sec_min",
+    "samples_per_sec_max",
+    "speedup",
+    "speedup_std",
+    "efficiency",
+    "efficiency_std",
+    "bound_samples_per_sec",
+    "of_bound",
+    "step_ms_mean",
+    "step_ms_std",
+    "comm_wait_ms_mean",
+    "comm_wait_ms_std",
+    "predicted_samples_per_sec",
+    "predicted_efficiency",
+    "prediction_error_pct",
+)
 
 
 def write_csv(path: str, rows: list[dict]) -> None:
@@ -111,33 +152,45 @@ def comparison_series(rows: list[dict], curves: dict) -> tblog.Series:
     for m, per in curves.items():
         for s, pts in per.items():
             for p in pts:
-                tblog.add_point(series, s, f"scaling/predicted_efficiency/{m}", p["workers"],
-                                p["efficiency"])
-                tblog.add_point(series, s, f"scaling/predicted_speedup/{m}", p["workers"],
-                                p["speedup"])
+                tblog.add_point(series, s, f"scaling/predicted_efficiency/{m}", p["workers"], p["efficiency"])
+                tblog.add_point(series, s, f"scaling/predicted_speedup/{m}", p["workers"], p["speedup"])
     return series
 
 
-COMPARISON_FIGURES = ("scaling/speedup", "scaling/efficiency", "scaling/of_bound", "perf/samples_per_sec",
-                      "scaling/predicted_efficiency")
+COMPARISON_FIGURES = (
+    "scaling/speedup",
+    "scaling/efficiency",
+    "scaling/of_bound",
+    "perf/samples_per_sec",
+    "scaling/predicted_efficiency",
+)
 
 
 def hparams_sessions(res: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, float]]]:
     """One HParams session per job of the grid: what it ran and what it measured. A job's efficiency
     is its throughput over N x the mean one-worker throughput of its strategy."""
-    base = {(r["model"], r["strategy"]): r["samples_per_sec_mean"] for r in res["rows"]
-            if r["workers"] == 1 and r["repeats"]}
-    bound = {(j["model"], j["workers"], j["repeat"]): j["samples_per_sec"] for j in res["jobs"]
-             if j["strategy"] == BOUND and j["ok"]}
+    base = {
+        (r["model"], r["strategy"]): r["samples_per_sec_mean"]
+        for r in res["rows"]
+        if r["workers"] == 1 and r["repeats"]
+    }
+    bound = {
+        (j["model"], j["workers"], j["repeat"]): j["samples_per_sec"]
+        for j in res["jobs"]
+        if j["strategy"] == BOUND and j["ok"]
+    }
     out = []
     for j in res["jobs"]:
         hp = dict(j.get("hparams") or {"model": j["model"], "strategy": j["strategy"], "workers": j["workers"]})
         metrics: dict[str, float] = {}
         if j["ok"]:
             one = base.get((j["model"], j["strategy"]))
-            metrics = {"samples_per_sec": j["samples_per_sec"], "step_ms": j["step_ms"],
-                       "comm_wait_ms": j["comm_wait_ms"],
-                       "efficiency": j["samples_per_sec"] / (j["workers"] * one) if one else math.nan}
+            metrics = {
+                "samples_per_sec": j["samples_per_sec"],
+                "step_ms": j["step_ms"],
+                "comm_wait_ms": j["comm_wait_ms"],
+                "efficiency": j["samples_per_sec"] / (j["workers"] * one) if one else math.nan,
+            }
             b = bound.get((j["model"], j["workers"], j["repeat"]))
             if b:  # the bound job of the same repeat
                 metrics["of_bound"] = j["samples_per_sec"] / b
@@ -152,9 +205,11 @@ def write_tensorboard(out: str, res: dict[str, Any]) -> dict[str, dict[str, list
     ``out/hparams``: one HParams session per job. Returns the layout."""
     series = comparison_series(res["rows"], res["curves"])
     categories = tblog.model_categories(res["models"], COMPARISON_FIGURES)
-    notes = (f"Step = number of workers N; one run per strategy. `scaling/predicted_*` is the calibrated cost "
-             f"model on {res['given_network']['label']}. The jobs' own runs: "
-             f"`{tblog.JOBS_DIR}/`, their HParams: `{tblog.HPARAMS_DIR}/`.")
+    notes = (
+        f"Step = number of workers N; one run per strategy. `scaling/predicted_*` is the calibrated cost "
+        f"model on {res['given_network']['label']}. The jobs' own runs: "
+        f"`{tblog.JOBS_DIR}/`, their HParams: `{tblog.HPARAMS_DIR}/`."
+    )
     lay = tblog.write_comparison(os.path.join(out, tblog.COMPARISON_DIR), series, categories, notes)
     tblog.write_hparams(os.path.join(out, tblog.HPARAMS_DIR), hparams_sessions(res))
     return lay
@@ -173,8 +228,15 @@ def plot_predicted(path: str, curves: dict, given_label: str) -> None:
         for s, pts in curves[m].items():
             color, marker = STYLE.get(s, ("black", "x"))
             # dashed: the colocated PS's curve lies on the ring's (same bytes, same messages)
-            ax.plot([p["workers"] for p in pts], [p["efficiency"] for p in pts], color=color, marker=marker,
-                    ms=4, ls="--" if s == "ps-colocated" else "-", label=s)
+            ax.plot(
+                [p["workers"] for p in pts],
+                [p["efficiency"] for p in pts],
+                color=color,
+                marker=marker,
+                ms=4,
+                ls="--" if s == "ps-colocated" else "-",
+                label=s,
+            )
         ax.set_xscale("log", base=2)
         ax.set_ylim(0, 1.05)
         ax.set_title(f"{m}: predicted, {given_label}", fontsize=9)
@@ -190,10 +252,12 @@ def plot_predicted(path: str, curves: dict, given_label: str) -> None:
 def code_version() -> str:
     """The checkout's commit, marked when the working tree differs from it (figures depend on the code)."""
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, timeout=10).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return (head + (" with uncommitted changes" if dirty else "")) if head else "unknown"
@@ -225,109 +289,153 @@ def concept_engine(rows: list[dict], models: list[str]) -> list[str]:
     out = []
     for m in models:
         for n in sorted({r["workers"] for r in rows if r["model"] == m and r["workers"] > 1}):
-            speed = {r["strategy"]: r["samples_per_sec_mean"] for r in rows
-                     if r["model"] == m and r["workers"] == n and r["repeats"]}
+            speed = {
+                r["strategy"]: r["samples_per_sec_mean"]
+                for r in rows
+                if r["model"] == m and r["workers"] == n and r["repeats"]
+            }
             out += engines.markdown(f"{m}, N={n}, concept x engine", speed, engines.SCALING, fmt=".1f")
     return (["## Concept or implementation?", ""] + out) if out else []
 
 
 def report_markdown(res: dict[str, Any]) -> str:
     cfg, rows = res["config"], res["rows"]
-    L = [f"# Scaling: ring allreduce vs parameter server ({res['started']})", "",
-         f"Command: `{' '.join(res['command'])}`  ",
-         f"Machine: {res['machine']['cores']} cores, {res['machine']['platform']}; every rank runs one thread; "
-         f"grid took {res['seconds'] / 60:.1f} min. Code: {res['code']}.  ",
-         f"Data: {cfg['data']}; {cfg['repeats']} repeat(s) per point (repeats are the outer loop); worker counts "
-         f"{', '.join(map(str, cfg['workers']))}. HOROVOD_CYCLE_TIME of the allreduce jobs: "
-         f"{res['horovod_cycle']['knob']} (`--horovod-cycle-ms {cfg['horovod_cycle_ms']}`). "
-         f"Load average before the jobs: {res['loadavg']} (other work on the machine slows the jobs it overlaps).",
-         "",
-         "## Definitions", "",
-         "- throughput = samples per second over the measured steps (warm-up excluded), all workers together;",
-         "- speedup(N) = throughput(N) / throughput(1), each strategy against its own one-worker run;",
-         "- efficiency(N) = speedup(N) / N;",
-         "- bound = the no-exchange bound: the same N workers at the same time, each training alone on its shard "
-         "(`--strategy none`), what N workers reach on these cores with a free network (on emulated hosts: the "
-         "same jobs, nothing on the links); of bound = throughput / the bound's, the median over repeats of "
-         "same-repeat pairs;",
-         "- N counts workers; a dedicated parameter server's extra processes are listed beside it (servers) "
-         "and run on the same cores;",
-         "- ± is the sample standard deviation over repeats (propagated for speedup and efficiency);",
-         "- model = the calibrated cost model's prediction for the same point; error = (model - measured) / "
-         "measured.", ""]
+    L = [
+        f"# Scaling: ring allreduce vs parameter server ({res['started']})",
+        "",
+        f"Command: `{' '.join(res['command'])}`  ",
+        f"Machine: {res['machine']['cores']} cores, {res['machine']['platform']}; every rank runs one thread; "
+        f"grid took {res['seconds'] / 60:.1f} min. Code: {res['code']}.  ",
+        f"Data: {cfg['data']}; {cfg['repeats']} repeat(s) per point (repeats are the outer loop); worker counts "
+        f"{', '.join(map(str, cfg['workers']))}. HOROVOD_CYCLE_TIME of the allreduce jobs: "
+        f"{res['horovod_cycle']['knob']} (`--horovod-cycle-ms {cfg['horovod_cycle_ms']}`). "
+        f"Load average before the jobs: {res['loadavg']} (other work on the machine slows the jobs it overlaps).",
+        "",
+        "## Definitions",
+        "",
+        "- throughput = samples per second over the measured steps (warm-up excluded), all workers together;",
+        "- speedup(N) = throughput(N) / throughput(1), each strategy against its own one-worker run;",
+        "- efficiency(N) = speedup(N) / N;",
+        "- bound = the no-exchange bound: the same N workers at the same time, each training alone on its shard "
+        "(`--strategy none`), what N workers reach on these cores with a free network (on emulated hosts: the "
+        "same jobs, nothing on the links); of bound = throughput / the bound's, the median over repeats of "
+        "same-repeat pairs;",
+        "- N counts workers; a dedicated parameter server's extra processes are listed beside it (servers) "
+        "and run on the same cores;",
+        "- ± is the sample standard deviation over repeats (propagated for speedup and efficiency);",
+        "- model = the calibrated cost model's prediction for the same point; error = (model - measured) / measured.",
+        "",
+    ]
     for m in res["models"]:
         plan = res["plans"][m]
-        L += [f"## {m}", "",
-              f"{plan['batch_size']} samples per worker and step, {plan['warmup']} warm-up + {plan['steps']} "
-              f"measured steps, gradient {res['gradient_bytes'][m] / 1e6:.2f} MB.", "",
-              "| strategy | N | servers | samples/s | speedup | efficiency | bound samples/s | of bound | step ms | "
-              "comm wait ms | model samples/s | error |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        L += [
+            f"## {m}",
+            "",
+            f"{plan['batch_size']} samples per worker and step, {plan['warmup']} warm-up + {plan['steps']} "
+            f"measured steps, gradient {res['gradient_bytes'][m] / 1e6:.2f} MB.",
+            "",
+            "| strategy | N | servers | samples/s | speedup | efficiency | bound samples/s | of bound | step ms | "
+            "comm wait ms | model samples/s | error |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for r in (r for r in rows if r["model"] == m):
             if not r["repeats"]:
                 L.append(f"| {r['strategy']} | {r['workers']} | {r['servers']} | failed | | | | | | | | |")
                 continue
-            L.append(f"| {r['strategy']} | {r['workers']} | {r['servers']} | "
-                     f"{_fmt(r['samples_per_sec_mean'], '.1f')} ± {_fmt(r['samples_per_sec_std'], '.1f')} | "
-                     f"{_fmt(r['speedup'], '.2f')} ± {_fmt(r['speedup_std'], '.2f')} | "
-                     f"{_fmt(r['efficiency'], '.2f')} | {_fmt(r.get('bound_samples_per_sec', math.nan), '.1f')} | "
-                     f"{_fmt(r.get('of_bound', math.nan), '.2f')} | {_fmt(r['step_ms_mean'], '.1f')} | "
-                     f"{_fmt(r['comm_wait_ms_mean'], '.2f')} | {_fmt(r['predicted_samples_per_sec'], '.1f')} | "
-                     f"{_fmt(r['prediction_error_pct'], '+.0f')}{'' if math.isnan(r['prediction_error_pct']) else ' %'} |")
+            L.append(
+                f"| {r['strategy']} | {r['workers']} | {r['servers']} | "
+                f"{_fmt(r['samples_per_sec_mean'], '.1f')} ± {_fmt(r['samples_per_sec_std'], '.1f')} | "
+                f"{_fmt(r['speedup'], '.2f')} ± {_fmt(r['speedup_std'], '.2f')} | "
+                f"{_fmt(r['efficiency'], '.2f')} | {_fmt(r.get('bound_samples_per_sec', math.nan), '.1f')} | "
+                f"{_fmt(r.get('of_bound', math.nan), '.2f')} | {_fmt(r['step_ms_mean'], '.1f')} | "
+                f"{_fmt(r['comm_wait_ms_mean'], '.2f')} | {_fmt(r['predicted_samples_per_sec'], '.1f')} | "
+                f"{_fmt(r['prediction_error_pct'], '+.0f')}{'' if math.isnan(r['prediction_error_pct']) else ' %'} |"
+            )
         L.append("")
     L += concept_engine(rows, res["models"])
     L += ["![measured speedup](scaling.png)", ""]
     if res["notes"]:
         L += ["## Skipped or failed", ""] + [f"- {n}" for n in res["notes"]] + [""]
-    L += ["## Cost model", "",
-          "step = compute + exchange (no overlap assumed); exchange per strategy, with N workers, gradient S bytes, "
-          "latency alpha per message and link bandwidth B:", "",
-          "- ring allreduce: 2(N-1) alpha + 2(N-1)/N S/B",
-          "- PS, K dedicated servers: 2 max(K, N) alpha + 2 max(S/B, N S/(K B)) (push + pull)",
-          "- PS colocated: 2(N-1) alpha + 2(N-1)/N S/B", "",
-          compute_sentence(res), ""]
+    L += [
+        "## Cost model",
+        "",
+        "step = compute + exchange (no overlap assumed); exchange per strategy, with N workers, gradient S bytes, "
+        "latency alpha per message and link bandwidth B:",
+        "",
+        "- ring allreduce: 2(N-1) alpha + 2(N-1)/N S/B",
+        "- PS, K dedicated servers: 2 max(K, N) alpha + 2 max(S/B, N S/(K B)) (push + pull)",
+        "- PS colocated: 2(N-1) alpha + 2(N-1)/N S/B",
+        "",
+        compute_sentence(res),
+        "",
+    ]
     if res["calibration"] and res["calibration_source"]:
-        L += [f"Calibrated from `{res['calibration_source']}` (least squares on relative error over the size sweep):",
-              "", "| strategy | from commbench | N | alpha us | B GB/s |", "|---|---|---:|---:|---:|"]
+        L += [
+            f"Calibrated from `{res['calibration_source']}` (least squares on relative error over the size sweep):",
+            "",
+            "| strategy | from commbench | N | alpha us | B GB/s |",
+            "|---|---|---:|---:|---:|",
+        ]
         for s, c in res["calibration"].items():
-            L.append(f"| {s} | {c['impl']} | {c['workers']} | {1e6 * c['alpha_s']:.1f} | "
-                     f"{c['bandwidth_Bps'] / 1e9:.3f} |")
+            L.append(
+                f"| {s} | {c['impl']} | {c['workers']} | {1e6 * c['alpha_s']:.1f} | {c['bandwidth_Bps'] / 1e9:.3f} |"
+            )
         L.append("")
     elif res["calibration"]:  # a known network, not a fit
         c = next(iter(res["calibration"].values()))
-        L += [f"Network: {c['impl']} (alpha {1e6 * c['alpha_s']:.1f} us, B {c['bandwidth_Bps'] / 1e6:.2f} MB/s per "
-              "link and direction), for every strategy: no calibration run needed.", ""]
+        L += [
+            f"Network: {c['impl']} (alpha {1e6 * c['alpha_s']:.1f} us, B {c['bandwidth_Bps'] / 1e6:.2f} MB/s per "
+            "link and direction), for every strategy: no calibration run needed.",
+            "",
+        ]
     else:
         L += ["No calibration (commbench skipped or failed): the measured table has no model column.", ""]
     if res["curves"]:
         given = res["given_network"]
-        L += [f"### Predicted efficiency to 1024 workers, {given['label']}", "",
-              "Same compute per step as measured here, a network of the given link speed and latency "
-              f"(`--net-gbps {given['gbps']:g} --net-latency-us {given['latency_us']:g}`):", "",
-              "| model | strategy | " + " | ".join(f"N={n}" for n in (2, 8, 64, 256, 1024)) + " |",
-              "|---|---|" + "---:|" * 5]
+        L += [
+            f"### Predicted efficiency to 1024 workers, {given['label']}",
+            "",
+            "Same compute per step as measured here, a network of the given link speed and latency "
+            f"(`--net-gbps {given['gbps']:g} --net-latency-us {given['latency_us']:g}`):",
+            "",
+            "| model | strategy | " + " | ".join(f"N={n}" for n in (2, 8, 64, 256, 1024)) + " |",
+            "|---|---|" + "---:|" * 5,
+        ]
         for m, per in res["curves"].items():
             for s, pts in per.items():
                 by_n = {p["workers"]: p for p in pts}
-                L.append(f"| {m} | {s} | " + " | ".join(f"{by_n[n]['efficiency']:.2f}" for n in (2, 8, 64, 256, 1024))
-                         + " |")
-        L += ["", "The ring and the colocated PS move the same bytes in the same number of messages, so the model "
-                  "gives them one curve; what separates them in the measured tables is the implementations.", "",
-              "![predicted efficiency](predicted.png)", ""]
-    L += ["## Files", "",
-          "- `results.csv`, `results.json`: every figure above, with min/max and each repeat's throughput;",
-          "- `commbench/commbench.md`: the calibration run, the exchange alone (when it ran);",
-          "- `tensorboard/`: the comparison, one TensorBoard run per strategy: speedup, efficiency and "
-          "samples/s against the worker count (step = N) and the predicted efficiency, one Custom Scalars "
-          "chart per figure with one line per strategy:", "",
-          f"      make tensorboard RUN={res['out_dir']}/tensorboard", "",
-          "- `hparams/`: one HParams session per job (strategy, placement, mode, engine, workers, model, link "
-          "rate; samples/s, step ms, efficiency):", "",
-          f"      make tensorboard RUN={res['out_dir']}/hparams", "",
-          "- `jobs/<model>/<strategy>-n<N>-r<k>/`: each job's own TensorBoard run and metrics.json; `logs/`: "
-          "its output;",
-          f"- redraw this report, the plots and TensorBoard from `results.json`: "
-          f"`python -m lab.scaling.report {res['out_dir']}`.", ""]
+                L.append(
+                    f"| {m} | {s} | " + " | ".join(f"{by_n[n]['efficiency']:.2f}" for n in (2, 8, 64, 256, 1024)) + " |"
+                )
+        L += [
+            "",
+            "The ring and the colocated PS move the same bytes in the same number of messages, so the model "
+            "gives them one curve; what separates them in the measured tables is the implementations.",
+            "",
+            "![predicted efficiency](predicted.png)",
+            "",
+        ]
+    L += [
+        "## Files",
+        "",
+        "- `results.csv`, `results.json`: every figure above, with min/max and each repeat's throughput;",
+        "- `commbench/commbench.md`: the calibration run, the exchange alone (when it ran);",
+        "- `tensorboard/`: the comparison, one TensorBoard run per strategy: speedup, efficiency and "
+        "samples/s against the worker count (step = N) and the predicted efficiency, one Custom Scalars "
+        "chart per figure with one line per strategy:",
+        "",
+        f"      make tensorboard RUN={res['out_dir']}/tensorboard",
+        "",
+        "- `hparams/`: one HParams session per job (strategy, placement, mode, engine, workers, model, link "
+        "rate; samples/s, step ms, efficiency):",
+        "",
+        f"      make tensorboard RUN={res['out_dir']}/hparams",
+        "",
+        "- `jobs/<model>/<strategy>-n<N>-r<k>/`: each job's own TensorBoard run and metrics.json; `logs/`: its output;",
+        f"- redraw this report, the plots and TensorBoard from `results.json`: "
+        f"`python -m lab.scaling.report {res['out_dir']}`.",
+        "",
+    ]
     return "\n".join(L)
 
 
@@ -347,9 +455,11 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m lab.scaling.report OUT``: redraw a grid's outputs from its results.json."""
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m lab.scaling.report",
-                                description="Redraw report.md, the plots, results.csv and TensorBoard "
-                                            "(tensorboard/, hparams/) of a scaling grid from its results.json.")
+    p = argparse.ArgumentParser(
+        prog="python -m lab.scaling.report",
+        description="Redraw report.md, the plots, results.csv and TensorBoard "
+        "(tensorboard/, hparams/) of a scaling grid from its results.json.",
+    )
     p.add_argument("out", help="the grid's output directory (holds results.json)")
     args = p.parse_args(argv)
     path = os.path.join(args.out, "results.json")

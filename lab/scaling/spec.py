@@ -39,20 +39,39 @@ def concept_variants(base: Variant) -> list[Variant]:
     (bf16 not on Horovod), PowerSGD and local SGD on the allreduce engines."""
     C = costmodel
     concepts: list[tuple[str, tuple[str, ...], costmodel.Method, str]] = [
-        ("fp16", ("--compression", "fp16"), C.Method(C.FP16), "16-bit (fp16) on the wire")]
+        ("fp16", ("--compression", "fp16"), C.Method(C.FP16), "16-bit (fp16) on the wire")
+    ]
     if base.strategy == "allreduce":
         if base.commbench_impl != "horovod":
             concepts.append(("bf16", ("--compression", "bf16"), C.Method(C.BF16), "16-bit (bf16) on the wire"))
         r, h = POWERSGD_RANK, LOCALSGD_PERIOD
         concepts += [
-            (f"powersgd-r{r}", ("--compression", "powersgd", "--powersgd-rank", str(r)), C.Method(C.POWERSGD, r),
-             f"PowerSGD rank {r} (error feedback, warm start)"),
-            (f"localsgd-h{h}", ("--average-every", str(h)), C.Method(every=h),
-             f"local SGD, parameters averaged every {h} steps"),
+            (
+                f"powersgd-r{r}",
+                ("--compression", "powersgd", "--powersgd-rank", str(r)),
+                C.Method(C.POWERSGD, r),
+                f"PowerSGD rank {r} (error feedback, warm start)",
+            ),
+            (
+                f"localsgd-h{h}",
+                ("--average-every", str(h)),
+                C.Method(every=h),
+                f"local SGD, parameters averaged every {h} steps",
+            ),
         ]
-    return [Variant(f"{base.name}-{suffix}", base.strategy, (*base.flags, *flags), base.servers, base.kind,
-                    base.commbench_impl, f"{base.description}, {what}", method)
-            for suffix, flags, method, what in concepts]
+    return [
+        Variant(
+            f"{base.name}-{suffix}",
+            base.strategy,
+            (*base.flags, *flags),
+            base.servers,
+            base.kind,
+            base.commbench_impl,
+            f"{base.description}, {what}",
+            method,
+        )
+        for suffix, flags, method, what in concepts
+    ]
 
 
 def variants(ps_servers: int = 1) -> dict[str, Variant]:
@@ -64,16 +83,40 @@ def variants(ps_servers: int = 1) -> dict[str, Variant]:
 
 def _exchanges(ps_servers: int) -> dict[str, Variant]:
     k = str(ps_servers)
-    return {v.name: v for v in (
-        Variant("allreduce", "allreduce", (), 0, costmodel.ALLREDUCE, "horovod", "Horovod ring allreduce"),
-        # the same concept on the PS's machinery: separates the concept from the implementation
-        Variant("allreduce-mpi", "allreduce", ("--allreduce-engine", "mpi"), 0, costmodel.ALLREDUCE, "mpi-ring",
-                "ring allreduce on mpi4py messages from gradient hooks (--allreduce-engine mpi)"),
-        Variant("ps-dedicated", "ps", ("--ps-placement", "dedicated", "--ps-servers", k), ps_servers,
-                costmodel.PS_DEDICATED, "ps-dedicated", f"parameter server, {k} dedicated server process(es)"),
-        Variant("ps-colocated", "ps", ("--ps-placement", "colocated"), 0, costmodel.PS_COLOCATED,
-                "ps-colocated", "parameter server colocated with the workers (each serves 1/N)"),
-    )}
+    return {
+        v.name: v
+        for v in (
+            Variant("allreduce", "allreduce", (), 0, costmodel.ALLREDUCE, "horovod", "Horovod ring allreduce"),
+            # the same concept on the PS's machinery: separates the concept from the implementation
+            Variant(
+                "allreduce-mpi",
+                "allreduce",
+                ("--allreduce-engine", "mpi"),
+                0,
+                costmodel.ALLREDUCE,
+                "mpi-ring",
+                "ring allreduce on mpi4py messages from gradient hooks (--allreduce-engine mpi)",
+            ),
+            Variant(
+                "ps-dedicated",
+                "ps",
+                ("--ps-placement", "dedicated", "--ps-servers", k),
+                ps_servers,
+                costmodel.PS_DEDICATED,
+                "ps-dedicated",
+                f"parameter server, {k} dedicated server process(es)",
+            ),
+            Variant(
+                "ps-colocated",
+                "ps",
+                ("--ps-placement", "colocated"),
+                0,
+                costmodel.PS_COLOCATED,
+                "ps-colocated",
+                "parameter server colocated with the workers (each serves 1/N)",
+            ),
+        )
+    }
 
 
 @dataclass(frozen=True)
@@ -119,8 +162,12 @@ class GridConfig:
 
     def plan(self, model: str) -> Plan:
         p = PLANS.get(model, FALLBACK_PLAN)
-        return Plan(self.batch_size or p.batch_size, p.warmup if self.warmup_steps < 0 else self.warmup_steps,
-                    self.steps or p.steps, p.samples)
+        return Plan(
+            self.batch_size or p.batch_size,
+            p.warmup if self.warmup_steps < 0 else self.warmup_steps,
+            self.steps or p.steps,
+            p.samples,
+        )
 
     def validate(self) -> None:
         """Raise :class:`GridError` naming the flag of the first bad field."""
@@ -129,8 +176,12 @@ class GridConfig:
             raise GridError(f"--strategies: unknown strategy {unknown[0]!r}; choose from: {', '.join(variants())}")
         if any(n < 1 for n in self.workers):
             raise GridError(f"--workers: counts must be >= 1 (got {','.join(map(str, self.workers))})")
-        for flag, v, lo in (("--repeats", self.repeats, 1), ("--steps", self.steps, 0),
-                            ("--batch-size", self.batch_size, 0), ("--ps-servers", self.ps_servers, 1)):
+        for flag, v, lo in (
+            ("--repeats", self.repeats, 1),
+            ("--steps", self.steps, 0),
+            ("--batch-size", self.batch_size, 0),
+            ("--ps-servers", self.ps_servers, 1),
+        ):
             if v < lo:
                 raise GridError(f"{flag} must be >= {lo} (got {v})")
         if self.warmup_steps < -1:
@@ -138,8 +189,10 @@ class GridConfig:
         if self.net_gbps <= 0 or self.net_latency_us < 0:
             raise GridError("--net-gbps must be > 0 and --net-latency-us >= 0")
         if self.calibration and not os.path.isfile(self.calibration):
-            raise GridError(f"--calibration {self.calibration}: file not found; run `python -m "
-                            "lab commbench --np 2` and pass its commbench.json")
+            raise GridError(
+                f"--calibration {self.calibration}: file not found; run `python -m "
+                "lab commbench --np 2` and pass its commbench.json"
+            )
 
 
 class GridError(Exception):

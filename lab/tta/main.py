@@ -38,12 +38,31 @@ from .spec import WORKLOADS, Method, TtaConfig, TtaError, Workload, method_group
 
 def trainer_args(cfg: TtaConfig, model: str, method: Method, run_dir: str, name: str, eval_every: int) -> list[str]:
     w = cfg.workload(model)
-    return [*w.trainer_flags(), *method.flags, "--target", cfg.target(model),
-            "--epochs", str(cfg.epochs(model)), "--eval-every", str(eval_every), "--seed", str(cfg.seed),
-            # one thread per rank, as in the scaling grid: N workers use N cores, whatever the host
-            "--threads", "1", "--log-every", str(max(1, eval_every // 2)),
-            "--checkpoint-every", str(10 ** 9),  # the final one only: a checkpoint is no part of the figure
-            "--no-progress", "--run-dir", run_dir, "--name", name, *cfg.extra]
+    return [
+        *w.trainer_flags(),
+        *method.flags,
+        "--target",
+        cfg.target(model),
+        "--epochs",
+        str(cfg.epochs(model)),
+        "--eval-every",
+        str(eval_every),
+        "--seed",
+        str(cfg.seed),
+        # one thread per rank, as in the scaling grid: N workers use N cores, whatever the host
+        "--threads",
+        "1",
+        "--log-every",
+        str(max(1, eval_every // 2)),
+        "--checkpoint-every",
+        str(10**9),  # the final one only: a checkpoint is no part of the figure
+        "--no-progress",
+        "--run-dir",
+        run_dir,
+        "--name",
+        name,
+        *cfg.extra,
+    ]
 
 
 def steps_per_epoch(cfg: TtaConfig, model: str, workers: int) -> int:
@@ -73,8 +92,16 @@ def job_name(method: str, workers: int, repeat: int, rate: str | None) -> str:
     return f"{method}-n{workers}{f'-{rate}' if rate else ''}-r{repeat}"
 
 
-def run_point(cfg: TtaConfig, out: str, model: str, method: Method, workers: int, repeat: int,
-              launcher: Launcher, rate: str | None = None) -> dict[str, Any]:
+def run_point(
+    cfg: TtaConfig,
+    out: str,
+    model: str,
+    method: Method,
+    workers: int,
+    repeat: int,
+    launcher: Launcher,
+    rate: str | None = None,
+) -> dict[str, Any]:
     """One job: train to the target (or the epoch limit) and read back when it got there; ``rate``: the
     emulated hosts' link rate (None on this machine)."""
     name = job_name(method.name, workers, repeat, rate)
@@ -85,17 +112,35 @@ def run_point(cfg: TtaConfig, out: str, model: str, method: Method, workers: int
     argv = launcher(world, trainer_args(cfg, model, method, run_dir, name, eval_every))
     log_path = os.path.join(out, "logs", f"{slug(model)}-{name}.log")
     load = loadavg()
-    res = run_job(argv, env={**os.environ, "OMP_NUM_THREADS": "1", "ALLREDUCE_TRAIN_PROGRESS": "0"},
-                  timeout=cfg.job_timeout, log_path=log_path)
+    res = run_job(
+        argv,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "ALLREDUCE_TRAIN_PROGRESS": "0"},
+        timeout=cfg.job_timeout,
+        log_path=log_path,
+    )
     rec: dict[str, Any] = {
-        "model": model, "method": method.name, "workers": workers, "servers": method.servers, "world_size": world,
-        "synchronous": method.synchronous, "repeat": repeat, "emulated": rate is not None, "link_rate": rate,
-        "name": name, "concept": method.concept,
+        "model": model,
+        "method": method.name,
+        "workers": workers,
+        "servers": method.servers,
+        "world_size": world,
+        "synchronous": method.synchronous,
+        "repeat": repeat,
+        "emulated": rate is not None,
+        "link_rate": rate,
+        "name": name,
+        "concept": method.concept,
         "hosts": f"{world} emulated, {rate}" if rate is not None else "this machine",
-        "target": cfg.target(model), "steps_per_epoch": spe, "eval_every": eval_every, "job_seconds": res.seconds,
-        "loadavg_before": load[0] if load else None, "loadavg_after": after[0] if (after := loadavg()) else None,
-        "log": os.path.relpath(log_path, out), "run": os.path.relpath(os.path.join(run_dir, name), out),
-        "argv": argv}
+        "target": cfg.target(model),
+        "steps_per_epoch": spe,
+        "eval_every": eval_every,
+        "job_seconds": res.seconds,
+        "loadavg_before": load[0] if load else None,
+        "loadavg_after": after[0] if (after := loadavg()) else None,
+        "log": os.path.relpath(log_path, out),
+        "run": os.path.relpath(os.path.join(run_dir, name), out),
+        "argv": argv,
+    }
     if model in cfg.own:  # the cost model's gradient (report.add_model_ratios) without importing the user's code
         from ..common import usermodel
 
@@ -104,13 +149,26 @@ def run_point(cfg: TtaConfig, out: str, model: str, method: Method, workers: int
     if m is None:
         return {**rec, "ok": False, "error": res.error_line() if not res.ok else "no metrics.json"}
     t = m.get("target", {})
-    rec.update(ok=True, reached=bool(t.get("reached")), evals=m.get("evals", []), steps=m["steps"],
-               samples_per_sec=m["samples_per_sec"], step_ms=m["step_ms"], comm_wait_ms=m.get("comm_wait_ms"),
-               global_batch=m["global_batch"],
-               final=m["final"], staleness_mean=m.get("staleness_mean"), staleness_max=m.get("staleness_max"))
+    rec.update(
+        ok=True,
+        reached=bool(t.get("reached")),
+        evals=m.get("evals", []),
+        steps=m["steps"],
+        samples_per_sec=m["samples_per_sec"],
+        step_ms=m["step_ms"],
+        comm_wait_ms=m.get("comm_wait_ms"),
+        global_batch=m["global_batch"],
+        final=m["final"],
+        staleness_mean=m.get("staleness_mean"),
+        staleness_max=m.get("staleness_max"),
+    )
     if rec["reached"]:
-        rec.update(steps_to_target=t["step"], epochs_to_target=t["epoch"], seconds_to_target=t["seconds"],
-                   samples_to_target=t["step"] * m["global_batch"])
+        rec.update(
+            steps_to_target=t["step"],
+            epochs_to_target=t["epoch"],
+            seconds_to_target=t["seconds"],
+            samples_to_target=t["step"] * m["global_batch"],
+        )
     return rec
 
 
@@ -119,9 +177,15 @@ def grid_points(cfg: TtaConfig, workers: list[int]) -> list[tuple[int, str, Meth
     One asynchronous worker is its synchronous twin (nothing can be stale), so it is not run. Emulated
     worker counts run once per link rate, the others once (this machine has no emulated link)."""
     table = methods()
-    return [(r, m, table[name], n, rate) for r in range(1, cfg.repeats + 1) for m in cfg.models
-            for rate in ([None] + cfg.rates) for n in workers for name in cfg.methods
-            if (table[name].synchronous or n > 1) and (rate is not None) == cfg.emulated(n)]
+    return [
+        (r, m, table[name], n, rate)
+        for r in range(1, cfg.repeats + 1)
+        for m in cfg.models
+        for rate in ([None] + cfg.rates)
+        for n in workers
+        for name in cfg.methods
+        if (table[name].synchronous or n > 1) and (rate is not None) == cfg.emulated(n)
+    ]
 
 
 def emulation_note(cfg: TtaConfig) -> str | None:
@@ -150,13 +214,15 @@ def run(cfg: TtaConfig, launcher: Launcher = local_launcher) -> dict[str, Any]:
     launchers: dict[str | None, Launcher] = {None: launcher}
     if not reason:
         for link in cfg.rates:
-            launchers[link] = emulated_launcher(link, timeout=max(60.0, cfg.job_timeout - 60),
-                                                mpi_allreduce=cfg.mpi_allreduce)
+            launchers[link] = emulated_launcher(
+                link, timeout=max(60.0, cfg.job_timeout - 60), mpi_allreduce=cfg.mpi_allreduce
+            )
     table = methods()
     points = grid_points(cfg, workers)
     if any(not table[name].synchronous for name in cfg.methods) and 1 in workers:
-        notes.append("asynchronous methods at N=1 not run: one worker has no stale gradients, so it is the "
-                     "synchronous run")
+        notes.append(
+            "asynchronous methods at N=1 not run: one worker has no stale gradients, so it is the synchronous run"
+        )
     records = []
     for i, (r, model, method, n, rate) in enumerate(points, 1):
         try:
@@ -167,22 +233,37 @@ def run(cfg: TtaConfig, launcher: Launcher = local_launcher) -> dict[str, Any]:
         records.append(rec)
         if not rec["ok"]:
             figure = f"FAILED ({rec['error']})"
-            notes.append(f"{model} {method.name} N={n}{f' {rate}' if rate else ''} r{r} failed: {rec['error']} "
-                         f"(see {rec['log']})")
+            notes.append(
+                f"{model} {method.name} N={n}{f' {rate}' if rate else ''} r{r} failed: {rec['error']} "
+                f"(see {rec['log']})"
+            )
         elif rec["reached"]:
-            figure = (f"{rec['target']} after {rec['seconds_to_target']:.1f} s, {rec['steps_to_target']} steps, "
-                      f"{rec['epochs_to_target']:.2f} epochs")
+            figure = (
+                f"{rec['target']} after {rec['seconds_to_target']:.1f} s, {rec['steps_to_target']} steps, "
+                f"{rec['epochs_to_target']:.2f} epochs"
+            )
         else:
             figure = f"{rec['target']} not reached in {rec['steps']} steps"
-        print(f"[{i:3d}/{len(points)}] {model:15s} {method.name:25s} N={n}{f' {rate}' if rate else ''} r{r}: {figure} "
-              f"(job {rec['job_seconds']:.0f} s, load {rec['loadavg_before']})", flush=True)
+        print(
+            f"[{i:3d}/{len(points)}] {model:15s} {method.name:25s} N={n}{f' {rate}' if rate else ''} r{r}: {figure} "
+            f"(job {rec['job_seconds']:.0f} s, load {rec['loadavg_before']})",
+            flush=True,
+        )
 
-    res = {"started": started, "minutes": (time.monotonic() - t0) / 60,
-           "command": ["python", "-m", "lab", *sys.argv[1:]], "out_dir": out,
-           "machine": {"cores": os.cpu_count(), "platform": platform.platform()}, "config": asdict(cfg),
-           "targets": {m: cfg.target(m) for m in cfg.models}, "what": {m: cfg.workload(m).what for m in cfg.models},
-           "methods": {name: table[name].description for name in cfg.methods}, "jobs": records, "notes": notes,
-           "loadavg_end": loadavg()}
+    res = {
+        "started": started,
+        "minutes": (time.monotonic() - t0) / 60,
+        "command": ["python", "-m", "lab", *sys.argv[1:]],
+        "out_dir": out,
+        "machine": {"cores": os.cpu_count(), "platform": platform.platform()},
+        "config": asdict(cfg),
+        "targets": {m: cfg.target(m) for m in cfg.models},
+        "what": {m: cfg.workload(m).what for m in cfg.models},
+        "methods": {name: table[name].description for name in cfg.methods},
+        "jobs": records,
+        "notes": notes,
+        "loadavg_end": loadavg(),
+    }
     write_outputs(out, res)
     print(f"done in {res['minutes']:.1f} min: {out}/report.md; make tensorboard RUN={out}/summary", flush=True)
     return res
@@ -255,56 +336,111 @@ def merge_grids(dirs: list[str], out: str) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------- command line
 
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from launch.mpirun import add_mpi_allreduce_arg
 
     d = TtaConfig()
-    p.add_argument("--models", default=None, help=f"comma-separated subset of {', '.join(WORKLOADS)} (default: all of "
-                                                  "them, or none with --model/--task)")
+    p.add_argument(
+        "--models",
+        default=None,
+        help=f"comma-separated subset of {', '.join(WORKLOADS)} (default: all of them, or none with --model/--task)",
+    )
     add_own_arguments(p)
-    p.add_argument("--methods", default="exchanges",
-                   help=f"comma-separated methods or groups: {', '.join(methods())}; groups: "
-                        + "; ".join(f"{g} ({len(v)} methods)" for g, v in method_groups().items())
-                        + " (default: exchanges, the six without a concept; docs/concepts.md for the others)")
+    p.add_argument(
+        "--methods",
+        default="exchanges",
+        help=f"comma-separated methods or groups: {', '.join(methods())}; groups: "
+        + "; ".join(f"{g} ({len(v)} methods)" for g, v in method_groups().items())
+        + " (default: exchanges, the six without a concept; docs/concepts.md for the others)",
+    )
     p.add_argument("--workers", default=",".join(map(str, d.workers)), help="worker counts (default: 1,2,4)")
-    p.add_argument("--emulate-from", type=int, default=d.emulate_from,
-                   help="worker counts from this one up run on emulated hosts, one rank per host (root; "
-                        "0 = never; default: 4)")
-    p.add_argument("--rates", default=None,
-                   help="emulated hosts' link rates per direction, comma-separated, one row of emulated points each, "
-                        f"e.g. 1gbit,100mbit,10mbit (default: {','.join(d.rates)})")
+    p.add_argument(
+        "--emulate-from",
+        type=int,
+        default=d.emulate_from,
+        help="worker counts from this one up run on emulated hosts, one rank per host (root; 0 = never; default: 4)",
+    )
+    p.add_argument(
+        "--rates",
+        default=None,
+        help="emulated hosts' link rates per direction, comma-separated, one row of emulated points each, "
+        f"e.g. 1gbit,100mbit,10mbit (default: {','.join(d.rates)})",
+    )
     p.add_argument("--link-rate", default=None, help="one emulated link rate (the same as --rates with one rate)")
     add_mpi_allreduce_arg(p, d.mpi_allreduce, f"{d.mpi_allreduce}, as `python -m launch --emulate-hosts`")
-    p.add_argument("--target", action="append", default=[], metavar="MODEL=METRIC>=VALUE",
-                   help="a model's target instead of its default (" + "; ".join(
-                       f"{m}: {w.target}" for m, w in WORKLOADS.items()) + "); repeatable")
-    p.add_argument("--max-epochs", type=int, default=0,
-                   help="stop a run that has not reached its target after this many epochs (default: per model, "
-                        + ", ".join(f"{m} {w.max_epochs}" for m, w in WORKLOADS.items()) + ")")
-    p.add_argument("--evals-per-epoch", type=int, default=d.evals_per_epoch,
-                   help="evaluations per epoch: the resolution of the steps to the target (default: 4)")
+    p.add_argument(
+        "--target",
+        action="append",
+        default=[],
+        metavar="MODEL=METRIC>=VALUE",
+        help="a model's target instead of its default ("
+        + "; ".join(f"{m}: {w.target}" for m, w in WORKLOADS.items())
+        + "); repeatable",
+    )
+    p.add_argument(
+        "--max-epochs",
+        type=int,
+        default=0,
+        help="stop a run that has not reached its target after this many epochs (default: per model, "
+        + ", ".join(f"{m} {w.max_epochs}" for m, w in WORKLOADS.items())
+        + ")",
+    )
+    p.add_argument(
+        "--evals-per-epoch",
+        type=int,
+        default=d.evals_per_epoch,
+        help="evaluations per epoch: the resolution of the steps to the target (default: 4)",
+    )
     p.add_argument("--repeats", type=int, default=d.repeats, help="jobs per point (default: 1)")
     p.add_argument("--seed", type=int, default=d.seed, help="the trainer's --seed for every job (default: 42)")
     p.add_argument("--out-dir", default="", help="output directory (default: runs/time-to-accuracy/<time>)")
-    p.add_argument("--extra", action="append", default=[], metavar="ARG",
-                   help="an extra trainer argument for every job, e.g. --extra=--lr --extra=0.02")
+    p.add_argument(
+        "--extra",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="an extra trainer argument for every job, e.g. --extra=--lr --extra=0.02",
+    )
     p.add_argument("--job-timeout", type=float, default=d.job_timeout, help="seconds before a job is stopped")
-    p.add_argument("--report", default="", metavar="DIR[,DIR...]",
-                   help="run nothing: write the report of the grid in DIR (its results.json) again; several "
-                        "grids: one report of all their jobs in --out-dir")
+    p.add_argument(
+        "--report",
+        default="",
+        metavar="DIR[,DIR...]",
+        help="run nothing: write the report of the grid in DIR (its results.json) again; several "
+        "grids: one report of all their jobs in --out-dir",
+    )
 
 
 def add_own_arguments(p: argparse.ArgumentParser) -> None:
     """--model/--task/--dataset and their keyword arguments: a user's model (docs/own_model.md)."""
-    p.add_argument("--model", default="", metavar="MODULE:CALLABLE",
-                   help="your own model (a callable returning an nn.Module), trained on --dataset; give its --target")
-    p.add_argument("--task", default="", metavar="MODULE:CALLABLE",
-                   help="your own task (a callable returning an allreduce_train.Task); give its --target")
-    p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="keyword argument for --model's/--task's callable (repeatable)")
+    p.add_argument(
+        "--model",
+        default="",
+        metavar="MODULE:CALLABLE",
+        help="your own model (a callable returning an nn.Module), trained on --dataset; give its --target",
+    )
+    p.add_argument(
+        "--task",
+        default="",
+        metavar="MODULE:CALLABLE",
+        help="your own task (a callable returning an allreduce_train.Task); give its --target",
+    )
+    p.add_argument(
+        "--model-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="keyword argument for --model's/--task's callable (repeatable)",
+    )
     p.add_argument("--dataset", default="", help="your own --model's data: fashion-mnist (default) or MODULE:CALLABLE")
-    p.add_argument("--dataset-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="keyword argument for --dataset's callable (repeatable)")
+    p.add_argument(
+        "--dataset-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="keyword argument for --dataset's callable (repeatable)",
+    )
 
 
 def own_workloads(args: argparse.Namespace) -> dict[str, Workload]:
@@ -321,10 +457,12 @@ def own_workloads(args: argparse.Namespace) -> dict[str, Workload]:
     if args.model and args.task:
         raise TtaError("--model and --task: give one (a task names its own model and data)")
     if args.model and not usermodel.is_reference(args.model):
-        raise TtaError(f"--model {args.model}: a registered model is chosen with --models; --model is your own "
-                       "MODULE:CALLABLE")
-    w = usermodel.from_args(args.model, task=args.task, dataset=args.dataset, model_args=args.model_arg,
-                            dataset_args=args.dataset_arg)
+        raise TtaError(
+            f"--model {args.model}: a registered model is chosen with --models; --model is your own MODULE:CALLABLE"
+        )
+    w = usermodel.from_args(
+        args.model, task=args.task, dataset=args.dataset, model_args=args.model_arg, dataset_args=args.dataset_arg
+    )
     try:
         usermodel.task_of(w)
     except UserError as e:
@@ -357,8 +495,9 @@ def config_from_args(args: argparse.Namespace) -> TtaConfig:
     names = []
     for v in _list(args.methods, "--methods"):
         if v not in methods() and v not in groups:
-            raise TtaError(f"--methods: unknown method {v!r}; choose from: {', '.join(methods())} "
-                           f"or a group: {', '.join(groups)}")
+            raise TtaError(
+                f"--methods: unknown method {v!r}; choose from: {', '.join(methods())} or a group: {', '.join(groups)}"
+            )
         names += [n for n in groups.get(v, [v]) if n not in names]
     try:
         workers = sorted({int(v) for v in _list(args.workers, "--workers")})
@@ -372,15 +511,21 @@ def config_from_args(args: argparse.Namespace) -> TtaConfig:
         if own and model not in WORKLOADS:  # your own model's target is the trainer's: METRIC>=VALUE
             model, sep, target = next(iter(own)), "=", t
         if not sep or (model not in WORKLOADS and model not in own):
-            raise TtaError(f"--target {t!r}: write MODEL=METRIC>=VALUE with MODEL one of {', '.join(WORKLOADS)}, "
-                           "e.g. lenet5=eval/accuracy>=0.85 (your own --model: METRIC>=VALUE)")
+            raise TtaError(
+                f"--target {t!r}: write MODEL=METRIC>=VALUE with MODEL one of {', '.join(WORKLOADS)}, "
+                "e.g. lenet5=eval/accuracy>=0.85 (your own --model: METRIC>=VALUE)"
+            )
         try:
             parse_target(target)
         except UserError as e:
             raise TtaError(str(e)) from None
         targets[model] = target
-    for flag, v, lo in (("--max-epochs", args.max_epochs, 0), ("--evals-per-epoch", args.evals_per_epoch, 1),
-                        ("--repeats", args.repeats, 1), ("--emulate-from", args.emulate_from, 0)):
+    for flag, v, lo in (
+        ("--max-epochs", args.max_epochs, 0),
+        ("--evals-per-epoch", args.evals_per_epoch, 1),
+        ("--repeats", args.repeats, 1),
+        ("--emulate-from", args.emulate_from, 0),
+    ):
         if v < lo:
             raise TtaError(f"{flag} must be >= {lo} (got {v})")
     if args.job_timeout < 120:
@@ -397,15 +542,29 @@ def config_from_args(args: argparse.Namespace) -> TtaConfig:
         raise TtaError(str(e)) from None
     missing = [m for m in own if m not in targets]
     if missing:
-        raise TtaError(f"--target: your own model {missing[0]} has no default target; give one, e.g. "
-                       "--target 'eval/accuracy>=0.85' or --target 'eval/loss<=2.0'")
+        raise TtaError(
+            f"--target: your own model {missing[0]} has no default target; give one, e.g. "
+            "--target 'eval/accuracy>=0.85' or --target 'eval/loss<=2.0'"
+        )
     if len(set(rates)) < len(rates):
         raise TtaError(f"--rates: a rate given twice ({args.rates})")
-    return TtaConfig(models=models, methods=names, workers=workers, emulate_from=args.emulate_from,
-                     rates=rates, mpi_allreduce=args.mpi_allreduce, targets=targets,
-                     max_epochs=args.max_epochs, evals_per_epoch=args.evals_per_epoch, repeats=args.repeats,
-                     seed=args.seed, out_dir=args.out_dir, extra=args.extra, job_timeout=args.job_timeout,
-                     own={m: own[m] for m in own if m in models})
+    return TtaConfig(
+        models=models,
+        methods=names,
+        workers=workers,
+        emulate_from=args.emulate_from,
+        rates=rates,
+        mpi_allreduce=args.mpi_allreduce,
+        targets=targets,
+        max_epochs=args.max_epochs,
+        evals_per_epoch=args.evals_per_epoch,
+        repeats=args.repeats,
+        seed=args.seed,
+        out_dir=args.out_dir,
+        extra=args.extra,
+        job_timeout=args.job_timeout,
+        own={m: own[m] for m in own if m in models},
+    )
 
 
 def main(args: argparse.Namespace) -> int:

@@ -9,10 +9,36 @@ from typing import Any
 
 from .spec import methods
 
-CSV_FIELDS = ("model", "method", "concept", "workers", "servers", "hosts", "link_rate", "repeat", "ok", "target",
-              "reached", "seconds_to_target", "steps_to_target", "epochs_to_target", "samples_to_target", "steps",
-              "steps_per_epoch", "eval_every", "samples_per_sec", "step_ms", "comm_wait_ms", "staleness_mean",
-              "staleness_max", "job_seconds", "loadavg_before", "error", "pred_step_ms", "model_ratio")
+CSV_FIELDS = (
+    "model",
+    "method",
+    "concept",
+    "workers",
+    "servers",
+    "hosts",
+    "link_rate",
+    "repeat",
+    "ok",
+    "target",
+    "reached",
+    "seconds_to_target",
+    "steps_to_target",
+    "epochs_to_target",
+    "samples_to_target",
+    "steps",
+    "steps_per_epoch",
+    "eval_every",
+    "samples_per_sec",
+    "step_ms",
+    "comm_wait_ms",
+    "staleness_mean",
+    "staleness_max",
+    "job_seconds",
+    "loadavg_before",
+    "error",
+    "pred_step_ms",
+    "model_ratio",
+)
 
 
 def write_csv(path: str, records: list[dict[str, Any]]) -> None:
@@ -59,11 +85,21 @@ def write_tensorboard(path: str, records: list[dict[str, Any]]) -> None:
 # methods dashed, so that a method keeps its look in every panel. A concept on the allreduce engines has
 # a colour of its own and the engine's line style (Horovod dash-dot, mpi engine solid); the PS's 16 bits
 # keep their exchange's colour, dotted (fp16) or dash-dot (bf16).
-PLOT_STYLE = {"ring-horovod": ("#1f4e9c", "-"), "ring-mpi": ("#4fa3e0", "-"),
-              "ps-sync-dedicated": ("#b2182b", "-"), "ps-async-dedicated": ("#ef8a62", "--"),
-              "ps-sync-colocated": ("#1b7837", "-"), "ps-async-colocated": ("#7fbf7b", "--")}
-CONCEPT_COLOR = {"fp16": "#e08214", "bf16": "#8c510a", "powersgd": "#762a83", "localsgd": "#35978f",
-                 "diloco": "#c51b7d"}
+PLOT_STYLE = {
+    "ring-horovod": ("#1f4e9c", "-"),
+    "ring-mpi": ("#4fa3e0", "-"),
+    "ps-sync-dedicated": ("#b2182b", "-"),
+    "ps-async-dedicated": ("#ef8a62", "--"),
+    "ps-sync-colocated": ("#1b7837", "-"),
+    "ps-async-colocated": ("#7fbf7b", "--"),
+}
+CONCEPT_COLOR = {
+    "fp16": "#e08214",
+    "bf16": "#8c510a",
+    "powersgd": "#762a83",
+    "localsgd": "#35978f",
+    "diloco": "#c51b7d",
+}
 LONG_PERIOD_COLOR = "#003c30"  # local SGD with H > 4
 
 
@@ -110,8 +146,9 @@ def plot_time_to_accuracy(path: str, res: dict[str, Any]) -> list[list[tuple[str
     jobs = [j for j in res["jobs"] if j["ok"] and j.get("evals")]
     models = list(res["targets"])
     panels = sorted({panel_key(j) for j in res["jobs"]}, key=panel_order) or [(1, "")]
-    fig, axes = plt.subplots(max(1, len(models)), len(panels), figsize=(4.2 * len(panels), 3.4 * max(1, len(models))),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        max(1, len(models)), len(panels), figsize=(4.2 * len(panels), 3.4 * max(1, len(models))), squeeze=False
+    )
     drawn: list[list[tuple[str, int]]] = []
     for row, model in zip(axes, models, strict=False):
         _, op, value = parse_target(res["targets"][model])
@@ -129,11 +166,20 @@ def plot_time_to_accuracy(path: str, res: dict[str, Any]) -> list[list[tuple[str
                 if not pts:
                     continue
                 color, ls = plot_style(j["method"])
-                ax.plot(*zip(*pts, strict=True), color=color, ls=ls, lw=1.4, marker=".", ms=3,
-                        label=f"{j['method']}" + (f" r{j['repeat']}" if j["repeat"] > 1 else ""))
+                ax.plot(
+                    *zip(*pts, strict=True),
+                    color=color,
+                    ls=ls,
+                    lw=1.4,
+                    marker=".",
+                    ms=3,
+                    label=f"{j['method']}" + (f" r{j['repeat']}" if j["repeat"] > 1 else ""),
+                )
                 if j.get("reached"):  # the evaluation that reached the target
                     hit = next(e for e in j["evals"] if e["step"] == j["steps_to_target"])
-                    ax.plot([hit["seconds"]], [hit[key]], marker="*", ms=11, color=color, mec="black", mew=0.5, ls="none")
+                    ax.plot(
+                        [hit["seconds"]], [hit[key]], marker="*", ms=11, color=color, mec="black", mew=0.5, ls="none"
+                    )
                 ys += [y for _, y in pts]
                 lines.append((j["method"], n))
             drawn.append(lines)
@@ -208,12 +254,18 @@ def verdicts(jobs: list[dict[str, Any]], base: dict[tuple[tuple[int, str], int],
             line += "no 16-bit allreduce reached the target, so nothing is measured against it"
         else:
             line += f"baseline {b['method']} {b['seconds_to_target']:.1f} s"
-            best = min((j for j in sel if j["ok"] and j.get("reached") and j is not b),
-                       key=lambda j: j["seconds_to_target"], default=None)
+            best = min(
+                (j for j in sel if j["ok"] and j.get("reached") and j is not b),
+                key=lambda j: j["seconds_to_target"],
+                default=None,
+            )
             if best is not None:
                 rel = best["seconds_to_target"] / b["seconds_to_target"]
-                line += (f"; fastest other: {best['method']} {best['seconds_to_target']:.1f} s ({rel:.2f}x, "
-                         + ("beats" if rel < 1 else "does not beat") + " the baseline)")
+                line += (
+                    f"; fastest other: {best['method']} {best['seconds_to_target']:.1f} s ({rel:.2f}x, "
+                    + ("beats" if rel < 1 else "does not beat")
+                    + " the baseline)"
+                )
         if missed:
             line += f"; did not reach the target: {', '.join(missed)}"
         if failed:
@@ -221,8 +273,13 @@ def verdicts(jobs: list[dict[str, Any]], base: dict[tuple[tuple[int, str], int],
         out.append(line + ".")
     if not out:
         return []
-    return ["Against the 16-bit baseline (time to target over the fastest 16-bit allreduce's at the same N and "
-            "link; below 1 beats it):", "", *out, ""]
+    return [
+        "Against the 16-bit baseline (time to target over the fastest 16-bit allreduce's at the same N and "
+        "link; below 1 beats it):",
+        "",
+        *out,
+        "",
+    ]
 
 
 def cost_model_method(method: str) -> tuple[Any, str, int]:
@@ -230,11 +287,18 @@ def cost_model_method(method: str) -> tuple[Any, str, int]:
     from ..common import costmodel
 
     m = methods()[method]
-    kind = (costmodel.ALLREDUCE if method.startswith("ring-") else
-            costmodel.PS_DEDICATED if "-dedicated" in method else costmodel.PS_COLOCATED)
-    by_concept: dict[str, dict[str, Any]] = {"powersgd": dict(compression="powersgd", powersgd_rank=m.param),
-                                             "localsgd": dict(average_every=m.param),
-                                             "diloco": dict(diloco_every=m.param)}
+    kind = (
+        costmodel.ALLREDUCE
+        if method.startswith("ring-")
+        else costmodel.PS_DEDICATED
+        if "-dedicated" in method
+        else costmodel.PS_COLOCATED
+    )
+    by_concept: dict[str, dict[str, Any]] = {
+        "powersgd": dict(compression="powersgd", powersgd_rank=m.param),
+        "localsgd": dict(average_every=m.param),
+        "diloco": dict(diloco_every=m.param),
+    }
     flags = by_concept.get(m.concept, dict(compression=m.concept))
     return costmodel.Method.from_flags(**flags), kind, max(1, m.servers)
 
@@ -252,11 +316,24 @@ def add_model_ratios(jobs: list[dict[str, Any]]) -> None:
             continue
         method, kind, servers = cost_model_method(j["method"])
         compute_s = max(0.0, (j["step_ms"] - j["comm_wait_ms"]) / 1e3)
-        p = costmodel.predict_method(method, kind, j["workers"], j.get("grad_shapes") or gradients.shapes(j["model"]), compute_s,
-                                     j["global_batch"] // j["workers"], link_network(j["link_rate"]), servers)
-        j.update(compute_ms=1e3 * compute_s, pred_step_ms=1e3 * p.step_s, pred_exchange_ms=1e3 * p.exchange_s,
-                 pred_extra_compute_ms=1e3 * p.extra_compute_s, model_bytes_per_step=p.volume,
-                 model_ratio=(mean_step_ms(j) or math.nan) / (1e3 * p.step_s))
+        p = costmodel.predict_method(
+            method,
+            kind,
+            j["workers"],
+            j.get("grad_shapes") or gradients.shapes(j["model"]),
+            compute_s,
+            j["global_batch"] // j["workers"],
+            link_network(j["link_rate"]),
+            servers,
+        )
+        j.update(
+            compute_ms=1e3 * compute_s,
+            pred_step_ms=1e3 * p.step_s,
+            pred_exchange_ms=1e3 * p.exchange_s,
+            pred_extra_compute_ms=1e3 * p.extra_compute_s,
+            model_bytes_per_step=p.volume,
+            model_ratio=(mean_step_ms(j) or math.nan) / (1e3 * p.step_s),
+        )
 
 
 def markdown(res: dict[str, Any]) -> str:
@@ -266,44 +343,65 @@ def markdown(res: dict[str, Any]) -> str:
     mpi = describe_mpi_allreduce(cfg["mpi_allreduce"]) if "mpi_allreduce" in cfg else "not recorded"
     loads = [j["loadavg_before"] for j in jobs if j.get("loadavg_before") is not None]
     load = f"median {statistics.median(loads):.1f}, max {max(loads):.1f}" if loads else "–"
-    L = [f"# Time to accuracy ({res['started']})", "",
-         f"Command: `{' '.join(res['command'])}`  ",
-         *(f"Grid: `{c}`  " for c in res.get("merged_from", [])),
-         f"Machine: {res['machine']['cores']} cores, {res['machine']['platform']}; one thread per rank; the grid "
-         f"took {res['minutes']:.1f} min. Load average (1 min) before the jobs: {load} -- other work on the "
-         "machine slows the jobs it overlaps, so wall times are this machine's under this load.", "",
-         "## Definitions", "",
-         f"- every job trains from the same seed ({cfg['seed']}) with the model's own recipe and data until the first "
-         f"evaluation that reaches the target; evaluations run {cfg['evals_per_epoch']} times per epoch, so steps "
-         f"to target are resolved to 1/{cfg['evals_per_epoch']} epoch and are an upper bound;",
-         "- time = wall-clock seconds from the first training step to that evaluation's end (evaluations "
-         "included; start-up, data loading and process launch excluded); steps = optimizer steps of one worker; "
-         "epochs = steps / steps per epoch, i.e. passes over the training data by all workers together;",
-         "- async/sync steps: steps to target of an asynchronous PS over its synchronous twin (same placement, "
-         "same N): the cost of stale gradients; staleness = mean updates a gradient missed on the server;",
-         "- vs 16-bit: time to target over the baseline's, the fastest 16-bit allreduce (fp16/bf16, either engine; "
-         "marked **(baseline)**) at the same N and link rate: a communication-reduction method has to beat it "
-         "(docs/concepts.md); step ms = a worker's mean step (global batch / samples per second, evaluations "
-         "excluded);",
-         *(["- model ratio: the measured mean step over the cost model's "
-            "(lab/common/costmodel.py `predict_method`: the job's own compute, its median step less its median "
-            "exchange wait, plus the method's extra compute and its exchange over the emulated link, no added "
-            "latency); above 1 the job was slower than the model says; emulated jobs only (this machine has no "
-            "link to model);"] if any("model_ratio" in j for j in jobs)
-           else []),
-         "- N = workers; dedicated servers run beside them; N from "
-         + (f"{cfg['emulate_from']} up runs on emulated hosts (one rank per network namespace, "
+    L = [
+        f"# Time to accuracy ({res['started']})",
+        "",
+        f"Command: `{' '.join(res['command'])}`  ",
+        *(f"Grid: `{c}`  " for c in res.get("merged_from", [])),
+        f"Machine: {res['machine']['cores']} cores, {res['machine']['platform']}; one thread per rank; the grid "
+        f"took {res['minutes']:.1f} min. Load average (1 min) before the jobs: {load} -- other work on the "
+        "machine slows the jobs it overlaps, so wall times are this machine's under this load.",
+        "",
+        "## Definitions",
+        "",
+        f"- every job trains from the same seed ({cfg['seed']}) with the model's own recipe and data until the first "
+        f"evaluation that reaches the target; evaluations run {cfg['evals_per_epoch']} times per epoch, so steps "
+        f"to target are resolved to 1/{cfg['evals_per_epoch']} epoch and are an upper bound;",
+        "- time = wall-clock seconds from the first training step to that evaluation's end (evaluations "
+        "included; start-up, data loading and process launch excluded); steps = optimizer steps of one worker; "
+        "epochs = steps / steps per epoch, i.e. passes over the training data by all workers together;",
+        "- async/sync steps: steps to target of an asynchronous PS over its synchronous twin (same placement, "
+        "same N): the cost of stale gradients; staleness = mean updates a gradient missed on the server;",
+        "- vs 16-bit: time to target over the baseline's, the fastest 16-bit allreduce (fp16/bf16, either engine; "
+        "marked **(baseline)**) at the same N and link rate: a communication-reduction method has to beat it "
+        "(docs/concepts.md); step ms = a worker's mean step (global batch / samples per second, evaluations "
+        "excluded);",
+        *(
+            [
+                "- model ratio: the measured mean step over the cost model's "
+                "(lab/common/costmodel.py `predict_method`: the job's own compute, its median step less its median "
+                "exchange wait, plus the method's extra compute and its exchange over the emulated link, no added "
+                "latency); above 1 the job was slower than the model says; emulated jobs only (this machine has no "
+                "link to model);"
+            ]
+            if any("model_ratio" in j for j in jobs)
+            else []
+        ),
+        "- N = workers; dedicated servers run beside them; N from "
+        + (
+            f"{cfg['emulate_from']} up runs on emulated hosts (one rank per network namespace, "
             f"{', '.join(cfg['rates']) if 'rates' in cfg else cfg['link_rate']} links, one row per rate, all on this "
             "machine's cores; Open MPI's MPI_Allreduce there: "
-            f"{mpi})" if cfg["emulate_from"] else "– (no emulated hosts)") + ".", ""]
+            f"{mpi})"
+            if cfg["emulate_from"]
+            else "– (no emulated hosts)"
+        )
+        + ".",
+        "",
+    ]
     model_column = any("model_ratio" in j for j in jobs)
     for model, target in res["targets"].items():
         sel = [j for j in jobs if j["model"] == model]
         base = baselines(sel)
-        L += [f"## {model}: {target}", "", f"Measured on: {res['what'][model]}.", "",
-              "| method | N | hosts | reached | time to target s | vs 16-bit | steps | epochs | async/sync steps | "
-              "staleness | samples/s | step ms | final | load |" + (" model ratio |" if model_column else ""),
-              "|---|---:|---|---|" + "---:|" * (10 + model_column)]
+        L += [
+            f"## {model}: {target}",
+            "",
+            f"Measured on: {res['what'][model]}.",
+            "",
+            "| method | N | hosts | reached | time to target s | vs 16-bit | steps | epochs | async/sync steps | "
+            "staleness | samples/s | step ms | final | load |" + (" model ratio |" if model_column else ""),
+            "|---|---:|---|---|" + "---:|" * (10 + model_column),
+        ]
         sync_steps = {(j["method"], panel_key(j), j["repeat"]): j.get("steps_to_target") for j in sel if j["ok"]}
         for j in sel:
             b = base.get((panel_key(j), j["repeat"]))
@@ -320,32 +418,44 @@ def markdown(res: dict[str, Any]) -> str:
                 ratio = f"{j['steps_to_target'] / peer:.2f}" if peer else "–"
             rel = f"{j['seconds_to_target'] / b['seconds_to_target']:.2f}" if b and j.get("reached") else "–"
             final = {k: v for k, v in j["final"].items() if k == metric_key(target)}
-            L.append(f"{head} {'yes' if j['reached'] else 'no'} | {_f(j.get('seconds_to_target'), '.1f')} | {rel} | "
-                     f"{j.get('steps_to_target', j['steps'])}{'' if j['reached'] else ' (all)'} | "
-                     f"{_f(j.get('epochs_to_target'), '.2f')} | {ratio} | {_f(j.get('staleness_mean'), '.2f')} | "
-                     f"{j['samples_per_sec']:.0f} | {_f(mean_step_ms(j), '.1f')} | "
-                     f"{', '.join(f'{v:.4g}' for v in final.values()) or '–'} | {_f(j['loadavg_before'], '.1f')} |"
-                     + (f" {_f(j.get('model_ratio'), '.2f')} |" if model_column else ""))
+            L.append(
+                f"{head} {'yes' if j['reached'] else 'no'} | {_f(j.get('seconds_to_target'), '.1f')} | {rel} | "
+                f"{j.get('steps_to_target', j['steps'])}{'' if j['reached'] else ' (all)'} | "
+                f"{_f(j.get('epochs_to_target'), '.2f')} | {ratio} | {_f(j.get('staleness_mean'), '.2f')} | "
+                f"{j['samples_per_sec']:.0f} | {_f(mean_step_ms(j), '.1f')} | "
+                f"{', '.join(f'{v:.4g}' for v in final.values()) or '–'} | {_f(j['loadavg_before'], '.1f')} |"
+                + (f" {_f(j.get('model_ratio'), '.2f')} |" if model_column else "")
+            )
         L.append("")
         fastest = sorted((j for j in sel if j["ok"] and j["reached"]), key=lambda j: j["seconds_to_target"])
         if fastest:
             f = fastest[0]
             link = f" at {f['link_rate']}" if f.get("link_rate") else ""
-            L += [f"Fastest to the target: {f['method']} with {f['workers']} worker(s){link}, "
-                  f"{f['seconds_to_target']:.1f} s.", ""]
+            L += [
+                f"Fastest to the target: {f['method']} with {f['workers']} worker(s){link}, "
+                f"{f['seconds_to_target']:.1f} s.",
+                "",
+            ]
         L += verdicts(sel, base)
-    L += ["![every job's figure against wall-clock seconds; stars where a job reached the target]"
-          "(time_to_accuracy.png)", ""]
+    L += [
+        "![every job's figure against wall-clock seconds; stars where a job reached the target](time_to_accuracy.png)",
+        "",
+    ]
     if res["notes"]:
         L += ["## Skipped or failed", ""] + [f"- {n}" for n in res["notes"]] + [""]
-    L += ["## Files", "",
-          "- `results.json`, `results.csv`: every figure above, with each job's evaluations (step, epoch, seconds, "
-          "figures);",
-          "- `time_to_accuracy.png`: the figure above (per model, N and link rate, every method against wall-clock "
-          "seconds);",
-          "- `runs/<model>/<method>-n<N>[-<rate>]-r<k>/`: each job's TensorBoard run and metrics.json (the link rate "
-          "in the name on emulated hosts); `logs/`: its output;",
-          "- `summary/`: each job's evaluations against the step (`tta/<metric>`; switch the horizontal axis to "
-          "Relative for wall-clock time) and against milliseconds since training started (`tta/<metric>_vs_ms`):", "",
-          f"      make tensorboard RUN={res['out_dir']}/summary     # http://127.0.0.1:6007 (6006 hangs mpirun)", ""]
+    L += [
+        "## Files",
+        "",
+        "- `results.json`, `results.csv`: every figure above, with each job's evaluations (step, epoch, seconds, "
+        "figures);",
+        "- `time_to_accuracy.png`: the figure above (per model, N and link rate, every method against wall-clock "
+        "seconds);",
+        "- `runs/<model>/<method>-n<N>[-<rate>]-r<k>/`: each job's TensorBoard run and metrics.json (the link rate "
+        "in the name on emulated hosts); `logs/`: its output;",
+        "- `summary/`: each job's evaluations against the step (`tta/<metric>`; switch the horizontal axis to "
+        "Relative for wall-clock time) and against milliseconds since training started (`tta/<metric>_vs_ms`):",
+        "",
+        f"      make tensorboard RUN={res['out_dir']}/summary     # http://127.0.0.1:6007 (6006 hangs mpirun)",
+        "",
+    ]
     return "\n".join(L)

@@ -23,13 +23,22 @@ class Workload:
 
 
 WORKLOADS = {
-    "lenet5": Workload("lenet5", "fashion-mnist", "eval/accuracy>=0.89", 10,
-                       "test accuracy on the real Fashion-MNIST test set (10,000 images)"),
+    "lenet5": Workload(
+        "lenet5",
+        "fashion-mnist",
+        "eval/accuracy>=0.89",
+        10,
+        "test accuracy on the real Fashion-MNIST test set (10,000 images)",
+    ),
     # The offline corpus is Python documentation, not Penn Treebank: 300 is a perplexity the small
     # LSTM passes a little after one epoch there (docs/workloads.md: 352 after 300 of 296x2 steps at 2 workers).
-    "ptb-lstm-small": Workload("ptb-lstm-small", "ptb", "eval/perplexity<=300", 4,
-                               "validation perplexity on the offline corpus (NOT Penn Treebank; not comparable "
-                               "with PTB figures)"),
+    "ptb-lstm-small": Workload(
+        "ptb-lstm-small",
+        "ptb",
+        "eval/perplexity<=300",
+        4,
+        "validation perplexity on the offline corpus (NOT Penn Treebank; not comparable with PTB figures)",
+    ),
 }
 
 
@@ -65,54 +74,115 @@ LOCALSGD_PERIODS = (4, 16)
 DILOCO_PERIODS = (16,)  # beside local SGD's longer period: the outer optimizer is what differs
 
 # Method groups --methods accepts besides names: the original six exchanges, and the concepts with their baseline.
-EXCHANGES = ("ring-horovod", "ring-mpi", "ps-sync-dedicated", "ps-async-dedicated", "ps-sync-colocated",
-             "ps-async-colocated")
+EXCHANGES = (
+    "ring-horovod",
+    "ring-mpi",
+    "ps-sync-dedicated",
+    "ps-async-dedicated",
+    "ps-sync-colocated",
+    "ps-async-colocated",
+)
 
 
 def methods() -> dict[str, Method]:
     ps = ("--strategy", "ps")
-    engines = {"horovod": ("--strategy", "allreduce", "--allreduce-engine", "horovod"),
-               "mpi": ("--strategy", "allreduce", "--allreduce-engine", "mpi")}
-    placements = {"dedicated": (("--ps-placement", "dedicated", "--ps-servers", "1"), 1, "1 dedicated server"),
-                  "colocated": (("--ps-placement", "colocated"), 0, "colocated with the workers")}
+    engines = {
+        "horovod": ("--strategy", "allreduce", "--allreduce-engine", "horovod"),
+        "mpi": ("--strategy", "allreduce", "--allreduce-engine", "mpi"),
+    }
+    placements = {
+        "dedicated": (("--ps-placement", "dedicated", "--ps-servers", "1"), 1, "1 dedicated server"),
+        "colocated": (("--ps-placement", "colocated"), 0, "colocated with the workers"),
+    }
     out = [
         Method("ring-horovod", engines["horovod"], 0, True, "ring allreduce, Horovod"),
-        Method("ring-mpi", engines["mpi"], 0, True,
-               "ring allreduce on mpi4py messages from gradient hooks (the PS's machinery)"),
+        Method(
+            "ring-mpi",
+            engines["mpi"],
+            0,
+            True,
+            "ring allreduce on mpi4py messages from gradient hooks (the PS's machinery)",
+        ),
     ]
     for mode in ("sync", "async"):
         for place in ("dedicated", "colocated"):
             flags, servers, what = placements[place]
-            out.append(Method(f"ps-{mode}-{place}", (*ps, *flags, "--ps-mode", mode), servers, mode == "sync",
-                              f"parameter server, {what}, {'synchronous' if mode == 'sync' else 'asynchronous'}"))
+            out.append(
+                Method(
+                    f"ps-{mode}-{place}",
+                    (*ps, *flags, "--ps-mode", mode),
+                    servers,
+                    mode == "sync",
+                    f"parameter server, {what}, {'synchronous' if mode == 'sync' else 'asynchronous'}",
+                )
+            )
     out = sorted(out, key=lambda m: EXCHANGES.index(m.name))
     # The concepts (docs/concepts.md). 16-bit allreduce: Horovod has no bfloat16 allreduce.
     for engine, bits in (("horovod", ("fp16",)), ("mpi", ("fp16", "bf16"))):
         for b in bits:
-            out.append(Method(f"ring-{engine}-{b}", (*engines[engine], "--compression", b), 0, True,
-                              f"ring allreduce, {engine} engine, gradients as {b} on the wire", b))
+            out.append(
+                Method(
+                    f"ring-{engine}-{b}",
+                    (*engines[engine], "--compression", b),
+                    0,
+                    True,
+                    f"ring allreduce, {engine} engine, gradients as {b} on the wire",
+                    b,
+                )
+            )
     for engine in engines:
         for r in POWERSGD_RANKS:
-            out.append(Method(f"ring-{engine}-powersgd-r{r}",
-                              (*engines[engine], "--compression", "powersgd", "--powersgd-rank", str(r)), 0, True,
-                              f"PowerSGD rank {r} (error feedback, warm start) over the {engine} engine's sums",
-                              "powersgd", r))
+            out.append(
+                Method(
+                    f"ring-{engine}-powersgd-r{r}",
+                    (*engines[engine], "--compression", "powersgd", "--powersgd-rank", str(r)),
+                    0,
+                    True,
+                    f"PowerSGD rank {r} (error feedback, warm start) over the {engine} engine's sums",
+                    "powersgd",
+                    r,
+                )
+            )
         for h in LOCALSGD_PERIODS:
-            out.append(Method(f"ring-{engine}-localsgd-h{h}", (*engines[engine], "--average-every", str(h)), 0, True,
-                              f"local SGD: parameters averaged every {h} steps over the {engine} engine "
-                              "(float32)", "localsgd", h))
+            out.append(
+                Method(
+                    f"ring-{engine}-localsgd-h{h}",
+                    (*engines[engine], "--average-every", str(h)),
+                    0,
+                    True,
+                    f"local SGD: parameters averaged every {h} steps over the {engine} engine (float32)",
+                    "localsgd",
+                    h,
+                )
+            )
         for h in DILOCO_PERIODS:
-            out.append(Method(f"ring-{engine}-diloco-h{h}", (*engines[engine], "--diloco-every", str(h)), 0, True,
-                              f"DiLoCo: an outer Nesterov step on the parameter delta averaged every {h} steps "
-                              f"over the {engine} engine (float32)", "diloco", h))
+            out.append(
+                Method(
+                    f"ring-{engine}-diloco-h{h}",
+                    (*engines[engine], "--diloco-every", str(h)),
+                    0,
+                    True,
+                    f"DiLoCo: an outer Nesterov step on the parameter delta averaged every {h} steps "
+                    f"over the {engine} engine (float32)",
+                    "diloco",
+                    h,
+                )
+            )
     for mode in ("sync", "async"):
         for place in ("dedicated", "colocated"):
             flags, servers, what = placements[place]
-            for b in (("fp16", "bf16") if (mode, place) == ("sync", "colocated") else ("fp16",)):
-                out.append(Method(f"ps-{mode}-{place}-{b}", (*ps, *flags, "--ps-mode", mode, "--compression", b),
-                                  servers, mode == "sync",
-                                  f"parameter server, {what}, {'synchronous' if mode == 'sync' else 'asynchronous'}, "
-                                  f"push and pull as {b}", b))
+            for b in ("fp16", "bf16") if (mode, place) == ("sync", "colocated") else ("fp16",):
+                out.append(
+                    Method(
+                        f"ps-{mode}-{place}-{b}",
+                        (*ps, *flags, "--ps-mode", mode, "--compression", b),
+                        servers,
+                        mode == "sync",
+                        f"parameter server, {what}, {'synchronous' if mode == 'sync' else 'asynchronous'}, "
+                        f"push and pull as {b}",
+                        b,
+                    )
+                )
     return {m.name: m for m in out}
 
 

@@ -17,8 +17,14 @@ from helpers import ROOT, check, launch, rel_diff
 
 
 def bench(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lab", "bench", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return subprocess.run(
+        [sys.executable, "-m", "lab", "bench", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
 
 
 @pytest.mark.mpi
@@ -50,11 +56,32 @@ def test_every_implementation_computes_the_same_averaged_gradient(tmp_path, mode
     """Equal work: for the same inputs each implementation's averaged gradient is the gradient of
     the union batch in one process; without the exchange a rank's own gradient is far from it."""
     grads = {}
-    impls = (("horovod", []), ("ddp", []), ("trainer", []), ("trainer-mpi", ["--allreduce-engine", "mpi"]),
-             ("trainer-torch", ["--allreduce-engine", "torch"]), ("trainer-gloo", ["--horovod-backend", "gloo"]))
+    impls = (
+        ("horovod", []),
+        ("ddp", []),
+        ("trainer", []),
+        ("trainer-mpi", ["--allreduce-engine", "mpi"]),
+        ("trainer-torch", ["--allreduce-engine", "torch"]),
+        ("trainer-gloo", ["--horovod-backend", "gloo"]),
+    )
     for impl, extra in impls if model_name == "lenet5" else impls[:5]:
-        check(launch(2, ["--impl", impl.split("-")[0], "--model", model_name, *extra, "--port", str(free_port()),
-                         "--dump-grads", str(tmp_path / f"{impl}-{{rank}}.pt")], module="lab.bench.rank"))
+        check(
+            launch(
+                2,
+                [
+                    "--impl",
+                    impl.split("-")[0],
+                    "--model",
+                    model_name,
+                    *extra,
+                    "--port",
+                    str(free_port()),
+                    "--dump-grads",
+                    str(tmp_path / f"{impl}-{{rank}}.pt"),
+                ],
+                module="lab.bench.rank",
+            )
+        )
         r0 = torch.load(tmp_path / f"{impl}-0.pt", weights_only=True)
         r1 = torch.load(tmp_path / f"{impl}-1.pt", weights_only=True)
         assert all(torch.equal(r0[k], r1[k]) for k in r0), f"{impl}: ranks hold different gradients"
@@ -78,9 +105,26 @@ def test_bench_times_a_language_model_and_variants(tmp_path):
     """The trainer and a variant of it on the LSTM (the bare Horovod and DDP loops: their timing in the tiny
     setting above, their LSTM steps in the equal-work test)."""
     out = tmp_path / "bench"
-    proc = check(bench("--models", "ptb-lstm-small", "--np", "2", "--impls", "trainer,cycle1",
-                       "--variant", "cycle1=trainer HOROVOD_CYCLE_TIME=1", "--repeats", "1", "--steps", "2",
-                       "--warmup", "1", "--out", str(out)))
+    proc = check(
+        bench(
+            "--models",
+            "ptb-lstm-small",
+            "--np",
+            "2",
+            "--impls",
+            "trainer,cycle1",
+            "--variant",
+            "cycle1=trainer HOROVOD_CYCLE_TIME=1",
+            "--repeats",
+            "1",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--out",
+            str(out),
+        )
+    )
     report = json.loads((out / "bench.json").read_text())
     assert report["impls"] == ["trainer", "cycle1"]
     (row,) = report["rows"]
@@ -103,20 +147,36 @@ def test_variant_parsing():
     assert parse_variant("h1=horovod HOROVOD_CYCLE_TIME=1", known).env == {"HOROVOD_CYCLE_TIME": "1"}
     # after the first flag everything is a flag argument
     assert parse_variant("x=trainer --compression fp16 K=V", known).args == ["--compression", "fp16", "K=V"]
-    for bad, says in (("noequals", "NAME=BASE"), ("x=nosuch", "first word"), ("trainer=trainer", "taken"),
-                      ("x=ddp --threads 2", "only apply to the trainer"), ("x=trainer lower", "KEY=VALUE")):
+    for bad, says in (
+        ("noequals", "NAME=BASE"),
+        ("x=nosuch", "first word"),
+        ("trainer=trainer", "taken"),
+        ("x=ddp --threads 2", "only apply to the trainer"),
+        ("x=trainer lower", "KEY=VALUE"),
+    ):
         with pytest.raises(ValueError, match=says):
             parse_variant(bad, known)
 
 
 def test_ratios_pair_jobs_of_the_same_round_and_efficiency_uses_one_rank():
     def job(impl, np, tag, sps):
-        return {"impl": impl, "model": "lenet5", "np": np, "tag": tag, "samples_per_sec": sps,
-                "loadavg_before": [1.0, 1.0, 1.0]}
+        return {
+            "impl": impl,
+            "model": "lenet5",
+            "np": np,
+            "tag": tag,
+            "samples_per_sec": sps,
+            "loadavg_before": [1.0, 1.0, 1.0],
+        }
 
-    jobs = [job("trainer", 1, "r0", 100), job("ddp", 1, "r0", 100),
-            job("trainer", 2, "r0", 180), job("ddp", 2, "r0", 150),
-            job("trainer", 2, "r1", 90), job("ddp", 2, "r1", 100)]  # a loaded round: both slow
+    jobs = [
+        job("trainer", 1, "r0", 100),
+        job("ddp", 1, "r0", 100),
+        job("trainer", 2, "r0", 180),
+        job("ddp", 2, "r0", 150),
+        job("trainer", 2, "r1", 90),
+        job("ddp", 2, "r1", 100),
+    ]  # a loaded round: both slow
     rows = summarise(jobs, BenchSpec(nps=[1, 2]), ["trainer", "ddp"])
     two = rows[1]
     assert two["ratios"]["trainer/ddp"]["median"] == pytest.approx((1.2 + 0.9) / 2)

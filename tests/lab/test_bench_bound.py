@@ -9,13 +9,27 @@ from lab.bench.main import BOUND, BenchSpec, default_impls, job_args, long_table
 
 
 def job(impl, np, tag, sps):
-    return {"impl": impl, "model": "lenet5", "np": np, "tag": tag, "samples_per_sec": sps,
-            "loadavg_before": [1.0, 1.0, 1.0]}
+    return {
+        "impl": impl,
+        "model": "lenet5",
+        "np": np,
+        "tag": tag,
+        "samples_per_sec": sps,
+        "loadavg_before": [1.0, 1.0, 1.0],
+    }
 
 
-JOBS = [job("trainer", 1, "r0", 100), job("ddp", 1, "r0", 100), job(BOUND, 1, "r0", 100),
-        job("trainer", 2, "r0", 180), job("ddp", 2, "r0", 150), job(BOUND, 2, "r0", 200),
-        job("trainer", 2, "r1", 90), job("ddp", 2, "r1", 100), job(BOUND, 2, "r1", 100)]  # a loaded round
+JOBS = [
+    job("trainer", 1, "r0", 100),
+    job("ddp", 1, "r0", 100),
+    job(BOUND, 1, "r0", 100),
+    job("trainer", 2, "r0", 180),
+    job("ddp", 2, "r0", 150),
+    job(BOUND, 2, "r0", 200),
+    job("trainer", 2, "r1", 90),
+    job("ddp", 2, "r1", 100),
+    job(BOUND, 2, "r1", 100),
+]  # a loaded round
 
 
 def test_the_bound_is_a_default_job_the_trainer_without_any_exchange():

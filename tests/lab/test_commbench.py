@@ -33,12 +33,17 @@ def test_inputs_differ_per_rank_and_are_exact_in_fp16():
 
 def test_timeline_phases_pairs_nested_begin_end_per_tensor(tmp_path):
     # Horovod writes the trace until shutdown: an unterminated array with a trailing comma is normal
-    events = [{"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "allreduce.t"}},
-              {"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 0, "pid": 1}, {"ph": "E", "ts": 300, "pid": 1},
-              {"ph": "B", "name": "ALLREDUCE", "ts": 400, "pid": 1},
-              {"ph": "B", "name": "MPI_ALLREDUCE", "ts": 450, "pid": 1},
-              {"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 460, "pid": 2},  # another tensor, interleaved
-              {"ph": "E", "ts": 1450, "pid": 1}, {"ph": "E", "ts": 1500, "pid": 1}, {"ph": "E", "ts": 560, "pid": 2}]
+    events = [
+        {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "allreduce.t"}},
+        {"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 0, "pid": 1},
+        {"ph": "E", "ts": 300, "pid": 1},
+        {"ph": "B", "name": "ALLREDUCE", "ts": 400, "pid": 1},
+        {"ph": "B", "name": "MPI_ALLREDUCE", "ts": 450, "pid": 1},
+        {"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 460, "pid": 2},  # another tensor, interleaved
+        {"ph": "E", "ts": 1450, "pid": 1},
+        {"ph": "E", "ts": 1500, "pid": 1},
+        {"ph": "E", "ts": 560, "pid": 2},
+    ]
     path = tmp_path / "timeline.json"
     path.write_text("[\n" + ",\n".join(json.dumps(e) for e in events) + ",\n")
     phases = timeline_phases(str(path))
@@ -50,11 +55,31 @@ def test_timeline_phases_pairs_nested_begin_end_per_tensor(tmp_path):
 @pytest.mark.mpi
 def test_two_workers_every_implementation_returns_the_same_sum(tmp_path):
     dump = tmp_path / "dump"
-    cmd = [sys.executable, "-m", "lab", "commbench", "--np", "2", "--sizes", "4K,300K",
-           "--models", "lenet5", "--iters", "3", "--horovod-cycle-ms", "", "--out-dir", str(tmp_path / "out"),
-           "--dump-dir", str(dump)]
-    proc = check(subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                                env={**os.environ, "OMP_NUM_THREADS": "1"}))
+    cmd = [
+        sys.executable,
+        "-m",
+        "lab",
+        "commbench",
+        "--np",
+        "2",
+        "--sizes",
+        "4K,300K",
+        "--models",
+        "lenet5",
+        "--iters",
+        "3",
+        "--horovod-cycle-ms",
+        "",
+        "--out-dir",
+        str(tmp_path / "out"),
+        "--dump-dir",
+        str(dump),
+    ]
+    proc = check(
+        subprocess.run(
+            cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}
+        )
+    )
     report = json.loads((tmp_path / "out" / "commbench.json").read_text())
     assert not report["failures"], proc.stdout
     assert report["memcpy_bandwidth_gbs"] > 0
@@ -84,9 +109,15 @@ def test_two_workers_every_implementation_returns_the_same_sum(tmp_path):
 
 
 def test_bad_input_one_error_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "lab", "commbench", "--np", "2", "--impls", "nccl"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "lab", "commbench", "--np", "2", "--impls", "nccl"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "commbench: error: --impls: unknown implementation 'nccl'; choose from: "
-        "mpi, mpi-ring, ps-colocated, horovod, horovod-fp16, ps-dedicated"]
+        "mpi, mpi-ring, ps-colocated, horovod, horovod-fp16, ps-dedicated"
+    ]

@@ -17,8 +17,13 @@ TRAFFIC_RE = re.compile(r"(h\d+) (\d+)/(\d+)")
 
 
 def run(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "lab", "commbench-netns", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "lab", "commbench-netns", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_the_model_is_the_bandwidth_term_of_each_pattern():
@@ -48,8 +53,24 @@ def test_two_emulated_hosts_exchange_over_the_links_and_are_set_beside_the_model
     if reason:
         pytest.skip(reason)
     iters, warmup, size = 3, 1, 1 << 20
-    proc = check(run("--rates", "100mbit", "--hosts", "2", "--impls", "mpi,ps-colocated", "--sizes", "1M",
-                     "--iters", str(iters), "--warmup", str(warmup), "--out-dir", str(tmp_path)))
+    proc = check(
+        run(
+            "--rates",
+            "100mbit",
+            "--hosts",
+            "2",
+            "--impls",
+            "mpi,ps-colocated",
+            "--sizes",
+            "1M",
+            "--iters",
+            str(iters),
+            "--warmup",
+            str(warmup),
+            "--out-dir",
+            str(tmp_path),
+        )
+    )
     res = json.loads((tmp_path / "results.json").read_text())
     assert {r["impl"] for r in res["rows"]} == {"mpi", "ps-colocated"} and not res["failures"]
     for r in res["rows"]:

@@ -20,29 +20,56 @@ def measured_results(path, rows):
 
 
 def row(model, strategy, method, step, pred, rate="10mbit", n=2):
-    return {"rate": rate, "model": model, "strategy": strategy, "method": method, "workers": n, "ok": True,
-            "step_ms": step, "pred_step_ms": pred}
+    return {
+        "rate": rate,
+        "model": model,
+        "strategy": strategy,
+        "method": method,
+        "workers": n,
+        "ok": True,
+        "step_ms": step,
+        "pred_step_ms": pred,
+    }
 
 
 def test_the_map_has_a_panel_per_model_and_n_in_a_png_and_tensorboard(tmp_path, capsys):
     import matplotlib.image as mpimg
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    measured = measured_results(tmp_path / "results.json", [
-        row("ptb-lstm-small", "allreduce-mpi", "fp32", 16000.0, 15000.0),
-        row("ptb-lstm-small", "allreduce-mpi-fp16", "fp16", 8100.0, 7500.0),
-        row("ptb-lstm-small", "allreduce-mpi-powersgd-r4", "powersgd-r4", 900.0, 450.0),
-        # the model's pick: the shorter extra compute + exchange (fp16's 16 ms), not the shorter predicted
-        # step (fp32's 25 ms, on a job that measured less compute)
-        {**row("lenet5", "allreduce-mpi", "fp32", 30.0, 25.0, rate="100mbit"), "compute_ms": 1.0},
-        {**row("lenet5", "allreduce-mpi-fp16", "fp16", 35.0, 26.0, rate="100mbit"), "compute_ms": 10.0},
-        row("lenet5", "ps-colocated", "fp32", 10.0, 20.0, rate="100mbit"),  # not an allreduce: not compared
-        {"rate": "100mbit", "model": "lenet5", "strategy": "allreduce-mpi-localsgd-h4", "workers": 2, "ok": False},
-    ])
+    measured = measured_results(
+        tmp_path / "results.json",
+        [
+            row("ptb-lstm-small", "allreduce-mpi", "fp32", 16000.0, 15000.0),
+            row("ptb-lstm-small", "allreduce-mpi-fp16", "fp16", 8100.0, 7500.0),
+            row("ptb-lstm-small", "allreduce-mpi-powersgd-r4", "powersgd-r4", 900.0, 450.0),
+            # the model's pick: the shorter extra compute + exchange (fp16's 16 ms), not the shorter predicted
+            # step (fp32's 25 ms, on a job that measured less compute)
+            {**row("lenet5", "allreduce-mpi", "fp32", 30.0, 25.0, rate="100mbit"), "compute_ms": 1.0},
+            {**row("lenet5", "allreduce-mpi-fp16", "fp16", 35.0, 26.0, rate="100mbit"), "compute_ms": 10.0},
+            row("lenet5", "ps-colocated", "fp32", 10.0, 20.0, rate="100mbit"),  # not an allreduce: not compared
+            {"rate": "100mbit", "model": "lenet5", "strategy": "allreduce-mpi-localsgd-h4", "workers": 2, "ok": False},
+        ],
+    )
     out = tmp_path / "map"
     copy = tmp_path / "docs" / "concept_map.png"
-    assert main(["concept-map", "--view", "step", "--resolution", "12", "--measured", measured, "--out", str(out),
-                 "--copy-to", str(copy)]) == 0
+    assert (
+        main(
+            [
+                "concept-map",
+                "--view",
+                "step",
+                "--resolution",
+                "12",
+                "--measured",
+                measured,
+                "--out",
+                str(out),
+                "--copy-to",
+                str(copy),
+            ]
+        )
+        == 0
+    )
     res = json.loads((out / "concept_map.json").read_text())
     assert res["panels"] == [f"{m}, N = {n}" for m in MODELS for n in (4, 16, 64, 256)]
     assert res["methods"] == ["fp32", "fp16", "powersgd-r4", "localsgd-h4"]
@@ -54,7 +81,9 @@ def test_the_map_has_a_panel_per_model_and_n_in_a_png_and_tensorboard(tmp_path, 
     assert pts[("lenet5", "100mbit")]["measured_best"] == "fp32"
     assert pts[("lenet5", "100mbit")]["predicted_best"] == "fp16"
     assert pts[("ptb-lstm-small", "10mbit")]["gbit"] == pytest.approx(0.01)
-    assert "| ptb-lstm-small | 10mbit | 2 | allreduce-mpi | powersgd-r4 | powersgd-r4 |" in (out / "report.md").read_text()
+    assert (
+        "| ptb-lstm-small | 10mbit | 2 | allreduce-mpi | powersgd-r4 | powersgd-r4 |" in (out / "report.md").read_text()
+    )
 
     img = mpimg.imread(out / "concept_map.png")
     assert copy.read_bytes() == (out / "concept_map.png").read_bytes()
@@ -66,7 +95,7 @@ def test_the_map_has_a_panel_per_model_and_n_in_a_png_and_tensorboard(tmp_path, 
     # the winners' colours are drawn: PowerSGD and local SGD both win somewhere on the default axes
     rgb = (img[:, :, :3] * 255).round().reshape(-1, 3)
     for label in ("powersgd-r4", "localsgd-h4"):
-        want = [int(cmap.colour(label)[i:i + 2], 16) for i in (1, 3, 5)]
+        want = [int(cmap.colour(label)[i : i + 2], 16) for i in (1, 3, 5)]
         assert (abs(rgb - want).max(axis=1) <= 2).sum() > 1000, label
 
 
@@ -81,14 +110,17 @@ def test_winners_follow_the_link():
     assert best == [[1]]
 
 
-@pytest.mark.parametrize("argv, flag", [
-    (["--methods", "fp8"], "--methods"),
-    (["--models", "vgg"], "--models"),
-    (["--workers", "1,4"], "--workers"),
-    (["--latency-us", "10,1"], "--latency-us"),
-    (["--compute-ms", "lenet5"], "--compute-ms"),
-    (["--measured", "no/such/results.json"], "--measured"),
-])
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["--methods", "fp8"], "--methods"),
+        (["--models", "vgg"], "--models"),
+        (["--workers", "1,4"], "--workers"),
+        (["--latency-us", "10,1"], "--latency-us"),
+        (["--compute-ms", "lenet5"], "--compute-ms"),
+        (["--measured", "no/such/results.json"], "--measured"),
+    ],
+)
 def test_bad_input_is_one_line_naming_the_flag(tmp_path, capsys, argv, flag):
     assert main(["concept-map", "--out", str(tmp_path), *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -42,8 +42,11 @@ def test_compressible_is_the_trainers_rule(model):
 def test_ring_volume_is_the_trainers_bytes_per_step(model, name):
     m, numel, n = cm.Method.parse(name), sum(math.prod(s) for s in gradients.shapes(model)), 8
     cost = cm.method_cost(m, cm.ALLREDUCE, n, gradients.shapes(model))
-    want = (localsgd.bytes_per_step(numel, n, m.period, m.elem) if m.period > 1 or "localsgd" in name
-            else compression.allreduce_bytes_per_step(numel, n, m.compression))
+    want = (
+        localsgd.bytes_per_step(numel, n, m.period, m.elem)
+        if m.period > 1 or "localsgd" in name
+        else compression.allreduce_bytes_per_step(numel, n, m.compression)
+    )
     assert cost.volume == pytest.approx(want)
 
 
@@ -121,12 +124,16 @@ def test_predict_method_fp32_equals_predict_for_every_exchange():
 def test_powersgd_wins_on_a_slow_link_and_fp32_on_a_fast_one_for_a_small_model():
     shapes = gradients.shapes("ptb-lstm-small")
     slow = cm.Network(alpha=0.0, bandwidth=10e6 / 8)
-    step = {m: cm.predict_method(cm.Method.parse(m), cm.ALLREDUCE, 4, shapes, 0.1, 20, slow).step_s
-            for m in ("fp32", "fp16", "powersgd-r4")}
+    step = {
+        m: cm.predict_method(cm.Method.parse(m), cm.ALLREDUCE, 4, shapes, 0.1, 20, slow).step_s
+        for m in ("fp32", "fp16", "powersgd-r4")
+    }
     assert step["powersgd-r4"] < step["fp16"] < step["fp32"]
     tiny, fast = gradients.shapes("lenet5"), cm.Network(alpha=1e-6, bandwidth=100e9 / 8)
-    step = {m: cm.predict_method(cm.Method.parse(m), cm.ALLREDUCE, 4, tiny, 0.01, 64, fast).step_s
-            for m in ("fp32", "fp16", "powersgd-r4")}
+    step = {
+        m: cm.predict_method(cm.Method.parse(m), cm.ALLREDUCE, 4, tiny, 0.01, 64, fast).step_s
+        for m in ("fp32", "fp16", "powersgd-r4")
+    }
     assert min(step, key=step.get) == "fp32"  # nothing to save: the casts and the products cost more
 
 

@@ -4,8 +4,9 @@ from lab.common import engines
 
 
 def test_the_horovod_vs_ps_ratio_splits_into_concept_and_implementation():
-    lines = engines.markdown("lenet5, 2 ranks", {"trainer": 90.0, "trainer-mpi": 120.0, "trainer-ps": 100.0,
-                                                 "horovod": 80.0}, engines.BENCH)
+    lines = engines.markdown(
+        "lenet5, 2 ranks", {"trainer": 90.0, "trainer-mpi": 120.0, "trainer-ps": 100.0, "horovod": 80.0}, engines.BENCH
+    )
     text = "\n".join(lines)
     assert "| ring allreduce | 90 | 120 |" in text and "| PS colocated | – | 100 |" in text
     assert "ring / colocated PS = 1.20: the concept's" in text
@@ -23,14 +24,37 @@ def test_the_netns_report_splits_each_host_count_and_rate():
     from lab.scaling import netns
 
     def row(strategy, n, step_ms):
-        return {"rate": "1gbit", "model": "lenet5", "strategy": strategy, "workers": n, "servers": 0, "repeat": 1,
-                "ok": True, "step_ms": step_ms, "wait_ms": 1.0, "compute_ms": 5.0, "pred_exchange_ms": 1.0,
-                "pred_step_ms": 6.0, "model_bytes_per_step": 1e5}
+        return {
+            "rate": "1gbit",
+            "model": "lenet5",
+            "strategy": strategy,
+            "workers": n,
+            "servers": 0,
+            "repeat": 1,
+            "ok": True,
+            "step_ms": step_ms,
+            "wait_ms": 1.0,
+            "compute_ms": 5.0,
+            "pred_exchange_ms": 1.0,
+            "pred_step_ms": 6.0,
+            "model_bytes_per_step": 1e5,
+        }
 
-    report = {"command": "scaling-netns", "cpus": 2, "started": "now", "minutes": 1.0, "hosts": "1,4",
-              "repeats": 1, "rates": ["1gbit"],
-              "rows": [row("allreduce", 1, 5.0), row("allreduce", 4, 20.0), row("allreduce-mpi", 4, 10.0),
-                       row("ps-colocated", 4, 12.5)]}
+    report = {
+        "command": "scaling-netns",
+        "cpus": 2,
+        "started": "now",
+        "minutes": 1.0,
+        "hosts": "1,4",
+        "repeats": 1,
+        "rates": ["1gbit"],
+        "rows": [
+            row("allreduce", 1, 5.0),
+            row("allreduce", 4, 20.0),
+            row("allreduce-mpi", 4, 10.0),
+            row("ps-colocated", 4, 12.5),
+        ],
+    }
     text = netns.markdown(report)
     assert "lenet5, 4 hosts at 1gbit, concept x engine (steps/s)" in text
     assert "1 hosts at" not in text  # one worker exchanges nothing

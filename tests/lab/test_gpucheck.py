@@ -36,8 +36,14 @@ def env():
 @pytest.mark.mpi
 @pytest.mark.timeout(1800)
 def test_dry_run_end_to_end(tmp_path):
-    proc = subprocess.run(["bash", "tools/gpu_check.sh", "--dry-run"], cwd=REPO, env={**env(), "OUT": str(tmp_path)},
-                          capture_output=True, text=True, timeout=1780)
+    proc = subprocess.run(
+        ["bash", "tools/gpu_check.sh", "--dry-run"],
+        cwd=REPO,
+        env={**env(), "OUT": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=1780,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     for step in ("step 1/4", "step 2/4", "step 3/4", "step 4/4"):
@@ -86,28 +92,48 @@ def test_dry_run_end_to_end(tmp_path):
     # 4 + 4 rows of one rank (two batches), 3 of two ranks, 4 of the per-step accounting against DDP
     assert table.count("| lenet5 |") == 4 + 4 + 3 + 4 and "peak GPU MB (CPU run)" in table
     assert "| lenet5 | 16 | trainer, Horovod allreduce |" in table and "| lenet5 | 4 | trainer, no exchange |" in table
-    assert "| lenet5 | trainer, no exchange | 1 | 4 |" in table and "| lenet5 | trainer, Horovod allreduce | 1 | 16 |" in table
+    assert (
+        "| lenet5 | trainer, no exchange | 1 | 4 |" in table
+        and "| lenet5 | trainer, Horovod allreduce | 1 | 16 |" in table
+    )
     assert "lenet5: batch 16 is 4x batch 4" in table  # the regime line
 
 
 def test_without_gpu_the_real_check_says_so():
-    proc = subprocess.run([sys.executable, "-m", "lab", "gpucheck", "--models", "lenet5"],
-                          cwd=REPO, env=env(), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "lab", "gpucheck", "--models", "lenet5"],
+        cwd=REPO,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "no GPU visible" in lines[0] and "--dry-run" in lines[0]
 
 
 def test_unknown_model_is_named():
-    proc = subprocess.run([sys.executable, "-m", "lab", "gpucheck", "--device", "cpu",
-                           "--models", "lenet5,alexnet"], cwd=REPO, env=env(), capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "lab", "gpucheck", "--device", "cpu", "--models", "lenet5,alexnet"],
+        cwd=REPO,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "alexnet" in proc.stderr and "resnet18" in proc.stderr
 
 
 def test_a_bad_busy_batch_is_named():
-    proc = subprocess.run([sys.executable, "-m", "lab", "gpucheck", "--device", "cpu",
-                           "--busy", "lenet5=big"], cwd=REPO, env=env(), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "lab", "gpucheck", "--device", "cpu", "--busy", "lenet5=big"],
+        cwd=REPO,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "--busy 'lenet5=big'" in proc.stderr and "MODEL=BATCH" in proc.stderr
 
 

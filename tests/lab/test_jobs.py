@@ -42,22 +42,32 @@ link traffic (bytes sent/received): h1 1/2, h2 2/1
 
 
 def test_the_cause_is_the_programs_own_error_not_the_last_line():
-    assert failure_cause(EMULATED_TAIL, 1) == ("allreduce_train: error on rank 1: PSTimeout: no progress for 300 s "
-                                               "waiting for bucket 3")
+    assert failure_cause(EMULATED_TAIL, 1) == (
+        "allreduce_train: error on rank 1: PSTimeout: no progress for 300 s waiting for bucket 3"
+    )
     # a rank's error before the launcher's; the launcher's when it is the only one
-    assert failure_cause("launch: error: the job ran past --timeout 60s\nallreduce_train: error: x\n", 124) == \
-        "allreduce_train: error: x"
-    assert failure_cause("launch: error: the job ran past --timeout 60s\nlink traffic (bytes sent/received): h1 1/2\n",
-                         124) == "launch: error: the job ran past --timeout 60s"
+    assert (
+        failure_cause("launch: error: the job ran past --timeout 60s\nallreduce_train: error: x\n", 124)
+        == "allreduce_train: error: x"
+    )
+    assert (
+        failure_cause(
+            "launch: error: the job ran past --timeout 60s\nlink traffic (bytes sent/received): h1 1/2\n", 124
+        )
+        == "launch: error: the job ran past --timeout 60s"
+    )
 
 
 def test_the_cause_of_a_traceback_is_its_exception_then_signals_then_the_exit_status():
     assert failure_cause(TRACEBACK, 1) == "ValueError: inner"  # the root of the chain, not errors.py's path
-    signal = ("mpirun noticed that process rank 0 with PID 7 on node h1 exited on signal 9 (Killed).\n"
-              "link traffic (bytes sent/received): h1 1/2\n")
+    signal = (
+        "mpirun noticed that process rank 0 with PID 7 on node h1 exited on signal 9 (Killed).\n"
+        "link traffic (bytes sent/received): h1 1/2\n"
+    )
     assert failure_cause(signal, 137).startswith("mpirun noticed that process rank 0")
-    assert failure_cause("link traffic (bytes sent/received): h1 1/2\nMPI_ABORT was invoked, errorcode 1\n", 3) == \
-        "exit 3"
+    assert (
+        failure_cause("link traffic (bytes sent/received): h1 1/2\nMPI_ABORT was invoked, errorcode 1\n", 3) == "exit 3"
+    )
     assert failure_cause("", -1) == "timed out" and failure_cause("", -9) == "killed by signal 9"
 
 
@@ -66,8 +76,9 @@ def test_a_failed_emulated_job_reports_the_trainers_error(tmp_path):
     reason = netns.unavailable_reason()
     if reason:
         pytest.skip(reason)
-    argv = jobs.emulated_launcher("1gbit", timeout=120)(2, ["--data-dir", str(tmp_path / "missing"), "--steps", "2",
-                                                             "--run-dir", str(tmp_path)])
+    argv = jobs.emulated_launcher("1gbit", timeout=120)(
+        2, ["--data-dir", str(tmp_path / "missing"), "--steps", "2", "--run-dir", str(tmp_path)]
+    )
     res = run(argv, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=180, log_path=str(tmp_path / "job.log"))
     assert not res.ok
     assert res.output.rstrip().splitlines()[-1].startswith("link traffic")  # the last line says nothing

@@ -25,12 +25,27 @@ from launch.mpirun import RING_RULES
 
 from helpers import RANKS, ROOT, check, load_params
 
-QUICK = ["--dataset", "synthetic", "--synthetic-samples", "2048", "--no-progress", "--log-every", "5",
-         "--warmup-steps", "0", "--no-scale-lr", "--lr", "0.05", "--batch-size", "16"]
+QUICK = [
+    "--dataset",
+    "synthetic",
+    "--synthetic-samples",
+    "2048",
+    "--no-progress",
+    "--log-every",
+    "5",
+    "--warmup-steps",
+    "0",
+    "--no-scale-lr",
+    "--lr",
+    "0.05",
+    "--batch-size",
+    "16",
+]
 TRAFFIC_RE = re.compile(r"(h\d+) (\d+)/(\d+)")
 
 
 # -- pure: no namespaces needed --------------------------------------------------------------
+
 
 def test_link_rates_parse_and_bad_ones_are_named():
     assert netns.parse_rate("1gbit") == 10**9
@@ -58,7 +73,7 @@ def test_emulated_command_runs_mpirun_in_the_head_namespace_over_tcp():
     env = {"PATH": "/bin", "HOROVOD_GLOO_IFACE": "eth0", "HOROVOD_FUSION_THRESHOLD": "1"}
     cmd = build_command(LaunchSpec(np=2, cluster=spec, trainer_args=["--steps", "3"]), environ=env, is_root=True)
     assert cmd[:4] == ["ip", "netns", "exec", "art-1-0-head"]
-    assert "ALLREDUCE_TRAIN_NETNS=art-1-0" in cmd and cmd[cmd.index("unshare"):][:2] == ["unshare", "--uts"]
+    assert "ALLREDUCE_TRAIN_NETNS=art-1-0" in cmd and cmd[cmd.index("unshare") :][:2] == ["unshare", "--uts"]
     mpirun = cmd.index("mpirun")
     assert cmd[mpirun + 1] == "--allow-run-as-root" and cmd[cmd.index("-H") + 1] == "h1:1,h2:1"
     mca = {cmd[i + 1]: cmd[i + 2] for i in range(len(cmd) - 2) if cmd[i] == "-mca"}
@@ -71,21 +86,31 @@ def test_emulated_command_runs_mpirun_in_the_head_namespace_over_tcp():
     assert "HOROVOD_FUSION_THRESHOLD" in exported
     assert cmd[-2:] == ["--steps", "3"]
     tbf = [c for c in spec.setup_commands() if c[0] == "tc"]
-    assert {(c[2], c[6]) for c in tbf} == {("art-1-0-h1", "emu0"), ("art-1-0-head", "h1"),
-                                          ("art-1-0-h2", "emu0"), ("art-1-0-head", "h2")}  # both directions
+    assert {(c[2], c[6]) for c in tbf} == {
+        ("art-1-0-h1", "emu0"),
+        ("art-1-0-head", "h1"),
+        ("art-1-0-h2", "emu0"),
+        ("art-1-0-head", "h2"),
+    }  # both directions
     assert all(c[c.index("rate") + 1] == "100000000bit" for c in tbf)
     # after an elastic restart the hosts that answered are named: the cluster is then only the transport
     cmd = build_command(LaunchSpec(np=1, hosts="h2:1", cluster=spec), environ={}, is_root=True)
     assert cmd[cmd.index("-H") + 1] == "h2:1" and cmd[:4] == ["ip", "netns", "exec", "art-1-0-head"]
-    bad = subprocess.run([sys.executable, "-m", "lab.emulation", "-np", "2", "--emulate-hosts", "2", "-H", "a:1,b:1",
-                          "--dry-run", "--"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-m", "lab.emulation", "-np", "2", "--emulate-hosts", "2", "-H", "a:1,b:1", "--dry-run", "--"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "give either --emulate-hosts or -H/--hostfile" in bad.stderr, bad.stderr
 
 
 def test_the_users_mca_overrides_the_emulations_own():
     spec = netns.ClusterSpec(hosts=2, link_rate="100mbit", prefix="art-1-0")
-    cmd = build_command(LaunchSpec(np=2, cluster=spec, mca=[("btl_tcp_if_include", "10.213.0.0/16")]),
-                        environ={}, is_root=True)
+    cmd = build_command(
+        LaunchSpec(np=2, cluster=spec, mca=[("btl_tcp_if_include", "10.213.0.0/16")]), environ={}, is_root=True
+    )
     given = [cmd[i + 2] for i in range(len(cmd) - 2) if cmd[i] == "-mca" and cmd[i + 1] == "btl_tcp_if_include"]
     assert given == ["10.213.0.0/16"]  # once, the user's: Open MPI would otherwise see both
     launcher = jobs.emulated_launcher("100mbit", mca=[("btl_tcp_links", "4")])
@@ -95,7 +120,7 @@ def test_the_users_mca_overrides_the_emulations_own():
 @pytest.mark.parametrize("choice", ["ring", "auto"])
 def test_the_grids_emulated_launcher_passes_the_mpi_allreduce_choice_on_to_mpirun(choice):
     argv = jobs.emulated_launcher("1gbit", mpi_allreduce=choice)(3, ["--steps", "1"])
-    argv[argv.index("--"):argv.index("--")] = ["--dry-run"]
+    argv[argv.index("--") : argv.index("--")] = ["--dry-run"]
     mpirun = check(subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60)).stdout.splitlines()[-1]
     assert "mpirun" in mpirun
     assert (f"-mca coll_tuned_dynamic_rules_filename {RING_RULES}" in mpirun) == (choice == "ring"), mpirun
@@ -105,23 +130,46 @@ def test_the_grids_emulated_launcher_passes_the_mpi_allreduce_choice_on_to_mpiru
 
 def test_dry_run_prints_every_setup_command_and_builds_nothing():
     before = netns.list_namespaces()
-    proc = check(subprocess.run([sys.executable, "-m", "lab.emulation", "-np", "2", "--emulate-hosts", "2", "--dry-run",
-                                 "--", "--steps", "1"], cwd=ROOT, capture_output=True, text=True, timeout=60))
+    proc = check(
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "lab.emulation",
+                "-np",
+                "2",
+                "--emulate-hosts",
+                "2",
+                "--dry-run",
+                "--",
+                "--steps",
+                "1",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    )
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("+ ip netns add art-") and any("tbf rate 1000000000bit" in ln for ln in lines)
     assert "mpirun" in lines[-1] and netns.list_namespaces() == before
 
 
 def test_bad_emulation_input_is_one_line():
-    for args, needle in ((["-np", "1", "--emulate-hosts", "2"], "-np 1"),
-                         (["-np", "2", "--emulate-hosts", "2", "--link-rate", "fast"], "--link-rate"),
-                         (["-np", "2", "--emulate-hosts", "2", "-H", "a:1,b:1"], "--emulate-hosts")):
-        proc = subprocess.run([sys.executable, "-m", "lab.emulation", *args, "--"], cwd=ROOT, capture_output=True,
-                              text=True, timeout=60)
+    for args, needle in (
+        (["-np", "1", "--emulate-hosts", "2"], "-np 1"),
+        (["-np", "2", "--emulate-hosts", "2", "--link-rate", "fast"], "--link-rate"),
+        (["-np", "2", "--emulate-hosts", "2", "-H", "a:1,b:1"], "--emulate-hosts"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "lab.emulation", *args, "--"], cwd=ROOT, capture_output=True, text=True, timeout=60
+        )
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr, args
 
 
 # -- with namespaces -------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def namespaces_permitted():
@@ -143,19 +191,46 @@ def gone(prefix: str) -> bool:
 
 
 def launch_emulated(np: int, hosts: int, rate: str, args: list[str], timeout: float = 240):
-    cmd = [sys.executable, "-m", "lab.emulation", "-np", str(np), "--emulate-hosts", str(hosts), "--link-rate", rate,
-           "--", *args]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "lab.emulation",
+        "-np",
+        str(np),
+        "--emulate-hosts",
+        str(hosts),
+        "--link-rate",
+        rate,
+        "--",
+        *args,
+    ]
+    return subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
 
 
 @pytest.mark.mpi
 def test_two_emulated_hosts_train_identically_over_the_links_and_leave_nothing(tmp_path, namespaces_permitted):
     before = root_state()
     steps = 10
-    proc = check(launch_emulated(2, 2, "1gbit", QUICK + [
-        "--steps", str(steps), "--run-dir", str(tmp_path), "--name", "em",
-        "--dump-params", str(tmp_path / "em-{rank}.pt")]))
+    proc = check(
+        launch_emulated(
+            2,
+            2,
+            "1gbit",
+            QUICK
+            + [
+                "--steps",
+                str(steps),
+                "--run-dir",
+                str(tmp_path),
+                "--name",
+                "em",
+                "--dump-params",
+                str(tmp_path / "em-{rank}.pt"),
+            ],
+        )
+    )
     prefix = re.search(r"emulated cluster (art-\d+-\d+):", proc.stdout).group(1)
     r0, r1 = load_params(tmp_path / "em-0.pt"), load_params(tmp_path / "em-1.pt")
     for k in r0:
@@ -163,8 +238,12 @@ def test_two_emulated_hosts_train_identically_over_the_links_and_leave_nothing(t
     # Each allreduce of the gradients sends at least one model's worth of bytes per rank (2 ranks:
     # half in reduce-scatter, half in allgather); the kernel counted them on the veth links.
     model_bytes = sum(t.numel() * t.element_size() for t in r0.values())
-    traffic = {h: (int(tx), int(rx)) for h, tx, rx in
-               TRAFFIC_RE.findall(next(ln for ln in proc.stdout.splitlines() if ln.startswith("link traffic")))}
+    traffic = {
+        h: (int(tx), int(rx))
+        for h, tx, rx in TRAFFIC_RE.findall(
+            next(ln for ln in proc.stdout.splitlines() if ln.startswith("link traffic"))
+        )
+    }
     assert set(traffic) == {"h1", "h2"}
     for host, (tx, rx) in traffic.items():
         assert tx >= steps * model_bytes and rx >= steps * model_bytes, (host, tx, rx, model_bytes)
@@ -180,10 +259,14 @@ def _run_stand_in(mode: str, capfd, timeout: float = 120) -> tuple[int, list[dic
     cmd = build_command(LaunchSpec(np=2, module="netns_rank", module_args=[mode], cluster=spec), environ=env)
     rc = run_emulated(spec, cmd, env, timeout)
     out = capfd.readouterr().out
-    ranks = [m.groupdict() for m in re.finditer(
-        r"rank (?P<rank>\d+) pid (?P<pid>\d+) host (?P<host>\S+) local_size (?P<local>\d+) "
-        r"netns net:\[(?P<ino>\d+)\]",
-        out)]
+    ranks = [
+        m.groupdict()
+        for m in re.finditer(
+            r"rank (?P<rank>\d+) pid (?P<pid>\d+) host (?P<host>\S+) local_size (?P<local>\d+) "
+            r"netns net:\[(?P<ino>\d+)\]",
+            out,
+        )
+    ]
     return rc, ranks, spec.prefix
 
 
@@ -212,13 +295,34 @@ def test_failing_rank_ends_the_job_and_the_cluster_is_removed(capfd, namespaces_
 def test_interrupted_or_overdue_run_removes_the_cluster(tmp_path, namespaces_permitted, how):
     # the signal cases must not race the timeout when a loaded machine starts the job slowly
     timeout = "20" if how == "timeout" else "90"
-    cmd = [sys.executable, "-m", "lab.emulation", "-np", "2", "--emulate-hosts", "2", "--timeout", timeout, "--",
-           *QUICK, "--steps", "100000", "--run-dir", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lab.emulation",
+        "-np",
+        "2",
+        "--emulate-hosts",
+        "2",
+        "--timeout",
+        timeout,
+        "--",
+        *QUICK,
+        "--steps",
+        "100000",
+        "--run-dir",
+        str(tmp_path),
+    ]
     # As from a terminal: a test suite started in the background (`make test &`, nohup) has SIGINT
     # ignored, and a child would inherit that and never see the Ctrl-C this test sends.
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"},
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     prefix = f"art-{proc.pid}-0"
     try:
         inodes: set[int] = set()
@@ -246,13 +350,29 @@ def test_leftovers_block_a_new_run_until_cleanup(tmp_path, namespaces_permitted)
     squatter = subprocess.Popen(["ip", "netns", "exec", name, "sleep", "600"])  # holds the namespace open
     try:
         proc = launch_emulated(2, 2, "1gbit", QUICK + ["--steps", "1", "--run-dir", str(tmp_path)], timeout=60)
-        assert proc.returncode == 2 and name in proc.stderr and "lab.emulation.netns cleanup" in proc.stderr, proc.stderr
+        assert proc.returncode == 2 and name in proc.stderr and "lab.emulation.netns cleanup" in proc.stderr, (
+            proc.stderr
+        )
         assert len(proc.stderr.strip().splitlines()) == 1
-        listed = check(subprocess.run([sys.executable, "-m", "lab.emulation.netns", "list"], cwd=ROOT,
-                                      capture_output=True, text=True, timeout=60)).stdout
+        listed = check(
+            subprocess.run(
+                [sys.executable, "-m", "lab.emulation.netns", "list"],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        ).stdout
         assert f"{name}\tleftover" in listed
-        check(subprocess.run([sys.executable, "-m", "lab.emulation.netns", "cleanup"], cwd=ROOT,
-                             capture_output=True, text=True, timeout=60))
+        check(
+            subprocess.run(
+                [sys.executable, "-m", "lab.emulation.netns", "cleanup"],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        )
         assert squatter.wait(timeout=30) != 0  # cleanup ended the process inside the leftover
         assert name not in netns.list_namespaces()
     finally:
@@ -293,9 +413,31 @@ def test_without_privileges_the_message_is_clear():
             shutil.copytree(ROOT / package, os.path.join(where, package))
         os.chmod(where, 0o755)
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        proc = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
-                               os.path.realpath(sys.executable), "-m", "lab.emulation", "-np", "2", "--emulate-hosts", "2",
-                               "--", "--steps", "1"], cwd=where, capture_output=True, text=True, timeout=60, env=env)
+        proc = subprocess.run(
+            [
+                "setpriv",
+                "--reuid",
+                "65534",
+                "--regid",
+                "65534",
+                "--clear-groups",
+                os.path.realpath(sys.executable),
+                "-m",
+                "lab.emulation",
+                "-np",
+                "2",
+                "--emulate-hosts",
+                "2",
+                "--",
+                "--steps",
+                "1",
+            ],
+            cwd=where,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
     finally:
         shutil.rmtree(where)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr

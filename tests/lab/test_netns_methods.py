@@ -16,8 +16,14 @@ def test_the_grids_default_to_the_four_exchanges_and_offer_the_concepts():
     assert spec.GridConfig().strategies == list(spec.DEFAULT_STRATEGIES)
     table = spec.variants()
     assert set(spec.DEFAULT_STRATEGIES) < set(table)
-    assert table["allreduce-mpi-powersgd-r4"].flags == ("--allreduce-engine", "mpi", "--compression", "powersgd",
-                                                        "--powersgd-rank", "4")
+    assert table["allreduce-mpi-powersgd-r4"].flags == (
+        "--allreduce-engine",
+        "mpi",
+        "--compression",
+        "powersgd",
+        "--powersgd-rank",
+        "4",
+    )
     assert table["allreduce-localsgd-h4"].method == cm.Method(every=4)
     assert table["ps-dedicated-fp16"].servers == 1 and table["ps-dedicated-fp16"].method.compression == "fp16"
     assert "allreduce-bf16" not in table  # Horovod has no bfloat16 allreduce: the trainer refuses it
@@ -25,8 +31,15 @@ def test_the_grids_default_to_the_four_exchanges_and_offer_the_concepts():
 
 
 def grid(tmp_path, strategies, **job):
-    args = argparse.Namespace(hosts="2", strategies=",".join(strategies), models="ptb-lstm-small", repeats=1,
-                              steps=8, ps_servers=1, job_timeout=1200)
+    args = argparse.Namespace(
+        hosts="2",
+        strategies=",".join(strategies),
+        models="ptb-lstm-small",
+        repeats=1,
+        steps=8,
+        ps_servers=1,
+        job_timeout=1200,
+    )
     cfg = netns.grid_config(args)
     cfg.out_dir = str(tmp_path)
     (tmp_path / "logs").mkdir()
@@ -34,9 +47,22 @@ def grid(tmp_path, strategies, **job):
     for s in strategies:
         log = f"logs/{s}.log"
         (tmp_path / log).write_text("link traffic (bytes sent/received): h1 1000/2000, h2 3000/500\n")
-        jobs.append({"model": "ptb-lstm-small", "strategy": s, "workers": 2, "servers": 0, "repeat": 1, "ok": True,
-                     "log": log, "step_ms": 1000.0, "comm_wait_ms": 600.0, "samples_per_sec": 32.0,
-                     "global_batch": 40, **job})
+        jobs.append(
+            {
+                "model": "ptb-lstm-small",
+                "strategy": s,
+                "workers": 2,
+                "servers": 0,
+                "repeat": 1,
+                "ok": True,
+                "log": log,
+                "step_ms": 1000.0,
+                "comm_wait_ms": 600.0,
+                "samples_per_sec": 32.0,
+                "global_batch": 40,
+                **job,
+            }
+        )
     return netns.compare("10mbit", {"jobs": jobs}, cfg)
 
 

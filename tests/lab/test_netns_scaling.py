@@ -12,15 +12,19 @@ from helpers import ROOT, check, lab_in_process
 
 
 def run_grid(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "lab", "scaling-netns", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "lab", "scaling-netns", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--rates", "fast"], "--rates"),
-    (["--strategies", "gossip"], "--strategies"),
-    (["--hosts", "0"], "--hosts"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--rates", "fast"], "--rates"),
+        (["--strategies", "gossip"], "--strategies"),
+        (["--hosts", "0"], "--hosts"),
+    ],
+)
 def test_bad_input_is_one_line(capsys, args, needle):
     if args == ["--rates", "fast"]:  # the command as users run it
         proc = run_grid(*args, timeout=60)
@@ -37,8 +41,22 @@ def test_grid_measures_over_the_links_and_predicts_the_configured_bandwidth(tmp_
     reason = netns.unavailable_reason()
     if reason:
         pytest.skip(reason)
-    check(run_grid("--hosts", "2", "--rates", "100mbit", "--models", "lenet5", "--strategies", "allreduce",
-                   "--steps", "5", "--out-dir", str(tmp_path)))
+    check(
+        run_grid(
+            "--hosts",
+            "2",
+            "--rates",
+            "100mbit",
+            "--models",
+            "lenet5",
+            "--strategies",
+            "allreduce",
+            "--steps",
+            "5",
+            "--out-dir",
+            str(tmp_path),
+        )
+    )
     (row,) = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert row["ok"] and row["workers"] == 2 and row["strategy"] == "allreduce"
     # 2 workers: the ring moves 2(N-1)/N x S = S through each link; at 100 Mbit/s that takes S / 12.5 MB/s

@@ -15,10 +15,18 @@ from helpers import ROOT
 
 # samples/s by (model, rate, strategy, N): LeNet-5's dedicated server saturates, the LSTM's placements tie
 THROUGHPUT = {
-    ("lenet5", "1gbit"): {"ps-dedicated": (1000, 1500), "ps-colocated": (1200, 2200), "allreduce": (1200, 2000),
-                          "allreduce-mpi": (1200, 2100)},
-    ("ptb-lstm-small", "1gbit"): {"ps-dedicated": (100, 150), "ps-colocated": (110, 168), "allreduce": (110, 160),
-                                  "allreduce-mpi": (110, 165)},
+    ("lenet5", "1gbit"): {
+        "ps-dedicated": (1000, 1500),
+        "ps-colocated": (1200, 2200),
+        "allreduce": (1200, 2000),
+        "allreduce-mpi": (1200, 2100),
+    },
+    ("ptb-lstm-small", "1gbit"): {
+        "ps-dedicated": (100, 150),
+        "ps-colocated": (110, 168),
+        "allreduce": (110, 160),
+        "allreduce-mpi": (110, 165),
+    },
 }
 
 
@@ -37,26 +45,71 @@ def write_grids(out):
             for n, thr in ((1, one), (2, two)):
                 step = 1e3 * n * 64 / thr
                 grids.setdefault(rate, []).append(
-                    {"model": model, "strategy": s, "workers": n, "repeats": 1, "samples_per_sec_mean": thr,
-                     "samples_per_sec_std": 0.0, "speedup": thr / one})
-                netns_rows.append({"rate": rate, "model": model, "strategy": s, "workers": n, "ok": True,
-                                   "step_ms": step, "wait_ms": step / 3, "pred_step_ms": step * 0.9,
-                                   "model_bytes_per_step": 2.5e5})
-        grids[rate].append({"model": model, "strategy": "bound", "workers": 1, "repeats": 1,
-                            "samples_per_sec_mean": 5000.0, "samples_per_sec_std": 0.0, "speedup": 1.0})
+                    {
+                        "model": model,
+                        "strategy": s,
+                        "workers": n,
+                        "repeats": 1,
+                        "samples_per_sec_mean": thr,
+                        "samples_per_sec_std": 0.0,
+                        "speedup": thr / one,
+                    }
+                )
+                netns_rows.append(
+                    {
+                        "rate": rate,
+                        "model": model,
+                        "strategy": s,
+                        "workers": n,
+                        "ok": True,
+                        "step_ms": step,
+                        "wait_ms": step / 3,
+                        "pred_step_ms": step * 0.9,
+                        "model_bytes_per_step": 2.5e5,
+                    }
+                )
+        grids[rate].append(
+            {
+                "model": model,
+                "strategy": "bound",
+                "workers": 1,
+                "repeats": 1,
+                "samples_per_sec_mean": 5000.0,
+                "samples_per_sec_std": 0.0,
+                "speedup": 1.0,
+            }
+        )
     os.makedirs(out / "throughput" / "1gbit")
-    (out / "throughput" / "results.json").write_text(json.dumps(
-        {"command": "python -m lab scaling-netns", "rates": ["1gbit"], "minutes": 1.0, "rows": netns_rows}))
+    (out / "throughput" / "results.json").write_text(
+        json.dumps({"command": "python -m lab scaling-netns", "rates": ["1gbit"], "minutes": 1.0, "rows": netns_rows})
+    )
     (out / "throughput" / "1gbit" / "results.json").write_text(json.dumps({"rows": grids["1gbit"]}))
-    jobs = [{"model": "lenet5", "method": m, "workers": 2, "link_rate": "1gbit", "ok": True,
-             "reached": m != "ps-async-colocated",
-             "synchronous": "async" not in m, "samples_per_sec": 2000.0, "seconds_to_target": secs,
-             "steps_to_target": 900, "steps": 2000}
-            for m, secs in (("ring-mpi", 20.0), ("ps-sync-dedicated", 30.0), ("ps-async-dedicated", 45.0),
-                            ("ps-sync-colocated", 21.0), ("ps-async-colocated", None))]
+    jobs = [
+        {
+            "model": "lenet5",
+            "method": m,
+            "workers": 2,
+            "link_rate": "1gbit",
+            "ok": True,
+            "reached": m != "ps-async-colocated",
+            "synchronous": "async" not in m,
+            "samples_per_sec": 2000.0,
+            "seconds_to_target": secs,
+            "steps_to_target": 900,
+            "steps": 2000,
+        }
+        for m, secs in (
+            ("ring-mpi", 20.0),
+            ("ps-sync-dedicated", 30.0),
+            ("ps-async-dedicated", 45.0),
+            ("ps-sync-colocated", 21.0),
+            ("ps-async-colocated", None),
+        )
+    ]
     os.makedirs(out / "tta")
-    (out / "tta" / "results.json").write_text(json.dumps(
-        {"jobs": jobs, "targets": {"lenet5": "eval/accuracy>=0.89"}, "minutes": 2.0}))
+    (out / "tta" / "results.json").write_text(
+        json.dumps({"jobs": jobs, "targets": {"lenet5": "eval/accuracy>=0.89"}, "minutes": 2.0})
+    )
 
 
 def test_the_plan_is_the_papers_design_on_the_existing_grids(capsys):
@@ -67,8 +120,12 @@ def test_the_plan_is_the_papers_design_on_the_existing_grids(capsys):
     opt = lambda cmd, flag: cmd[cmd.index(flag) + 1]  # noqa: E731
     assert opt(throughput, "--hosts") == "1,2,4" and opt(throughput, "--rates") == "1gbit,100mbit"
     assert opt(throughput, "--models") == "lenet5,ptb-lstm-small"
-    assert set(opt(throughput, "--strategies").split(",")) == {"ps-dedicated", "ps-colocated", "allreduce",
-                                                               "allreduce-mpi"}
+    assert set(opt(throughput, "--strategies").split(",")) == {
+        "ps-dedicated",
+        "ps-colocated",
+        "allreduce",
+        "allreduce-mpi",
+    }
     assert opt(throughput, "--out-dir") == "runs/paper/x/throughput"
     methods = opt(tta, "--methods").split(",")
     assert {"ps-sync-dedicated", "ps-async-dedicated", "ps-sync-colocated", "ps-async-colocated"} <= set(methods)
@@ -82,25 +139,33 @@ def test_the_plan_is_the_papers_design_on_the_existing_grids(capsys):
 
 
 def test_bad_input_is_one_line_naming_the_flag_and_exit_2(capsys):
-    for argv, flag in ((["--hosts", "2,4"], "--hosts"), (["--rates", "1gbit,fast"], "--rates"),
-                       (["--tta-rates", "x"], "--tta-rates"), (["--models", "resnet18"], "--models"),
-                       (["--ps-servers", "0"], "--ps-servers"), (["--report", "/nonexistent"], "--report"),
-                       (["--tta-target", "lenet5=accuracy"], "--tta-target"),
-                       (["--tta-target", "resnet18=eval/accuracy>=0.5"], "--tta-target")):
+    for argv, flag in (
+        (["--hosts", "2,4"], "--hosts"),
+        (["--rates", "1gbit,fast"], "--rates"),
+        (["--tta-rates", "x"], "--tta-rates"),
+        (["--models", "resnet18"], "--models"),
+        (["--ps-servers", "0"], "--ps-servers"),
+        (["--report", "/nonexistent"], "--report"),
+        (["--tta-target", "lenet5=accuracy"], "--tta-target"),
+        (["--tta-target", "resnet18=eval/accuracy>=0.5"], "--tta-target"),
+    ):
         assert paper.main(args(*argv)) == 2, argv
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and err.startswith(f"paper: error: {flag}"), (argv, err)
     # through the lab's entry point too: no traceback
-    proc = subprocess.run([sys.executable, "-m", "lab", "paper", "--hosts", "x"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "lab", "paper", "--hosts", "x"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 2 and proc.stderr.strip() == (
-        "paper: error: --hosts: expected comma-separated integers (got 'x')")
+        "paper: error: --hosts: expected comma-separated integers (got 'x')"
+    )
 
 
 def test_the_report_gives_a_verdict_per_finding_with_the_model_beside_and_draws_the_figure(tmp_path):
     write_grids(tmp_path)
-    res = paper.report(str(tmp_path), {"command": "python -m lab paper", "started": "now", "minutes": 3.0,
-                                       "cpus": 2, "load": "1.0"})
+    res = paper.report(
+        str(tmp_path), {"command": "python -m lab paper", "started": "now", "minutes": 3.0, "cpus": 2, "load": "1.0"}
+    )
     by = {f["model"]: f for f in res["findings"]}
     # LeNet-5: colocated 2200 vs dedicated 1500 samples/s at N = 2 -> 1.47: decentralized faster (holds);
     # in the paper's measure, speedup 1.83 vs 1.5 -> 1.22: scales better (holds too)
@@ -114,8 +179,10 @@ def test_the_report_gives_a_verdict_per_finding_with_the_model_beside_and_draws_
     # the model's step is 0.9x every measured one, so its ratios equal the measured ones
     assert abs(by["lenet5"]["pred_throughput_ratio"] - 2200 / 1500) < 1e-9
     text = (tmp_path / "report.md").read_text()
-    assert ("| lenet5 | 1gbit | 2 | decentralized PS scales better | 1.47 (1.47) | decentralized faster | yes | "
-            "1.50 | 1.83 | 1.22 (1.22) | yes |") in text
+    assert (
+        "| lenet5 | 1gbit | 2 | decentralized PS scales better | 1.47 (1.47) | decentralized faster | yes | "
+        "1.50 | 1.83 | 1.22 (1.22) | yes |"
+    ) in text
     assert "Same engine (mpi4py), ring / colocated PS" in text  # concept and implementation apart
     # the cost model's K: more dedicated servers shorten the dedicated step toward the colocated one
     k = {r["model"]: r["ratio"] for r in res["k_model"]}

@@ -16,8 +16,9 @@ MODULE = "lab.pause_probe"
 @pytest.mark.mpi
 @pytest.mark.parametrize("impl,extra", [(i, []) for i in IMPLS] + [("horovod", ["--connect-first"])])
 def test_two_ranks_time_exact_exchanges_after_each_pause(impl, extra):
-    out = check(launch(2, ["--impl", impl, "--pauses", "0,15", "--mb", "0.3", "--iters", "2", *extra],
-                       module=MODULE)).stdout
+    out = check(
+        launch(2, ["--impl", impl, "--pauses", "0,15", "--mb", "0.3", "--iters", "2", *extra], module=MODULE)
+    ).stdout
     lines = re.findall(rf"^{impl}, 2 ranks, 0\.3 MB, pause (\d+) ms: median \d+ ms \(\d+-\d+; \d+, \d+\)$", out, re.M)
     assert lines == ["0", "15"], out
 

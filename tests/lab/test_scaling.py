@@ -19,13 +19,30 @@ from helpers import ROOT, check
 
 
 def rec(strategy, n, thr, ok=True):
-    return {"model": "m", "strategy": strategy, "workers": n, "servers": 0, "world_size": n, "repeat": 1,
-            "ok": ok, "samples_per_sec": thr, "step_ms": 10.0, "comm_wait_ms": 1.0}
+    return {
+        "model": "m",
+        "strategy": strategy,
+        "workers": n,
+        "servers": 0,
+        "world_size": n,
+        "repeat": 1,
+        "ok": ok,
+        "samples_per_sec": thr,
+        "step_ms": 10.0,
+        "comm_wait_ms": 1.0,
+    }
 
 
 def test_aggregate_speedup_efficiency_and_spread_by_hand():
-    rows = aggregate([rec("allreduce", 1, 100.0), rec("allreduce", 1, 110.0),
-                      rec("allreduce", 2, 150.0), rec("allreduce", 2, 170.0), rec("allreduce", 2, 0.0, ok=False)])
+    rows = aggregate(
+        [
+            rec("allreduce", 1, 100.0),
+            rec("allreduce", 1, 110.0),
+            rec("allreduce", 2, 150.0),
+            rec("allreduce", 2, 170.0),
+            rec("allreduce", 2, 0.0, ok=False),
+        ]
+    )
     one, two = rows
     assert one["samples_per_sec_mean"] == pytest.approx(105.0)
     assert one["samples_per_sec_std"] == pytest.approx(math.sqrt(50.0))  # sample std of 100, 110
@@ -49,9 +66,17 @@ def test_choose_cycle_picks_the_fastest_over_the_sizes_all_configurations_measur
     def row(job, size, t):
         return {"impl": "horovod", "workload_kind": "size", "bytes": size, "time_s": t, "job": job}
 
-    report = {"results": [row("default", 1, 1.0), row("default", 2, 1.0), row("cycle=0.2ms", 1, 0.5),
-                          row("cycle=0.2ms", 2, 1.5), row("cycle=5ms", 1, 2.0), row("cycle=5ms", 2, 2.0),
-                          row("cycle=5ms", 3, 1e-9)]}
+    report = {
+        "results": [
+            row("default", 1, 1.0),
+            row("default", 2, 1.0),
+            row("cycle=0.2ms", 1, 0.5),
+            row("cycle=0.2ms", 2, 1.5),
+            row("cycle=5ms", 1, 2.0),
+            row("cycle=5ms", 2, 2.0),
+            row("cycle=5ms", 3, 1e-9),
+        ]
+    }
     assert choose_cycle(report) == (0.2, "cycle=0.2ms")  # geometric mean 0.87 < 1 < 2; size 3 not shared
     report["results"][2]["time_s"] = 0.8
     report["results"][3]["time_s"] = 1.3
@@ -61,40 +86,78 @@ def test_choose_cycle_picks_the_fastest_over_the_sizes_all_configurations_measur
 def fake_commbench(path, nets):
     """A commbench.json whose size sweep follows the cost model exactly for the given networks."""
     results = []
-    for impl, kind, servers, job in (("horovod", costmodel.ALLREDUCE, 0, "default"),
-                                     ("mpi-ring", costmodel.ALLREDUCE, 0, "default"),
-                                     ("ps-colocated", costmodel.PS_COLOCATED, 0, "default"),
-                                     ("ps-dedicated", costmodel.PS_DEDICATED, 1, "K=1")):
+    for impl, kind, servers, job in (
+        ("horovod", costmodel.ALLREDUCE, 0, "default"),
+        ("mpi-ring", costmodel.ALLREDUCE, 0, "default"),
+        ("ps-colocated", costmodel.PS_COLOCATED, 0, "default"),
+        ("ps-dedicated", costmodel.PS_DEDICATED, 1, "K=1"),
+    ):
         for size in (4096, 65536, 1 << 20, 16 << 20):
             t = costmodel.exchange_time(kind, 2, size, nets[impl], servers=max(1, servers))
-            results.append({"impl": impl, "workload": str(size), "workload_kind": "size", "bytes": size,
-                            "workers": 2, "servers": servers, "time_s": t, "job": job})
+            results.append(
+                {
+                    "impl": impl,
+                    "workload": str(size),
+                    "workload_kind": "size",
+                    "bytes": size,
+                    "workers": 2,
+                    "servers": servers,
+                    "time_s": t,
+                    "job": job,
+                }
+            )
     path.write_text(json.dumps({"np": 2, "results": results, "failures": []}))
 
 
 @pytest.mark.mpi
-@pytest.mark.timeout(660)  # 8 jobs (4 strategies x 2) take over 300 s at a load average of 15+; the grid's own limit is 600 s
+@pytest.mark.timeout(
+    660
+)  # 8 jobs (4 strategies x 2) take over 300 s at a load average of 15+; the grid's own limit is 600 s
 def test_tiny_grid_writes_report_plot_csv_and_tensorboard(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    nets = {"horovod": costmodel.Network(200e-6, 2e9), "mpi-ring": costmodel.Network(100e-6, 3e9),
-            "ps-colocated": costmodel.Network(20e-6, 4e9),
-            "ps-dedicated": costmodel.Network(30e-6, 3e9)}
+    nets = {
+        "horovod": costmodel.Network(200e-6, 2e9),
+        "mpi-ring": costmodel.Network(100e-6, 3e9),
+        "ps-colocated": costmodel.Network(20e-6, 4e9),
+        "ps-dedicated": costmodel.Network(30e-6, 3e9),
+    }
     fake_commbench(tmp_path / "cb.json", nets)
     out = tmp_path / "grid"
-    cmd = [sys.executable, "-m", "lab", "scaling", "--models", "lenet5", "--workers", "1,2",
-           "--repeats", "1", "--steps", "4", "--warmup-steps", "1", "--calibration", str(tmp_path / "cb.json"),
-           "--out-dir", str(out)]
-    proc = check(subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                                env={**os.environ, "OMP_NUM_THREADS": "1"}))
+    cmd = [
+        sys.executable,
+        "-m",
+        "lab",
+        "scaling",
+        "--models",
+        "lenet5",
+        "--workers",
+        "1,2",
+        "--repeats",
+        "1",
+        "--steps",
+        "4",
+        "--warmup-steps",
+        "1",
+        "--calibration",
+        str(tmp_path / "cb.json"),
+        "--out-dir",
+        str(out),
+    ]
+    proc = check(
+        subprocess.run(
+            cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"}
+        )
+    )
     strategies = [v.name for v in available(GridConfig())[0]]
     assert "allreduce" in strategies
 
     with open(out / "results.csv") as fh:
         rows = list(csv.DictReader(fh))
     # every strategy, and the no-exchange bound beside them at every N
-    assert {(r["strategy"], int(r["workers"])) for r in rows} == {(s, n) for s in [*strategies, "bound"]
-                                                                 for n in (1, 2)}
+    assert {(r["strategy"], int(r["workers"])) for r in rows} == {
+        (s, n) for s in [*strategies, "bound"] for n in (1, 2)
+    }
     for r in rows:
         assert int(r["repeats"]) == 1 and float(r["samples_per_sec_mean"]) > 0, proc.stdout
         assert float(r["of_bound"]) > 0 and float(r["bound_samples_per_sec"]) > 0
@@ -122,8 +185,12 @@ def test_tiny_grid_writes_report_plot_csv_and_tensorboard(tmp_path):
     by_key = {(r["strategy"], int(r["workers"])): r for r in rows}
     for s in strategies:
         ea = EventAccumulator(str(out / "tensorboard" / s), size_guidance={"tensors": 0}).Reload()
-        for figure, column in (("scaling/speedup", "speedup"), ("scaling/efficiency", "efficiency"),
-                               ("scaling/of_bound", "of_bound"), ("perf/samples_per_sec", "samples_per_sec_mean")):
+        for figure, column in (
+            ("scaling/speedup", "speedup"),
+            ("scaling/efficiency", "efficiency"),
+            ("scaling/of_bound", "of_bound"),
+            ("perf/samples_per_sec", "samples_per_sec_mean"),
+        ):
             events = ea.Scalars(f"{figure}/lenet5")
             assert [e.step for e in events] == [1, 2]
             for e in events:
@@ -137,8 +204,16 @@ def test_tiny_grid_writes_report_plot_csv_and_tensorboard(tmp_path):
 
 
 def _row(strategy, n, step_ms, wait_ms, sps=100.0):
-    return {"model": "lenet5", "strategy": strategy, "workers": n, "servers": 0, "repeats": 1,
-            "samples_per_sec_mean": sps, "step_ms_mean": step_ms, "comm_wait_ms_mean": wait_ms}
+    return {
+        "model": "lenet5",
+        "strategy": strategy,
+        "workers": n,
+        "servers": 0,
+        "repeats": 1,
+        "samples_per_sec_mean": sps,
+        "step_ms_mean": step_ms,
+        "comm_wait_ms_mean": wait_ms,
+    }
 
 
 def test_without_a_one_worker_run_compute_comes_from_the_fewest_workers_and_the_report_says_so():
@@ -150,16 +225,33 @@ def test_without_a_one_worker_run_compute_comes_from_the_fewest_workers_and_the_
     compute, source = compute_times(rows, {"lenet5": PLANS["lenet5"]})
     assert compute == {"lenet5": pytest.approx(0.030)} and source == {"lenet5": "fewest-workers"}  # allreduce's row
     with_one = rows + [_row("allreduce", 1, 0.0, 2.0, sps=6400.0)]  # 64 samples per step -> 10 ms, minus 2 ms
-    assert compute_times(with_one, {"lenet5": PLANS["lenet5"]}) == ({"lenet5": pytest.approx(0.008)},
-                                                                     {"lenet5": "one-worker"})
+    assert compute_times(with_one, {"lenet5": PLANS["lenet5"]}) == (
+        {"lenet5": pytest.approx(0.008)},
+        {"lenet5": "one-worker"},
+    )
 
     net = costmodel.Network(0.0, 12.5e6)
-    res = {"started": "now", "command": ["x"], "machine": {"cores": 2, "platform": "p"}, "seconds": 60.0,
-           "code": "abc", "config": {"data": "synthetic", "repeats": 1, "workers": [4], "horovod_cycle_ms": "auto"},
-           "horovod_cycle": {"knob": "1 ms"}, "loadavg": "1", "models": [], "plans": {}, "gradient_bytes": {},
-           "notes": [], "compute_s": compute, "compute_source": source, "calibration_source": "",
-           "calibration": known_network(list(variants().values()), net, "the emulated links, 100mbit"), "curves": {},
-           "out_dir": "o", "rows": []}
+    res = {
+        "started": "now",
+        "command": ["x"],
+        "machine": {"cores": 2, "platform": "p"},
+        "seconds": 60.0,
+        "code": "abc",
+        "config": {"data": "synthetic", "repeats": 1, "workers": [4], "horovod_cycle_ms": "auto"},
+        "horovod_cycle": {"knob": "1 ms"},
+        "loadavg": "1",
+        "models": [],
+        "plans": {},
+        "gradient_bytes": {},
+        "notes": [],
+        "compute_s": compute,
+        "compute_source": source,
+        "calibration_source": "",
+        "calibration": known_network(list(variants().values()), net, "the emulated links, 100mbit"),
+        "curves": {},
+        "out_dir": "o",
+        "rows": [],
+    }
     text = report_markdown(res)
     assert "Compute per step = the grid has no one-worker run" in text and "lenet5 30.0 ms." in text
     assert "Network: the emulated links, 100mbit (alpha 0.0 us, B 12.50 MB/s" in text

@@ -11,13 +11,28 @@ from lab.scaling.spec import variants
 
 
 def rec(strategy, n, repeat, thr, ok=True):
-    return {"model": "m", "strategy": strategy, "workers": n, "servers": 0, "world_size": n, "repeat": repeat,
-            "ok": ok, "samples_per_sec": thr, "step_ms": 10.0, "comm_wait_ms": 1.0}
+    return {
+        "model": "m",
+        "strategy": strategy,
+        "workers": n,
+        "servers": 0,
+        "world_size": n,
+        "repeat": repeat,
+        "ok": ok,
+        "samples_per_sec": thr,
+        "step_ms": 10.0,
+        "comm_wait_ms": 1.0,
+    }
 
 
-RECORDS = [rec("allreduce", 2, 1, 150.0), rec("bound", 2, 1, 200.0),
-           rec("allreduce", 2, 2, 60.0), rec("bound", 2, 2, 100.0),  # a loaded repeat: both slow
-           rec("allreduce", 2, 3, 90.0), rec("bound", 2, 3, 0.0, ok=False)]  # no bound to pair with
+RECORDS = [
+    rec("allreduce", 2, 1, 150.0),
+    rec("bound", 2, 1, 200.0),
+    rec("allreduce", 2, 2, 60.0),
+    rec("bound", 2, 2, 100.0),  # a loaded repeat: both slow
+    rec("allreduce", 2, 3, 90.0),
+    rec("bound", 2, 3, 0.0, ok=False),
+]  # no bound to pair with
 
 
 def test_each_row_is_a_fraction_of_the_bound_of_the_same_repeat():

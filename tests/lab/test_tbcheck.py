@@ -14,9 +14,13 @@ from lab.common.browser import find_chromium
 
 def card(y, series, x=(1.0, 2.0), title="lenet5: of the bound"):
     """A chart as the page state reports it: its axes' domains and each line's points (step, value)."""
-    return {"title": title, "y": list(y) if y else None, "x": list(x) if x else None,
-            "lines": [name for name, _ in series],
-            "series": [{"name": name, "points": [list(p) for p in pts]} for name, pts in series]}
+    return {
+        "title": title,
+        "y": list(y) if y else None,
+        "x": list(x) if x else None,
+        "lines": [name for name, _ in series],
+        "series": [{"name": name, "points": [list(p) for p in pts]} for name, pts in series],
+    }
 
 
 def test_a_point_below_or_above_the_drawn_y_domain_is_a_cut_line_and_one_inside_is_not():
@@ -31,22 +35,41 @@ def test_a_point_below_or_above_the_drawn_y_domain_is_a_cut_line_and_one_inside_
     edge = card((0.7, 1.0), [("a (x)", [(1, 1.0 + 1e-9), (2, 0.7), (3, float("nan"))])], x=(1.0, 3.0))
     assert tbcheck.cut_points(edge) == []
     assert tbcheck.cut_points(card((0, 1), [("a (x)", [(1, 0.5), (4, 0.5)])])) == [
-        "a (x): step 4 value 0.5 outside x [1, 2]"]
+        "a (x): step 4 value 0.5 outside x [1, 2]"
+    ]
     assert tbcheck.cut_points(card(None, [("a (x)", [(1, 0.5)])])) == [
-        "no axes found for its lines (the page did not draw the chart)"]
+        "no axes found for its lines (the page did not draw the chart)"
+    ]
     assert tbcheck.cut_points(card(None, [])) == []
 
 
 def test_the_check_fails_on_a_cut_chart_and_names_the_line():
-    chart = {"category": "lenet5", "title": "lenet5: of the bound", "figure": "scaling/of_bound",
-             "regexes": [tblog.tag_pattern("scaling/of_bound/lenet5")], "runs": ["ddp", "trainer"]}
+    chart = {
+        "category": "lenet5",
+        "title": "lenet5: of the bound",
+        "figure": "scaling/of_bound",
+        "regexes": [tblog.tag_pattern("scaling/of_bound/lenet5")],
+        "runs": ["ddp", "trainer"],
+    }
     exp = {"runs": ["ddp", "trainer"], "charts": [chart]}
-    page = {"selected": ["ddp", "trainer"], "smoothing": 0, "colors": {"ddp": "#f00", "trainer": "#00f"},
-            "charts": [card((0.78, 1.02), [("scaling/of_bound/lenet5 (ddp)", [(1, 0.98), (2, 0.70)]),
-                                           ("scaling/of_bound/lenet5 (trainer)", [(1, 1.0), (2, 0.94)])])]}
+    page = {
+        "selected": ["ddp", "trainer"],
+        "smoothing": 0,
+        "colors": {"ddp": "#f00", "trainer": "#00f"},
+        "charts": [
+            card(
+                (0.78, 1.02),
+                [
+                    ("scaling/of_bound/lenet5 (ddp)", [(1, 0.98), (2, 0.70)]),
+                    ("scaling/of_bound/lenet5 (trainer)", [(1, 1.0), (2, 0.94)]),
+                ],
+            )
+        ],
+    }
     assert tbcheck.verify(exp, page) == [
         "chart lenet5 / lenet5: of the bound: 1 point(s) cut off (drawn outside the plot): "
-        "scaling/of_bound/lenet5 (ddp): step 2 value 0.7 outside y [0.78, 1.02]"]
+        "scaling/of_bound/lenet5 (ddp): step 2 value 0.7 outside y [0.78, 1.02]"
+    ]
     page["charts"][0]["y"] = [0.65, 1.05]
     assert tbcheck.verify(exp, page) == []
 

@@ -31,28 +31,60 @@ def results(workers=(1, 2), models=("lenet5",), curves=True):
         for s in STRATEGIES:
             for n in workers:
                 thr = THROUGHPUT[s] * (GAIN[s] if n == 2 else n / 2 * GAIN[s] if n > 2 else 1.0)
-                jobs.append({"model": m, "strategy": s, "workers": n, "servers": int(s == "ps-dedicated"),
-                             "world_size": n, "repeat": 1, "ok": True, "samples_per_sec": thr, "step_ms": 10.0,
-                             "comm_wait_ms": 1.0, "loadavg_before": 1.0,
-                             "hparams": {"model": m, "variant": s, "strategy": s.split("-")[0], "workers": n,
-                                         "engine": "horovod" if s == "allreduce" else "mpi4py",
-                                         "link_rate": "this host"}})
+                jobs.append(
+                    {
+                        "model": m,
+                        "strategy": s,
+                        "workers": n,
+                        "servers": int(s == "ps-dedicated"),
+                        "world_size": n,
+                        "repeat": 1,
+                        "ok": True,
+                        "samples_per_sec": thr,
+                        "step_ms": 10.0,
+                        "comm_wait_ms": 1.0,
+                        "loadavg_before": 1.0,
+                        "hparams": {
+                            "model": m,
+                            "variant": s,
+                            "strategy": s.split("-")[0],
+                            "workers": n,
+                            "engine": "horovod" if s == "allreduce" else "mpi4py",
+                            "link_rate": "this host",
+                        },
+                    }
+                )
     jobs[0]["time_to_target_s"] = 12.5
     rows = report.aggregate(jobs)
     for r in rows:
         r.update(predicted_samples_per_sec=math.nan, predicted_efficiency=math.nan, prediction_error_pct=math.nan)
-    pts = [{"workers": n, "efficiency": 1 / (1 + 0.1 * math.log2(n)), "speedup": n / (1 + 0.1 * math.log2(n))}
-           for n in (1, 2, 4, 8, 64, 256, 1024)]
-    return {"started": "now", "seconds": 60.0, "command": ["python", "-m", "lab", "scaling"],
-            "out_dir": "", "code": "test", "machine": {"cores": 2, "platform": "test"},
-            "config": {"data": "synthetic", "repeats": 1, "workers": list(workers), "horovod_cycle_ms": "auto"},
-            "models": list(models), "strategies": list(STRATEGIES),
-            "plans": {m: {"batch_size": 64, "warmup": 1, "steps": 4, "samples": 640} for m in models},
-            "gradient_bytes": dict.fromkeys(models, 246824), "horovod_cycle": {"knob": "Horovod's default"},
-            "loadavg": "1.0", "rows": rows, "jobs": jobs, "notes": [], "compute_s": dict.fromkeys(models, 0.01),
-            "calibration": {}, "calibration_source": "",
-            "given_network": {"gbps": 10, "latency_us": 50, "label": "10 Gbit/s, 50 us"},
-            "curves": {m: dict.fromkeys(("allreduce", "ps-dedicated"), pts) for m in models} if curves else {}}
+    pts = [
+        {"workers": n, "efficiency": 1 / (1 + 0.1 * math.log2(n)), "speedup": n / (1 + 0.1 * math.log2(n))}
+        for n in (1, 2, 4, 8, 64, 256, 1024)
+    ]
+    return {
+        "started": "now",
+        "seconds": 60.0,
+        "command": ["python", "-m", "lab", "scaling"],
+        "out_dir": "",
+        "code": "test",
+        "machine": {"cores": 2, "platform": "test"},
+        "config": {"data": "synthetic", "repeats": 1, "workers": list(workers), "horovod_cycle_ms": "auto"},
+        "models": list(models),
+        "strategies": list(STRATEGIES),
+        "plans": {m: {"batch_size": 64, "warmup": 1, "steps": 4, "samples": 640} for m in models},
+        "gradient_bytes": dict.fromkeys(models, 246824),
+        "horovod_cycle": {"knob": "Horovod's default"},
+        "loadavg": "1.0",
+        "rows": rows,
+        "jobs": jobs,
+        "notes": [],
+        "compute_s": dict.fromkeys(models, 0.01),
+        "calibration": {},
+        "calibration_source": "",
+        "given_network": {"gbps": 10, "latency_us": 50, "label": "10 Gbit/s, 50 us"},
+        "curves": {m: dict.fromkeys(("allreduce", "ps-dedicated"), pts) for m in models} if curves else {},
+    }
 
 
 def scalars(path, tag):
@@ -68,7 +100,8 @@ def session_hparams(path):
 
     ea = EventAccumulator(str(path)).Reload()
     ssi = metadata.parse_session_start_info_plugin_data(
-        ea.SummaryMetadata(metadata.SESSION_START_INFO_TAG).plugin_data.content)
+        ea.SummaryMetadata(metadata.SESSION_START_INFO_TAG).plugin_data.content
+    )
     return {k: v.string_value or v.number_value for k, v in ssi.hparams.items()}
 
 
@@ -80,16 +113,28 @@ def test_comparison_has_one_run_per_concept_with_the_same_tags_and_one_chart_per
     for s in STRATEGIES:  # the same tags in every concept's run, step = N, the measured values
         run = tmp_path / "tensorboard" / s
         assert scalars(run, "perf/samples_per_sec/lenet5") == [
-            (1, pytest.approx(THROUGHPUT[s])), (2, pytest.approx(THROUGHPUT[s] * GAIN[s]))]
+            (1, pytest.approx(THROUGHPUT[s])),
+            (2, pytest.approx(THROUGHPUT[s] * GAIN[s])),
+        ]
         assert scalars(run, "scaling/speedup/lenet5") == [(1, pytest.approx(1.0)), (2, pytest.approx(GAIN[s]))]
         assert scalars(run, "scaling/efficiency/lenet5") == [(1, pytest.approx(1.0)), (2, pytest.approx(GAIN[s] / 2))]
-    assert [st for st, _ in scalars(tmp_path / "tensorboard" / "allreduce",
-                                    "scaling/predicted_efficiency/lenet5")] == [1, 2, 4, 8, 64, 256, 1024]
+    assert [st for st, _ in scalars(tmp_path / "tensorboard" / "allreduce", "scaling/predicted_efficiency/lenet5")] == [
+        1,
+        2,
+        4,
+        8,
+        64,
+        256,
+        1024,
+    ]
     # one chart per tag, each matching exactly that tag (so it holds one line per run)
     charts = layout["lenet5"]
-    assert [c[1] for c in charts.values()] == [["^scaling/speedup/lenet5$"], ["^scaling/efficiency/lenet5$"],
-                                               ["^perf/samples_per_sec/lenet5$"],
-                                               ["^scaling/predicted_efficiency/lenet5$"]]
+    assert [c[1] for c in charts.values()] == [
+        ["^scaling/speedup/lenet5$"],
+        ["^scaling/efficiency/lenet5$"],
+        ["^perf/samples_per_sec/lenet5$"],
+        ["^scaling/predicted_efficiency/lenet5$"],
+    ]
     assert all(kind == "Multiline" for kind, _ in charts.values())
 
 
@@ -114,13 +159,19 @@ def test_hparams_has_one_session_per_job_with_its_settings_and_metrics(tmp_path)
     assert {h.name for h in exp.hparam_infos} == {"model", "variant", "strategy", "workers", "engine", "link_rate"}
     # what differs between jobs comes first in the table (TensorBoard shows five columns at first)
     assert {h.name for h in exp.hparam_infos if h.differs} == {"variant", "strategy", "workers", "engine"}
-    assert {m.name.tag for m in exp.metric_infos} == {"samples_per_sec", "step_ms", "comm_wait_ms", "efficiency",
-                                                     "time_to_target_s"}
+    assert {m.name.tag for m in exp.metric_infos} == {
+        "samples_per_sec",
+        "step_ms",
+        "comm_wait_ms",
+        "efficiency",
+        "time_to_target_s",
+    }
     sessions = sorted(p.relative_to(tmp_path / "hparams").as_posix() for p in (tmp_path / "hparams").glob("*/*"))
     assert sessions == sorted(f"lenet5/{s}-n{n}-r1" for s in STRATEGIES for n in (1, 2))
     ea = EventAccumulator(str(tmp_path / "hparams" / "lenet5" / "ps-dedicated-n2-r1")).Reload()
     ssi = metadata.parse_session_start_info_plugin_data(
-        ea.SummaryMetadata(metadata.SESSION_START_INFO_TAG).plugin_data.content)
+        ea.SummaryMetadata(metadata.SESSION_START_INFO_TAG).plugin_data.content
+    )
     assert ssi.hparams["variant"].string_value == "ps-dedicated" and ssi.hparams["workers"].number_value == 2
     assert scalars(ea.path, "efficiency") == [(0, pytest.approx(GAIN["ps-dedicated"] / 2))]
     assert scalars(tmp_path / "hparams" / "lenet5" / "allreduce-n1-r1", "time_to_target_s") == [(0, 12.5)]
@@ -144,8 +195,13 @@ def test_report_redraws_everything_from_results_json_without_doubling_points(tmp
 
 
 def test_tensorboard_refuses_port_6006_in_one_line_and_serves_the_latest_comparison(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "lab.common.tbview", "--port", "6006"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "lab.common.tbview", "--port", "6006"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
     assert "6006" in proc.stderr and "hwloc" in proc.stderr and "6007" in proc.stderr
     assert tbview.latest_comparison(str(tmp_path)) is None
@@ -196,12 +252,27 @@ def test_bench_comparison_has_one_run_per_implementation_and_one_session_per_job
     from lab.bench.main import BenchSpec, Override, summarise, write_tensorboard
 
     impls = ["trainer", "ddp", "fp16"]
-    spec = BenchSpec(models=["lenet5"], nps=[1, 2], impls=impls, repeats=1,
-                     variants=[Override("fp16", "trainer", args=["--compression", "fp16"])])
+    spec = BenchSpec(
+        models=["lenet5"],
+        nps=[1, 2],
+        impls=impls,
+        repeats=1,
+        variants=[Override("fp16", "trainer", args=["--compression", "fp16"])],
+    )
     rate = {"trainer": 100.0, "ddp": 90.0, "fp16": 95.0}
-    jobs = [{"impl": i, "model": "lenet5", "np": n, "tag": "r0", "loadavg_before": [1.0, 1.0, 1.0],
-             "samples_per_sec": rate[i] * (1.5 if n == 2 else 1.0), "cpu_ms_per_step": 5.0}
-            for n in (1, 2) for i in impls]
+    jobs = [
+        {
+            "impl": i,
+            "model": "lenet5",
+            "np": n,
+            "tag": "r0",
+            "loadavg_before": [1.0, 1.0, 1.0],
+            "samples_per_sec": rate[i] * (1.5 if n == 2 else 1.0),
+            "cpu_ms_per_step": 5.0,
+        }
+        for n in (1, 2)
+        for i in impls
+    ]
     rows = summarise(jobs, spec, impls)
     write_tensorboard(str(tmp_path), rows, jobs, spec, "table")
     assert sorted(p.name for p in (tmp_path / "tensorboard").iterdir()) == sorted(impls)
@@ -210,11 +281,15 @@ def test_bench_comparison_has_one_run_per_implementation_and_one_session_per_job
         assert scalars(run, "perf/samples_per_sec/lenet5") == [(1, rate[i]), (2, rate[i] * 1.5)]
         assert scalars(run, "scaling/efficiency/lenet5") == [(1, 1.0), (2, 0.75)]
     assert scalars(tmp_path / "tensorboard" / "ddp", "perf/trainer_over/lenet5") == [
-        (1, pytest.approx(100 / 90)), (2, pytest.approx(100 / 90))]
+        (1, pytest.approx(100 / 90)),
+        (2, pytest.approx(100 / 90)),
+    ]
     assert len(list((tmp_path / "hparams").iterdir())) == 1 + len(jobs)
     assert scalars(tmp_path / "hparams" / "lenet5-fp16-np2-r0", "efficiency") == [(0, 0.75)]
-    for job, concept, engine in (("lenet5-fp16-np2-r0", "ring allreduce", "Horovod"),
-                                 ("lenet5-ddp-np1-r0", "ring allreduce", "torch DDP")):
+    for job, concept, engine in (
+        ("lenet5-fp16-np2-r0", "ring allreduce", "Horovod"),
+        ("lenet5-ddp-np1-r0", "ring allreduce", "torch DDP"),
+    ):
         hp = session_hparams(tmp_path / "hparams" / job)
         assert (hp["concept"], hp["engine"]) == (concept, engine), job
     assert session_hparams(tmp_path / "hparams" / "lenet5-fp16-np2-r0")["settings"] == "--compression fp16"
@@ -222,23 +297,40 @@ def test_bench_comparison_has_one_run_per_implementation_and_one_session_per_job
 
 def test_the_check_names_a_concept_missing_from_one_model_a_chart_that_draws_less_and_shared_colours():
     def chart(model, runs, figure="scaling/speedup"):
-        return {"category": model, "title": f"{model}: {figure}", "regexes": [tblog.tag_pattern(f"{figure}/{model}")],
-                "figure": figure, "runs": runs}
+        return {
+            "category": model,
+            "title": f"{model}: {figure}",
+            "regexes": [tblog.tag_pattern(f"{figure}/{model}")],
+            "figure": figure,
+            "runs": runs,
+        }
 
     def card(model, runs, figure="scaling/speedup"):
         return {"title": f"{model}: {figure}", "lines": [f"{figure}/{model} ({r})" for r in runs]}
 
-    exp = {"runs": ["allreduce", "ps", "ring8"], "charts": [
-        chart("lenet5", ["allreduce", "ps"]), chart("resnet18", ["allreduce"]),
-        chart("vgg", ["allreduce", "ring8"], "scaling/efficiency")]}
-    page = {"selected": ["allreduce", "ps", "ring8"], "smoothing": 0,
-            "colors": {"allreduce": "#f00", "ps": "#00f", "ring8": "#f00"},  # an 8th run gets the 1st's colour
-            "charts": [card("lenet5", ["allreduce"]), card("resnet18", ["allreduce"]),
-                       card("vgg", ["allreduce", "ring8"], "scaling/efficiency")]}
+    exp = {
+        "runs": ["allreduce", "ps", "ring8"],
+        "charts": [
+            chart("lenet5", ["allreduce", "ps"]),
+            chart("resnet18", ["allreduce"]),
+            chart("vgg", ["allreduce", "ring8"], "scaling/efficiency"),
+        ],
+    }
+    page = {
+        "selected": ["allreduce", "ps", "ring8"],
+        "smoothing": 0,
+        "colors": {"allreduce": "#f00", "ps": "#00f", "ring8": "#f00"},  # an 8th run gets the 1st's colour
+        "charts": [
+            card("lenet5", ["allreduce"]),
+            card("resnet18", ["allreduce"]),
+            card("vgg", ["allreduce", "ring8"], "scaling/efficiency"),
+        ],
+    }
     assert tbcheck.verify(exp, page) == [
         "chart lenet5 / lenet5: scaling/speedup: draws ['allreduce'], the data is in ['allreduce', 'ps']",
         "chart resnet18 / resnet18: scaling/speedup: no data for ps (their jobs failed or did not run?)",
-        "chart vgg / vgg: scaling/efficiency: runs share a colour: allreduce, ring8"]
+        "chart vgg / vgg: scaling/efficiency: runs share a colour: allreduce, ring8",
+    ]
 
 
 def test_a_grid_job_names_its_concept_engine_placement_mode_and_link_rate():
@@ -247,8 +339,17 @@ def test_a_grid_job_names_its_concept_engine_placement_mode_and_link_rate():
 
     vs = variants()
     hp = job_hparams(GridConfig(link_rate="100mbit"), Job("lenet5", vs["ps-dedicated"], 2, 1))
-    assert hp == {"model": "lenet5", "variant": "ps-dedicated", "strategy": "ps", "placement": "dedicated",
-                  "mode": "sync", "engine": "mpi4py", "workers": 2, "servers": 1, "link_rate": "100mbit"}
+    assert hp == {
+        "model": "lenet5",
+        "variant": "ps-dedicated",
+        "strategy": "ps",
+        "placement": "dedicated",
+        "mode": "sync",
+        "engine": "mpi4py",
+        "workers": 2,
+        "servers": 1,
+        "link_rate": "100mbit",
+    }
     hp = job_hparams(GridConfig(extra=["--ps-mode", "async"]), Job("lenet5", vs["ps-colocated"], 4, 1))
     assert (hp["placement"], hp["mode"], hp["link_rate"]) == ("colocated", "async", "this host")
     assert job_hparams(GridConfig(), Job("lenet5", vs["allreduce"], 2, 1))["engine"] == "Horovod"

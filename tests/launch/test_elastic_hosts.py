@@ -57,24 +57,41 @@ def test_the_probe_uses_the_agent_mpirun_would_use():
 
 def test_ssh_probes_in_batch_mode_with_a_connect_timeout_and_other_agents_as_given():
     assert elastic.probe_command(["/usr/bin/ssh", "-x"], ["-p", "22"], "n1", 7.5) == [
-        "/usr/bin/ssh", "-x", "-o", "BatchMode=yes", "-o", "ConnectTimeout=7", "-p", "22", "n1", "true"]
+        "/usr/bin/ssh",
+        "-x",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "ConnectTimeout=7",
+        "-p",
+        "22",
+        "n1",
+        "true",
+    ]
     assert elastic.probe_command(["/x/rsh_netns.sh"], [], "h2", 10) == ["/x/rsh_netns.sh", "h2", "true"]
 
 
 def test_the_probe_asks_every_host_at_once_and_gives_up_on_one_that_hangs(tmp_path):
     pids = tmp_path / "pids"
-    agent = executable(tmp_path / "agent", f"""#!/bin/sh
+    agent = executable(
+        tmp_path / "agent",
+        f"""#!/bin/sh
 echo $$ >> {pids}
 case $1 in
     up) exec "$2" ;;
     refused) echo "ssh: connect to host $1 port 22: Connection refused" >&2; exit 255 ;;
     hangs) exec sleep 600 ;;
 esac
-""")
-    answers = elastic.probe(["up", "refused", "hangs"], lambda h: elastic.probe_command([str(agent)], [], h, 1),
-                            timeout=1)
-    assert answers == {"up": "", "refused": "ssh: connect to host refused port 22: Connection refused",
-                       "hangs": "no answer within 1 s"}
+""",
+    )
+    answers = elastic.probe(
+        ["up", "refused", "hangs"], lambda h: elastic.probe_command([str(agent)], [], h, 1), timeout=1
+    )
+    assert answers == {
+        "up": "",
+        "refused": "ssh: connect to host refused port 22: Connection refused",
+        "hangs": "no answer within 1 s",
+    }
     left = [p for p in pids.read_text().split() if os.path.exists(f"/proc/{p}")]
     assert left == [], "the agent that did not answer is still running"
 
@@ -118,45 +135,88 @@ def test_the_discovery_script_gives_host_slots_lines(tmp_path):
     assert elastic.discover(str(script)) == [Host("n1", 2), Host("n2", 1)]
 
 
-@pytest.mark.parametrize("body, said", [
-    ("#!/bin/sh\necho 'no inventory' >&2\nexit 3\n", "exited 3 (no inventory)"),
-    ("#!/bin/sh\necho n1:x\n", "line 1"),
-    ("#!/bin/sh\necho n1:1\necho n1:2\n", "names host n1 twice"),
-    (None, "cannot run it"),
-])
+@pytest.mark.parametrize(
+    "body, said",
+    [
+        ("#!/bin/sh\necho 'no inventory' >&2\nexit 3\n", "exited 3 (no inventory)"),
+        ("#!/bin/sh\necho n1:x\n", "line 1"),
+        ("#!/bin/sh\necho n1:1\necho n1:2\n", "names host n1 twice"),
+        (None, "cannot run it"),
+    ],
+)
 def test_a_bad_discovery_script_is_one_line_and_exit_2(tmp_path, body, said):
     script = tmp_path / "hosts.sh"
     if body is None:
         script.write_text("#!/bin/sh\necho n1:1\n")  # not executable
     else:
         executable(script, body)
-    out = subprocess.run([sys.executable, "-m", "launch", "-np", "2", "--host-discovery-script", str(script),
-                          "--max-restarts", "1", "--dry-run", "--"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "launch",
+            "-np",
+            "2",
+            "--host-discovery-script",
+            str(script),
+            "--max-restarts",
+            "1",
+            "--dry-run",
+            "--",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "--host-discovery-script" in out.stderr and said in out.stderr, out.stderr
 
 
 def test_the_discovery_script_names_the_first_attempts_hosts(tmp_path):
     script = executable(tmp_path / "hosts.sh", "#!/bin/sh\necho n1:2\necho n2:2\n")
-    out = subprocess.run([sys.executable, "-m", "launch", "-np", "3", "--host-discovery-script", str(script),
-                          "--max-restarts", "1", "--dry-run", "--"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "launch",
+            "-np",
+            "3",
+            "--host-discovery-script",
+            str(script),
+            "--max-restarts",
+            "1",
+            "--dry-run",
+            "--",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     line = out.stdout.strip().splitlines()[-1].split()
     assert line[line.index("-np") + 1] == "3" and line[line.index("-H") + 1] == "n1:2,n2:2"
 
 
-@pytest.mark.parametrize("flags, said", [
-    (["--min-np", "1"], "--max-restarts"),
-    (["--min-np", "3", "--max-restarts", "1", "-H", "a:2"], "--min-np"),
-    (["--min-np", "1", "--max-restarts", "1"], "-H, --hostfile or --host-discovery-script"),
-    (["--host-discovery-script", "/bin/true", "-H", "a:2"], "leave out -H"),
-    (["--probe-timeout", "0"], "--probe-timeout"),
-])
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        (["--min-np", "1"], "--max-restarts"),
+        (["--min-np", "3", "--max-restarts", "1", "-H", "a:2"], "--min-np"),
+        (["--min-np", "1", "--max-restarts", "1"], "-H, --hostfile or --host-discovery-script"),
+        (["--host-discovery-script", "/bin/true", "-H", "a:2"], "leave out -H"),
+        (["--probe-timeout", "0"], "--probe-timeout"),
+    ],
+)
 def test_elastic_flags_that_do_not_go_together_are_one_line(flags, said):
-    out = subprocess.run([sys.executable, "-m", "launch", "-np", "2", *flags, "--dry-run", "--"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "launch", "-np", "2", *flags, "--dry-run", "--"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and said in out.stderr, out.stderr
 
 
@@ -169,12 +229,18 @@ def stand_ins(tmp_path):
     stall), and an agent for which hosts named up* answer and every other refuses."""
     bin_ = tmp_path / "bin"
     bin_.mkdir()
-    executable(bin_ / "mpirun", f"""#!/bin/sh
+    executable(
+        bin_ / "mpirun",
+        f"""#!/bin/sh
 n=$(ls {tmp_path} | grep -c '^call') ; echo "$@" > {tmp_path}/call$n
 [ "$n" -gt 0 ]  || exit 69
-""")
-    agent = executable(bin_ / "agent", '#!/bin/sh\ncase $1 in up*) exit 0 ;; esac\n'
-                                       'echo "ssh: connect to host $1 port 22: No route to host" >&2; exit 255\n')
+""",
+    )
+    agent = executable(
+        bin_ / "agent",
+        "#!/bin/sh\ncase $1 in up*) exit 0 ;; esac\n"
+        'echo "ssh: connect to host $1 port 22: No route to host" >&2; exit 255\n',
+    )
     env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "OMPI_MCA_plm_rsh_agent": str(agent)}
     return tmp_path, env
 
@@ -187,25 +253,67 @@ def test_a_restart_continues_on_the_hosts_that_answer_with_the_ranks_that_fit(st
     tmp_path, env = stand_ins
     hostfile = tmp_path / "hosts"
     hostfile.write_text("up1 slots=2\ndown2 slots=2\nup3 slots=1\n")
-    out = subprocess.run([sys.executable, "-m", "launch", "-np", "4", "--hostfile", str(hostfile),
-                          "--max-restarts", "2", "--min-np", "2", "--", "--name", "el"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "launch",
+            "-np",
+            "4",
+            "--hostfile",
+            str(hostfile),
+            "--max-restarts",
+            "2",
+            "--min-np",
+            "2",
+            "--",
+            "--name",
+            "el",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr
     first, second = calls(tmp_path)
     assert first[first.index("--hostfile") + 1] == str(hostfile) and "--resume" not in first
     assert second[second.index("-np") + 1] == "3" and second[second.index("-H") + 1] == "up1:2,up3:1"
     assert "--hostfile" not in second and second[-2:] == ["--resume", "auto"]
-    assert ("launch: elastic: host(s) down2 lost (down2: ssh: connect to host down2 port 22: No route to host); "
-            "continuing on 2 host(s) (up1:2,up3:1): world size 4 -> 3") in out.stderr, out.stderr
+    assert (
+        "launch: elastic: host(s) down2 lost (down2: ssh: connect to host down2 port 22: No route to host); "
+        "continuing on 2 host(s) (up1:2,up3:1): world size 4 -> 3"
+    ) in out.stderr, out.stderr
     printed = [shlex.split(ln[2:]) for ln in out.stdout.splitlines() if ln.startswith("+ ")]
-    assert [p[p.index("mpirun") + 1:] for p in printed] == [first, second]  # each attempt's exact line
+    assert [p[p.index("mpirun") + 1 :] for p in printed] == [first, second]  # each attempt's exact line
 
 
 def test_fewer_than_min_np_ranks_worth_of_hosts_ends_the_job_with_one_line_and_exit_69(stand_ins):
     tmp_path, env = stand_ins
-    out = subprocess.run([sys.executable, "-m", "launch", "-np", "4", "-H", "up1:1,down2:2,down3:1",
-                          "--max-restarts", "2", "--min-np", "2", "--", "--name", "el"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "launch",
+            "-np",
+            "4",
+            "-H",
+            "up1:1,down2:2,down3:1",
+            "--max-restarts",
+            "2",
+            "--min-np",
+            "2",
+            "--",
+            "--name",
+            "el",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert out.returncode == 69 and len(calls(tmp_path)) == 1, out.stderr
     said = [ln for ln in out.stderr.splitlines() if "elastic" in ln]
     assert len(said) == 1 and "1 rank(s) fit on the hosts that answer (up1:1), fewer than --min-np 2" in said[0]
@@ -213,11 +321,30 @@ def test_fewer_than_min_np_ranks_worth_of_hosts_ends_the_job_with_one_line_and_e
 
 def test_the_discovery_script_is_asked_again_before_a_restart(stand_ins):
     tmp_path, env = stand_ins
-    script = executable(tmp_path / "hosts.sh", f"#!/bin/sh\n[ -e {tmp_path}/call0 ] && echo n3:2 || echo n1:2\n"
-                                                "echo n2:2\n")
-    out = subprocess.run([sys.executable, "-m", "launch", "-np", "4", "--host-discovery-script", str(script),
-                          "--max-restarts", "1", "--", "--name", "el"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    script = executable(
+        tmp_path / "hosts.sh", f"#!/bin/sh\n[ -e {tmp_path}/call0 ] && echo n3:2 || echo n1:2\necho n2:2\n"
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "launch",
+            "-np",
+            "4",
+            "--host-discovery-script",
+            str(script),
+            "--max-restarts",
+            "1",
+            "--",
+            "--name",
+            "el",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr
     first, second = calls(tmp_path)
     assert first[first.index("-H") + 1] == "n1:2,n2:2" and second[second.index("-H") + 1] == "n3:2,n2:2"
@@ -226,8 +353,27 @@ def test_the_discovery_script_is_asked_again_before_a_restart(stand_ins):
 
 def test_without_min_np_a_restart_goes_to_the_same_hosts_unprobed(stand_ins):
     tmp_path, env = stand_ins
-    out = subprocess.run([sys.executable, "-m", "launch", "-np", "2", "-H", "down1:1,down2:1", "--max-restarts", "1",
-                          "--", "--name", "el"], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "launch",
+            "-np",
+            "2",
+            "-H",
+            "down1:1,down2:1",
+            "--max-restarts",
+            "1",
+            "--",
+            "--name",
+            "el",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert out.returncode == 0 and "elastic" not in out.stderr, out.stderr
     first, second = calls(tmp_path)
     assert first[first.index("-H") + 1] == second[second.index("-H") + 1] == "down1:1,down2:1"

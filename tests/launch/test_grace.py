@@ -12,16 +12,34 @@ from helpers import Job, job_pids
 
 pytestmark = pytest.mark.mpi
 
-QUICK = ["--dataset", "synthetic", "--synthetic-samples", "2048", "--no-progress", "--log-every", "5",
-         "--warmup-steps", "0", "--no-scale-lr", "--lr", "0.05", "--batch-size", "16"]
+QUICK = [
+    "--dataset",
+    "synthetic",
+    "--synthetic-samples",
+    "2048",
+    "--no-progress",
+    "--log-every",
+    "5",
+    "--warmup-steps",
+    "0",
+    "--no-scale-lr",
+    "--lr",
+    "0.05",
+    "--batch-size",
+    "16",
+]
 
 
 @pytest.mark.parametrize("how", ["grace-period", "second-sigterm"])
 def test_a_sigterm_that_no_rank_can_answer_ends_the_job_without_a_checkpoint(tmp_path, how):
     grace = 5 if how == "grace-period" else 600
     tag = f"{os.getpid()}-{how}"
-    job = Job(2, QUICK + ["--run-dir", str(tmp_path), "--name", "stop", "--steps", "100000", "--stall-timeout", "0"],
-              tag, launcher=["--grace-period", str(grace)])
+    job = Job(
+        2,
+        QUICK + ["--run-dir", str(tmp_path), "--name", "stop", "--steps", "100000", "--stall-timeout", "0"],
+        tag,
+        launcher=["--grace-period", str(grace)],
+    )
     try:
         job.wait_for(", from step 0")
         time.sleep(1.0)  # well into the training loop

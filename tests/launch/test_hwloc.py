@@ -20,16 +20,23 @@ from helpers import RANKS, ROOT
 pytestmark = [
     pytest.mark.mpi,
     pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root for unshare --net"),
-    pytest.mark.skipif(ctypes.util.find_library("X11") is None,
-                       reason="libx11-6 not installed (tools/install.sh installs it): the hazard needs Xlib"),
+    pytest.mark.skipif(
+        ctypes.util.find_library("X11") is None,
+        reason="libx11-6 not installed (tools/install.sh installs it): the hazard needs Xlib",
+    ),
 ]
 TRAP = str(RANKS / "x11_trap.py")
 
 
 def trapped(timeout: float, cmd: list[str]) -> dict:
-    proc = subprocess.run(["unshare", "--net", "--", sys.executable, TRAP, str(timeout), *cmd], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout + 60,
-                          env={**os.environ, "PYTHONPATH": f"{ROOT}:{RANKS}", "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(
+        ["unshare", "--net", "--", sys.executable, TRAP, str(timeout), *cmd],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout + 60,
+        env={**os.environ, "PYTHONPATH": f"{ROOT}:{RANKS}", "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -42,8 +49,9 @@ def test_the_stand_in_really_traps_a_plain_mpirun():
 
 
 def test_a_two_rank_job_through_the_launcher_starts_and_finishes():
-    got = trapped(120, [sys.executable, "-m", "launch", "-np", "2", "--oversubscribe", "--module", "netns_rank",
-                        "--", "report"])
+    got = trapped(
+        120, [sys.executable, "-m", "launch", "-np", "2", "--oversubscribe", "--module", "netns_rank", "--", "report"]
+    )
     assert got["rc"] == 0 and got["connections"] == 0, got
     assert got["output"].count("local_size 2") == 2, got  # both ranks ran
     assert "+ env HWLOC_COMPONENTS=-gl mpirun" in got["output"]  # the printed line is safe to copy

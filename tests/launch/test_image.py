@@ -16,8 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def plan(*args: str) -> list[list[str]]:
-    out = subprocess.run(["bash", "tools/image.sh", "--dry-run", *args], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        ["bash", "tools/image.sh", "--dry-run", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     return [shlex.split(line[2:], comments=True) for line in out.stdout.splitlines() if line.startswith("+ ")]
 
@@ -32,11 +33,24 @@ def arg_values(line: list[str], flag: str) -> list[str]:
 
 
 def test_make_image_passes_variant_and_base_to_the_script():
-    out = subprocess.run(["make", "-n", "image", "VARIANT=gpu", "BASE=local", "CUDA=12"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        ["make", "-n", "image", "VARIANT=gpu", "BASE=local", "CUDA=12"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
-    assert shlex.split(out.stdout.replace("\\\n", " ")) == ["bash", "tools/image.sh", "--variant", "gpu", "--base",
-                                                            "local", "--cuda", "12"]
+    assert shlex.split(out.stdout.replace("\\\n", " ")) == [
+        "bash",
+        "tools/image.sh",
+        "--variant",
+        "gpu",
+        "--base",
+        "local",
+        "--cuda",
+        "12",
+    ]
 
 
 def test_buildah_plan_makes_the_base_with_mmdebstrap_and_builds_with_chroot_isolation():
@@ -71,17 +85,29 @@ def test_docker_plan_and_the_gpu_variant():
 
 def test_dockerfile_takes_the_local_context_through_a_mount_not_a_copy():
     dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
-    install = dockerfile[dockerfile.index("RUN --mount=type=bind,from=local"):]
-    install = install[:install.index("\n\n")]
+    install = dockerfile[dockerfile.index("RUN --mount=type=bind,from=local") :]
+    install = install[: install.index("\n\n")]
     assert "PIP_FIND_LINKS=/tmp/local/wheels" in install and "LAB=0 TORCH_VARIANT=cpu bash tools/install.sh" in install
     assert "rm -rf /tmp/build-cache" in install
     assert "COPY --from=local" not in dockerfile
 
 
-@pytest.mark.parametrize("args, names", [(["--variant", "arm"], "VARIANT=arm"), (["--cuda", "11"], "CUDA=11"),
-                                         (["--engine", "kaniko"], "ENGINE=kaniko"), (["--bogus"], "usage")])
+@pytest.mark.parametrize(
+    "args, names",
+    [
+        (["--variant", "arm"], "VARIANT=arm"),
+        (["--cuda", "11"], "CUDA=11"),
+        (["--engine", "kaniko"], "ENGINE=kaniko"),
+        (["--bogus"], "usage"),
+    ],
+)
 def test_bad_settings_give_one_line_and_exit_2(args, names):
-    out = subprocess.run(["bash", "tools/image.sh", "--dry-run", "--engine", "buildah", *args], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        ["bash", "tools/image.sh", "--dry-run", "--engine", "buildah", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1 and names in lines[0], out.stderr

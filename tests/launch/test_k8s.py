@@ -36,8 +36,9 @@ SCHEMAS = Path(__file__).with_name("schemas")
 
 
 def render(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "launch", "k8s", *argv], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "launch", "k8s", *argv], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
 
 
 def rendered(*argv: str) -> list[dict]:
@@ -62,6 +63,7 @@ def launcher_container(job: dict) -> dict:
 
 
 # -- the CRDs' schemas -------------------------------------------------------------------------
+
 
 def crd_schema(name: str) -> dict:
     return json.loads((SCHEMAS / f"{name}.json").read_text())
@@ -92,8 +94,10 @@ def check_crd(obj: dict, name: str) -> None:
     fields (jsonschema) and no field the schema lacks."""
     crd = crd_schema(name)
     assert obj["apiVersion"] == f"{crd['group']}/{crd['version']}" and obj["kind"] == crd["kind"]
-    errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
-              for e in jsonschema.Draft7Validator(crd["openAPIV3Schema"]).iter_errors(obj)]
+    errors = [
+        f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+        for e in jsonschema.Draft7Validator(crd["openAPIV3Schema"]).iter_errors(obj)
+    ]
     assert not errors, errors
     # the root's metadata is the API server's (the CRDs say only "object"): the client's model checks it
     assert unknown_fields({k: v for k, v in obj.items() if k != "metadata"}, crd["openAPIV3Schema"]) == []
@@ -126,6 +130,7 @@ def test_the_schema_check_catches_unknown_fields_wrong_types_and_enums():
 
 # -- mpi-operator's MPIJob v2beta1 -------------------------------------------------------------
 
+
 def check_mpijob(job: dict) -> None:
     """The CRD's schema, then what mpi-operator's validation (pkg/apis/kubeflow/validation) adds."""
     check_crd(job, "mpijob")
@@ -147,8 +152,12 @@ def check_mpijob(job: dict) -> None:
 # kubeflow/trainer v2.3.0 pkg/constants/constants.go: MPIReservedEnvNames (OpenMPIEnvHostFileLocation,
 # OpenMPIEnvKeyRSHArgs, OpenMPIEnvKeepFQDNHostNames, OpenMPIEnvDefaultSlots), refused in trainer.env by
 # pkg/runtime/framework/plugins/mpi/mpi.go Validate
-MPI_RESERVED_ENV = {"OMPI_MCA_orte_default_hostfile", "OMPI_MCA_plm_rsh_args", "OMPI_MCA_orte_keep_fqdn_hostnames",
-                    "OMPI_MCA_orte_set_default_slots"}
+MPI_RESERVED_ENV = {
+    "OMPI_MCA_orte_default_hostfile",
+    "OMPI_MCA_plm_rsh_args",
+    "OMPI_MCA_orte_keep_fqdn_hostnames",
+    "OMPI_MCA_orte_set_default_slots",
+}
 
 
 def check_trainjob(runtime: dict, job: dict) -> None:
@@ -156,8 +165,11 @@ def check_trainjob(runtime: dict, job: dict) -> None:
     jobset/builder.go) need of an MPI runtime and a job that names it."""
     check_crd(runtime, "clustertrainingruntime")
     check_crd(job, "trainjob")
-    assert job["spec"]["runtimeRef"] == {"name": runtime["metadata"]["name"], "kind": "ClusterTrainingRuntime",
-                                         "apiGroup": "trainer.kubeflow.org"}
+    assert job["spec"]["runtimeRef"] == {
+        "name": runtime["metadata"]["name"],
+        "kind": "ClusterTrainingRuntime",
+        "apiGroup": "trainer.kubeflow.org",
+    }
     mpi = runtime["spec"]["mlPolicy"]["mpi"]
     assert mpi["mpiImplementation"] == "OpenMPI" and mpi["sshAuthMountPath"] == k8s.SSH_DIR
     rjobs = {r["name"]: r for r in runtime["spec"]["template"]["spec"]["replicatedJobs"]}
@@ -176,7 +188,9 @@ def check_trainjob(runtime: dict, job: dict) -> None:
     for patch in job["spec"].get("runtimePatches", []):
         for rjob in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]:
             pod = rjob["template"]["spec"]["template"].get("spec", {})
-            runtime_containers = {c["name"] for c in rjobs[rjob["name"]]["template"]["spec"]["template"]["spec"]["containers"]}
+            runtime_containers = {
+                c["name"] for c in rjobs[rjob["name"]]["template"]["spec"]["template"]["spec"]["containers"]
+            }
             assert {c["name"] for c in pod.get("containers", [])} <= runtime_containers
             assert all("env" not in c for c in pod.get("containers", []))
             check_model({"spec": {"containers": [{"name": "x"}], **pod}}, "V1PodTemplateSpec")
@@ -203,6 +217,7 @@ def test_the_model_check_catches_unknown_fields_and_missing_names():
 
 
 # -- what the operators make of the manifests (their Go code, as read) --------------------------
+
 
 def trainer_pods(runtime: dict, job: dict) -> list[dict]:
     """The pods Kubeflow Trainer v2.3.0 starts for ``job`` on its MPI ``runtime``, in the runtime's
@@ -236,9 +251,14 @@ def trainer_pods(runtime: dict, job: dict) -> list[dict]:
         for r in range(replicas):
             for i in range(count):
                 pod = f"{name}-{rjob['name']}-{r}-{i}"
-                pods.append({"name": pod, "dns": f"{pod}.{subdomain}",
-                             "resources": trainer or (as_node and rjob["name"] == "node"),
-                             "node": rjob["name"] == "node" or (as_node and rjob["name"] == "launcher")})
+                pods.append(
+                    {
+                        "name": pod,
+                        "dns": f"{pod}.{subdomain}",
+                        "resources": trainer or (as_node and rjob["name"] == "node"),
+                        "node": rjob["name"] == "node" or (as_node and rjob["name"] == "launcher"),
+                    }
+                )
     return pods
 
 
@@ -280,7 +300,8 @@ def test_trainjob_every_pod_trainer_starts_runs_ranks_in_the_hostfiles_node_firs
     # orte_rmaps_base_get_target_nodes: the HNP's node first when allocated), then the hostfile's order:
     # rank 0 in the launcher pod although it is listed last (tools/k8s_pod_check.sh LAYOUT=trainjob ran it)
     assert k8s.placement(spec) == [("lm-launcher-0-0.lm", range(0, slots))] + [
-        (f"lm-node-0-{i}.lm", range((i + 1) * slots, (i + 2) * slots)) for i in range(workers - 1)]
+        (f"lm-node-0-{i}.lm", range((i + 1) * slots, (i + 2) * slots)) for i in range(workers - 1)
+    ]
     assert args[args.index("--expect-hosts") + 1] == str(workers)
 
 
@@ -299,12 +320,27 @@ def test_trainjob_with_one_worker_is_refused_because_trainer_would_start_an_idle
 
 @pytest.mark.parametrize("workers, slots", [(1, 1), (3, 2)])
 def test_mpijob_workers_are_the_hostfile_and_the_launcher_runs_only_mpirun(workers, slots):
-    job = by_kind(rendered("--api", "mpijob", "--name", "lm", "--namespace", "ml", "--workers", str(workers),
-                           "--slots-per-worker", str(slots)), "MPIJob")
+    job = by_kind(
+        rendered(
+            "--api",
+            "mpijob",
+            "--name",
+            "lm",
+            "--namespace",
+            "ml",
+            "--workers",
+            str(workers),
+            "--slots-per-worker",
+            str(slots),
+        ),
+        "MPIJob",
+    )
     assert "runLauncherAsWorker" not in job["spec"]
     hosts = mpi_operator_hostfile(job)
-    assert k8s.hostfile(k8s.K8sSpec(api="mpijob", name="lm", namespace="ml", workers=workers,
-                                    slots_per_worker=slots)) == hosts
+    assert (
+        k8s.hostfile(k8s.K8sSpec(api="mpijob", name="lm", namespace="ml", workers=workers, slots_per_worker=slots))
+        == hosts
+    )
     assert len(hosts) == workers and np_of(launcher_container(job)["args"]) == workers * slots
     # the launcher holds no worker's resources: a small request of its own, no GPU
     launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
@@ -350,8 +386,22 @@ def test_mpijob_is_deleted_a_while_after_it_finished():
 
 # -- python -m launch k8s ----------------------------------------------------------------------
 
-JOB_OPTIONS = ["--name", "lenet", "--workers", "3", "--slots-per-worker", "2", "--runs-pvc", "runs",
-               "--runs-pvc-size", "5Gi", "--tensorboard", "--", "--epochs", "2"]
+JOB_OPTIONS = [
+    "--name",
+    "lenet",
+    "--workers",
+    "3",
+    "--slots-per-worker",
+    "2",
+    "--runs-pvc",
+    "runs",
+    "--runs-pvc-size",
+    "5Gi",
+    "--tensorboard",
+    "--",
+    "--epochs",
+    "2",
+]
 
 
 def rank_pods(docs: list[dict]) -> list[dict]:
@@ -360,8 +410,11 @@ def rank_pods(docs: list[dict]) -> list[dict]:
     if any(d["kind"] == "MPIJob" for d in docs):
         return [by_kind(docs, "MPIJob")["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]]
     runtime, job = by_kind(docs, "ClusterTrainingRuntime"), by_kind(docs, "TrainJob")
-    patches = {r["name"]: r["template"]["spec"]["template"].get("spec", {}) for p in job["spec"].get("runtimePatches", [])
-               for r in p["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]}
+    patches = {
+        r["name"]: r["template"]["spec"]["template"].get("spec", {})
+        for p in job["spec"].get("runtimePatches", [])
+        for r in p["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    }
     pods = []
     for rjob in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
         pod = json.loads(json.dumps(rjob["template"]["spec"]["template"]["spec"]))
@@ -392,8 +445,13 @@ def test_rendered_mpijob_parses_and_passes_the_schema_checks():
 
 def test_rendered_trainjob_passes_trainers_schemas_and_runs_the_mpijobs_ranks():
     docs = rendered("--api", "trainjob", *JOB_OPTIONS)
-    assert [d["kind"] for d in docs] == ["PersistentVolumeClaim", "ClusterTrainingRuntime", "TrainJob", "Deployment",
-                                         "Service"]
+    assert [d["kind"] for d in docs] == [
+        "PersistentVolumeClaim",
+        "ClusterTrainingRuntime",
+        "TrainJob",
+        "Deployment",
+        "Service",
+    ]
     runtime, job = by_kind(docs, "ClusterTrainingRuntime"), by_kind(docs, "TrainJob")
     check_trainjob(runtime, job)
     trainer = job["spec"]["trainer"]
@@ -408,39 +466,94 @@ def test_rendered_trainjob_passes_trainers_schemas_and_runs_the_mpijobs_ranks():
         assert {"name": "runs", "mountPath": k8s.RUNS_DIR} in pod["containers"][0]["volumeMounts"]
     assert by_kind(docs, "Deployment") == by_kind(mpi_docs, "Deployment")
     # the pods carry the MPIJob's pods' labels (the runtime is shared: the TrainJob patches them in)
-    labels = {r["name"]: r["template"]["spec"]["template"]["metadata"]["labels"]
-              for r in job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]}
+    labels = {
+        r["name"]: r["template"]["spec"]["template"]["metadata"]["labels"]
+        for r in job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    }
     for rjob, role in (("launcher", "Launcher"), ("node", "Worker")):
         assert labels[rjob] == mpi["spec"]["mpiReplicaSpecs"][role]["template"]["metadata"]["labels"]
 
 
 def test_launcher_runs_the_mpirun_line_of_python_m_launch():
-    out = render("--workers", "2", "--slots-per-worker", "2", "--mca", "btl_tcp_if_include", "eth0",
-                 "--env", "HOROVOD_CYCLE_TIME=0.25", "--", "--model", "lenet5", "--lr", "0.1; rm -rf /")
+    out = render(
+        "--workers",
+        "2",
+        "--slots-per-worker",
+        "2",
+        "--mca",
+        "btl_tcp_if_include",
+        "eth0",
+        "--env",
+        "HOROVOD_CYCLE_TIME=0.25",
+        "--",
+        "--model",
+        "lenet5",
+        "--lr",
+        "0.1; rm -rf /",
+    )
     assert out.returncode == 0, out.stderr
     job = by_kind(docs_of(out.stdout), "TrainJob")
     args = launcher_container(job)["args"]
     # independently: the launcher module's own line for 4 ranks in the image's environment (its checkout)
     image_rules = f"{k8s.APP_DIR}/launch/{RING_RULES.name}"
-    trainer_args = ["--name", "allreduce-train", "--resume", "auto", "--expect-hosts", "2", "--model", "lenet5",
-                    "--lr", "0.1; rm -rf /"]
+    trainer_args = [
+        "--name",
+        "allreduce-train",
+        "--resume",
+        "auto",
+        "--expect-hosts",
+        "2",
+        "--model",
+        "lenet5",
+        "--lr",
+        "0.1; rm -rf /",
+    ]
     expected = build_command(
-        LaunchSpec(np=4, mca=[("btl_tcp_if_include", "eth0")], python=k8s.PYTHON, allreduce_rules=image_rules,
-                   trainer_args=trainer_args),
-        environ={"PATH": "/usr/bin", "HWLOC_COMPONENTS": "-gl", "HOROVOD_CYCLE_TIME": "0.25"}, is_root=False)
+        LaunchSpec(
+            np=4,
+            mca=[("btl_tcp_if_include", "eth0")],
+            python=k8s.PYTHON,
+            allreduce_rules=image_rules,
+            trainer_args=trainer_args,
+        ),
+        environ={"PATH": "/usr/bin", "HWLOC_COMPONENTS": "-gl", "HOROVOD_CYCLE_TIME": "0.25"},
+        is_root=False,
+    )
     assert args == expected
     assert "--allow-run-as-root" not in args  # the image's user is mpiuser
     # the line printed at the top of the manifest is the one in it
     assert "# + " + shlex.join(args) in out.stdout.splitlines()
     # and the CLI's dry run prints the same flags for the same ranks
     env = {"PATH": os.environ["PATH"], "HWLOC_COMPONENTS": "-gl", "HOROVOD_CYCLE_TIME": "0.25"}
-    dry = subprocess.run([sys.executable, "-m", "launch", "-np", "4", "--mca", "btl_tcp_if_include", "eth0",
-                          "--mpi-allreduce", "ring", "--dry-run", "--", *trainer_args],
-                         cwd=ROOT, capture_output=True, text=True, env=env, timeout=60)  # cwd puts launch on sys.path
+    dry = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "launch",
+            "-np",
+            "4",
+            "--mca",
+            "btl_tcp_if_include",
+            "eth0",
+            "--mpi-allreduce",
+            "ring",
+            "--dry-run",
+            "--",
+            *trainer_args,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )  # cwd puts launch on sys.path
     line = shlex.split(dry.stdout.strip().splitlines()[-1][2:])
     # less what only this machine's run adds: root, and more ranks than its cores (the pods' hostfile has the slots)
-    line = [{sys.executable: k8s.PYTHON, str(RING_RULES): image_rules}.get(a, a) for a in line
-            if a not in ("--allow-run-as-root", "--oversubscribe")]
+    line = [
+        {sys.executable: k8s.PYTHON, str(RING_RULES): image_rules}.get(a, a)
+        for a in line
+        if a not in ("--allow-run-as-root", "--oversubscribe")
+    ]
     assert line == args
     auto = render("--mpi-allreduce", "auto", "--", "--model", "lenet5")
     assert auto.returncode == 0 and "coll_tuned" not in auto.stdout, auto.stderr
@@ -454,7 +567,9 @@ def test_output_file_holds_what_stdout_would(tmp_path):
     printed = render(*argv).stdout
     out = render("-o", str(tmp_path / "job.yaml"), *argv)
     assert out.returncode == 0 and out.stdout == ""
-    assert (tmp_path / "job.yaml").read_text() == printed.replace("--workers 3", f"-o {tmp_path / 'job.yaml'} --workers 3", 1)
+    assert (tmp_path / "job.yaml").read_text() == printed.replace(
+        "--workers 3", f"-o {tmp_path / 'job.yaml'} --workers 3", 1
+    )
 
 
 def test_gpus_set_the_resource_and_one_rank_per_gpu():
@@ -476,8 +591,9 @@ def test_gpus_set_the_resource_and_one_rank_per_gpu():
 
 
 def test_mpijob_preemption_grace_period_and_restart_are_wired():
-    job = by_kind(rendered("--api", "mpijob", "--grace-period", "300", "--backoff-limit", "5", "--", "--epochs", "1"),
-                  "MPIJob")
+    job = by_kind(
+        rendered("--api", "mpijob", "--grace-period", "300", "--backoff-limit", "5", "--", "--epochs", "1"), "MPIJob"
+    )
     for role in ("Launcher", "Worker"):
         rs = job["spec"]["mpiReplicaSpecs"][role]
         assert rs["template"]["spec"]["terminationGracePeriodSeconds"] == 300
@@ -494,8 +610,10 @@ def test_trainjob_replaces_preempted_pods_without_counting_them_and_stops_on_bad
     runtime, job = rendered("--grace-period", "300", "--backoff-limit", "5", "--", "--epochs", "1")
     check_trainjob(runtime, job)
     rjobs = {r["name"]: r["template"]["spec"] for r in runtime["spec"]["template"]["spec"]["replicatedJobs"]}
-    grace = {r["name"]: r["template"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-             for r in job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]}
+    grace = {
+        r["name"]: r["template"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        for r in job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    }
     assert grace == {"node": 300, "launcher": 300}  # the job's own, in its runtimePatches
     for name, spec in rjobs.items():
         assert spec["backoffLimit"] == 5 and "terminationGracePeriodSeconds" not in spec["template"]["spec"]
@@ -506,21 +624,57 @@ def test_trainjob_replaces_preempted_pods_without_counting_them_and_stops_on_bad
         assert {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]} in rules
         fail_job = [r for r in rules if r["action"] == "FailJob"]
         # the launcher carries mpirun's exit code: usage errors and divergence end the job at once
-        assert fail_job == ([{"action": "FailJob", "onExitCodes": {"containerName": "node", "operator": "In",
-                                                                   "values": [2, 65]}}] if name == "launcher" else [])
+        assert fail_job == (
+            [{"action": "FailJob", "onExitCodes": {"containerName": "node", "operator": "In", "values": [2, 65]}}]
+            if name == "launcher"
+            else []
+        )
     (command,) = [c["command"] for c in rjobs["node"]["template"]["spec"]["containers"]]
     assert command == [f"{k8s.APP_DIR}/deploy/worker-entrypoint.sh"]
     assert job["spec"]["trainer"]["command"] == [f"{k8s.APP_DIR}/deploy/launcher-entrypoint.sh"]
     assert job["spec"]["trainer"]["args"][-6:] == ["--resume", "auto", "--expect-hosts", "2", "--epochs", "1"]
 
 
-CLUSTER_OPTIONS = ["--image-pull-secret", "regcred", "--node-selector", "nvidia.com/gpu.present=true",
-                   "--toleration", "nvidia.com/gpu:NoSchedule", "--toleration", "dedicated=ml",
-                   "--affinity", json.dumps({"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
-                       {"weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname", "labelSelector": {
-                           "matchLabels": {k8s.LABEL_INSTANCE: "lm"}}}}]}}),
-                   "--data-pvc", "ptb", "--data-dir", "/datasets/ptb", "--runs-pvc", "runs", "--tensorboard",
-                   "--name", "lm", "--", "--model", "ptb-lstm-small", "--dataset", "ptb"]
+CLUSTER_OPTIONS = [
+    "--image-pull-secret",
+    "regcred",
+    "--node-selector",
+    "nvidia.com/gpu.present=true",
+    "--toleration",
+    "nvidia.com/gpu:NoSchedule",
+    "--toleration",
+    "dedicated=ml",
+    "--affinity",
+    json.dumps(
+        {
+            "podAntiAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 100,
+                        "podAffinityTerm": {
+                            "topologyKey": "kubernetes.io/hostname",
+                            "labelSelector": {"matchLabels": {k8s.LABEL_INSTANCE: "lm"}},
+                        },
+                    }
+                ]
+            }
+        }
+    ),
+    "--data-pvc",
+    "ptb",
+    "--data-dir",
+    "/datasets/ptb",
+    "--runs-pvc",
+    "runs",
+    "--tensorboard",
+    "--name",
+    "lm",
+    "--",
+    "--model",
+    "ptb-lstm-small",
+    "--dataset",
+    "ptb",
+]
 
 
 @pytest.mark.parametrize("api", ["trainjob", "mpijob"])
@@ -538,8 +692,10 @@ def test_cluster_options_reach_every_pod_and_the_data_volume_is_read_only_at_dat
     for pod in pods:
         assert pod["imagePullSecrets"] == [{"name": "regcred"}]
         assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
-        assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-                                      {"key": "dedicated", "operator": "Equal", "value": "ml"}]
+        assert pod["tolerations"] == [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+            {"key": "dedicated", "operator": "Equal", "value": "ml"},
+        ]
         assert pod["affinity"]["podAntiAffinity"]
         check_model({"spec": pod}, "V1PodTemplateSpec")
     for pod in rank_pods(docs):
@@ -562,24 +718,27 @@ def test_tensorboard_listens_on_the_pod_and_the_service_stays_in_the_cluster():
     assert mount["readOnly"] and mount["mountPath"] == k8s.RUNS_DIR
 
 
-@pytest.mark.parametrize("argv, names", [
-    (["--workers", "0"], "--workers"),
-    (["--slots-per-worker", "0"], "--slots-per-worker"),
-    (["--name", "Big_Name"], "--name"),
-    (["--name", "x" * 52, "--workers", "10"], "--name"),
-    (["--api", "mpijob", "--name", "x" * 60, "--workers", "10"], "--name"),
-    (["--tensorboard"], "--runs-pvc"),
-    (["--memory", "4GB"], "--memory"),
-    (["--env", "NOVALUE"], "--env"),
-    (["--clean-pod-policy", "Sometimes"], "--clean-pod-policy"),
-    (["--runs-pvc-size", "1Gi"], "--runs-pvc"),
-    (["--toleration", "gpu:Sometimes"], "--toleration"),
-    (["--node-selector", "gpu"], "--node-selector"),
-    (["--affinity", "{nodeAffinity"], "--affinity"),
-    (["--data-pvc", "ptb", "--data-dir", "data"], "--data-dir"),
-    (["--image-pull-secret", "Reg_Cred"], "--image-pull-secret"),
-    (["--api", "mpijob", "--ttl-after-finished", "-1"], "--ttl-after-finished"),
-])
+@pytest.mark.parametrize(
+    "argv, names",
+    [
+        (["--workers", "0"], "--workers"),
+        (["--slots-per-worker", "0"], "--slots-per-worker"),
+        (["--name", "Big_Name"], "--name"),
+        (["--name", "x" * 52, "--workers", "10"], "--name"),
+        (["--api", "mpijob", "--name", "x" * 60, "--workers", "10"], "--name"),
+        (["--tensorboard"], "--runs-pvc"),
+        (["--memory", "4GB"], "--memory"),
+        (["--env", "NOVALUE"], "--env"),
+        (["--clean-pod-policy", "Sometimes"], "--clean-pod-policy"),
+        (["--runs-pvc-size", "1Gi"], "--runs-pvc"),
+        (["--toleration", "gpu:Sometimes"], "--toleration"),
+        (["--node-selector", "gpu"], "--node-selector"),
+        (["--affinity", "{nodeAffinity"], "--affinity"),
+        (["--data-pvc", "ptb", "--data-dir", "data"], "--data-dir"),
+        (["--image-pull-secret", "Reg_Cred"], "--image-pull-secret"),
+        (["--api", "mpijob", "--ttl-after-finished", "-1"], "--ttl-after-finished"),
+    ],
+)
 def test_bad_options_give_one_line_naming_the_flag(argv, names):
     out = render(*argv)
     assert out.returncode == 2 and out.stdout == ""
@@ -588,9 +747,43 @@ def test_bad_options_give_one_line_naming_the_flag(argv, names):
 
 
 def test_yaml_writer_round_trips_awkward_strings():
-    values = ["-np", "--x", "^openib", "0.25", "1e3", "yes", "No", "null", "~", "", "a: b", "a:", "x:y", "#c", "- x",
-              "'q'", '"d"', "@x", "%x", "*x", "&x", "!x", "{a}", "[a]", "12:30", "0x1F", "0o7", ".inf", "tab\tx",
-              "new\nline", "ünï", "/opt/a", "a.b/c", "-", "--"]
+    values = [
+        "-np",
+        "--x",
+        "^openib",
+        "0.25",
+        "1e3",
+        "yes",
+        "No",
+        "null",
+        "~",
+        "",
+        "a: b",
+        "a:",
+        "x:y",
+        "#c",
+        "- x",
+        "'q'",
+        '"d"',
+        "@x",
+        "%x",
+        "*x",
+        "&x",
+        "!x",
+        "{a}",
+        "[a]",
+        "12:30",
+        "0x1F",
+        "0o7",
+        ".inf",
+        "tab\tx",
+        "new\nline",
+        "ünï",
+        "/opt/a",
+        "a.b/c",
+        "-",
+        "--",
+    ]
     doc = {"k": values, "n": {"i": 3, "b": True, "e": {}, "l": [], "s": [{"a": "1", "b": ["x", {"c": "-gl"}]}]}}
     assert yaml.safe_load(k8s.to_yaml([doc])) == doc
 
@@ -615,10 +808,12 @@ def test_image_recipe_matches_what_the_manifests_assume():
     job = by_kind(rendered("--api", "mpijob"), "MPIJob")
     commands = [rs["template"]["spec"]["containers"][0]["command"] for rs in job["spec"]["mpiReplicaSpecs"].values()]
     runtime, train = rendered("--api", "trainjob")
-    commands += [r["template"]["spec"]["template"]["spec"]["containers"][0]["command"]
-                 for r in runtime["spec"]["template"]["spec"]["replicatedJobs"]] + [train["spec"]["trainer"]["command"]]
+    commands += [
+        r["template"]["spec"]["template"]["spec"]["containers"][0]["command"]
+        for r in runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    ] + [train["spec"]["trainer"]["command"]]
     for (command,) in commands:
-        assert command.startswith(k8s.APP_DIR + "/") and os.access(ROOT / command[len(k8s.APP_DIR) + 1:], os.X_OK)
+        assert command.startswith(k8s.APP_DIR + "/") and os.access(ROOT / command[len(k8s.APP_DIR) + 1 :], os.X_OK)
 
 
 # -- the entrypoints, for real ------------------------------------------------------------------
@@ -665,9 +860,12 @@ time.sleep(600)
 
 def test_launcher_entrypoint_ends_a_job_that_cannot_answer_the_stop_within_its_grace_period(tmp_path):
     mark = tmp_path / "rank"
-    proc = subprocess.Popen([str(ROOT / "deploy" / "launcher-entrypoint.sh"), sys.executable, "-c", DEAF_RANK,
-                             str(mark)], env={**os.environ, "ALLREDUCE_TRAIN_GRACE_PERIOD": "2"},
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [str(ROOT / "deploy" / "launcher-entrypoint.sh"), sys.executable, "-c", DEAF_RANK, str(mark)],
+        env={**os.environ, "ALLREDUCE_TRAIN_GRACE_PERIOD": "2"},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(Path(f"{mark}.ready"))
         proc.send_signal(signal.SIGTERM)
@@ -692,8 +890,10 @@ signal.pause()
 
 def test_worker_entrypoint_asks_its_ranks_to_checkpoint_before_sshd_stops(tmp_path):
     sshd = tmp_path / "sshd"
-    sshd.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -c {shlex.quote(FAKE_SSHD)} "
-                    f"{shlex.quote(RANK)} {shlex.quote(str(tmp_path / 'rank'))}\n")
+    sshd.write_text(
+        f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -c {shlex.quote(FAKE_SSHD)} "
+        f"{shlex.quote(RANK)} {shlex.quote(str(tmp_path / 'rank'))}\n"
+    )
     sshd.chmod(0o755)
     proc = subprocess.Popen([str(ROOT / "deploy" / "worker-entrypoint.sh")], env={**os.environ, "SSHD": str(sshd)})
     try:
@@ -727,19 +927,25 @@ def test_launcher_entrypoint_waits_for_the_hostfiles_names_and_gives_up_with_one
 @pytest.mark.parametrize("layout", ["trainjob", "mpijob"])
 def test_pod_check_names_the_pods_as_the_operator_and_resolves_each_name_to_its_pod(layout, tmp_path):
     # tools/k8s_pod_check.sh plays these files: the operator's hostfile with DNS names, and /etc/hosts
-    subprocess.run([sys.executable, "tools/k8s_pod_job.py", str(tmp_path), layout, "--epochs", "1"], cwd=ROOT,
-                   check=True, timeout=60)
-    spec = k8s.K8sSpec(api=layout, workers=2 if layout == "trainjob" else 1,
-                       slots_per_worker=1 if layout == "trainjob" else 2)
+    subprocess.run(
+        [sys.executable, "tools/k8s_pod_job.py", str(tmp_path), layout, "--epochs", "1"],
+        cwd=ROOT,
+        check=True,
+        timeout=60,
+    )
+    spec = k8s.K8sSpec(
+        api=layout, workers=2 if layout == "trainjob" else 1, slots_per_worker=1 if layout == "trainjob" else 2
+    )
     assert (tmp_path / "hostfile").read_text().splitlines() == k8s.hostfile(spec)
-    hosts = {name: line.split()[0] for line in (tmp_path / "hosts").read_text().splitlines()
-             for name in line.split()[1:]}
+    hosts = {
+        name: line.split()[0] for line in (tmp_path / "hosts").read_text().splitlines() for name in line.split()[1:]
+    }
     launcher, worker = (tmp_path / "pods").read_text().split()
     for line in k8s.hostfile(spec):
         name = line.split()[0]
         assert hosts[name] == hosts[name.split(".")[0]]  # the DNS name and the pod's hostname: one address
     assert hosts[launcher] == "10.250.0.1" and hosts[worker] == "10.250.0.2"
     cmd = (tmp_path / "cmd").read_text().splitlines()
-    assert cmd == k8s.mpirun_command(k8s.K8sSpec(**{**spec.__dict__, "trainer_args": cmd[cmd.index("--dataset"):]}))
+    assert cmd == k8s.mpirun_command(k8s.K8sSpec(**{**spec.__dict__, "trainer_args": cmd[cmd.index("--dataset") :]}))
     env = dict(line.split("=", 1) for line in (tmp_path / "launcher.env").read_text().splitlines())
     assert set(k8s.MPI_RESERVED_ENV) - set(env) == {"OMPI_MCA_orte_default_hostfile"}  # the check adds its path

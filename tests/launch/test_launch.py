@@ -19,8 +19,8 @@ def test_local_command():
     assert cmd[:5] == ["env", "HWLOC_COMPONENTS=-gl", "mpirun", "-np", "2"]
     assert "--allow-run-as-root" not in cmd and "--oversubscribe" not in cmd
     i = cmd.index("-bind-to")
-    assert cmd[i:i + 4] == ["-bind-to", "none", "-map-by", "slot"]
-    assert cmd[cmd.index("pml") - 1:cmd.index("pml") + 2] == ["-mca", "pml", "ob1"]
+    assert cmd[i : i + 4] == ["-bind-to", "none", "-map-by", "slot"]
+    assert cmd[cmd.index("pml") - 1 : cmd.index("pml") + 2] == ["-mca", "pml", "ob1"]
     assert cmd[cmd.index("btl") + 1] == "^openib"
     assert cmd[-5:] == ["-m", "allreduce_train", "train", "--epochs", "1"]
     assert "-H" not in cmd and "--hostfile" not in cmd
@@ -43,26 +43,49 @@ def test_a_users_hwloc_components_are_kept():
 
 
 def test_hostfile_and_mca():
-    cmd = build_command(LaunchSpec(np=4, hostfile="hosts.txt", mca=[("btl_tcp_if_include", "eth0")]),
-                        environ={}, is_root=False)
+    cmd = build_command(
+        LaunchSpec(np=4, hostfile="hosts.txt", mca=[("btl_tcp_if_include", "eth0")]), environ={}, is_root=False
+    )
     assert cmd[cmd.index("--hostfile") + 1] == "hosts.txt"
-    assert cmd[cmd.index("btl_tcp_if_include") - 1:cmd.index("btl_tcp_if_include") + 2] == ["-mca", "btl_tcp_if_include", "eth0"]
+    assert cmd[cmd.index("btl_tcp_if_include") - 1 : cmd.index("btl_tcp_if_include") + 2] == [
+        "-mca",
+        "btl_tcp_if_include",
+        "eth0",
+    ]
 
 
 def test_cli_prints_exact_line_and_rejects_bad_input(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "HWLOC_COMPONENTS"}
-    ok = subprocess.run([sys.executable, "-m", "launch", "-np", "3", "--dry-run", "--", "--lr", "0.1; rm -rf /"],
-                        cwd=ROOT, capture_output=True, text=True, env=env)
+    ok = subprocess.run(
+        [sys.executable, "-m", "launch", "-np", "3", "--dry-run", "--", "--lr", "0.1; rm -rf /"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert ok.returncode == 0
     line = ok.stdout.strip().splitlines()[-1]
-    assert line.startswith("+ env HWLOC_COMPONENTS=-gl mpirun") and "'0.1; rm -rf /'" in line  # quoted, never run by a shell
-    bad = subprocess.run([sys.executable, "-m", "launch", "-np", "2", "--hostfile", str(tmp_path / "none"), "--"],
-                         cwd=ROOT, capture_output=True, text=True)
+    assert (
+        line.startswith("+ env HWLOC_COMPONENTS=-gl mpirun") and "'0.1; rm -rf /'" in line
+    )  # quoted, never run by a shell
+    bad = subprocess.run(
+        [sys.executable, "-m", "launch", "-np", "2", "--hostfile", str(tmp_path / "none"), "--"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and "hostfile" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 
 
 def test_restart_arguments_and_reasons():
-    assert resuming(["--lr", "1", "--resume", "ckpt.pt", "--steps", "9"]) == ["--lr", "1", "--steps", "9", "--resume", "auto"]
+    assert resuming(["--lr", "1", "--resume", "ckpt.pt", "--steps", "9"]) == [
+        "--lr",
+        "1",
+        "--steps",
+        "9",
+        "--resume",
+        "auto",
+    ]
     assert resuming(["--resume=x"]) == ["--resume", "auto"]
     assert pinned_name(["--name", "a"]) == ["--name", "a"]
     named = pinned_name(["--lr", "1"])
@@ -77,11 +100,18 @@ def test_more_ranks_than_cores_on_one_host_run_oversubscribed_with_a_one_line_no
     n = usable_cores() + 1
     proc = check(launch(n, ["report"], module="netns_rank", env={"PYTHONPATH": str(RANKS)}, timeout=120))
     note = [ln for ln in proc.stderr.splitlines() if ln.startswith("launch:")]
-    assert note == [f"launch: {n} ranks on {n - 1} core(s): adding --oversubscribe (the ranks share the cores)"], proc.stderr
+    assert note == [f"launch: {n} ranks on {n - 1} core(s): adding --oversubscribe (the ranks share the cores)"], (
+        proc.stderr
+    )
     assert "--oversubscribe" in next(ln for ln in proc.stdout.splitlines() if ln.startswith("+ "))
     assert sorted(int(m) for m in re.findall(r"^rank (\d+) pid", proc.stdout, re.M)) == list(range(n))
-    given = subprocess.run([sys.executable, "-m", "launch", "-np", str(n), "-H", f"localhost:{n}", "--dry-run", "--"],
-                           cwd=ROOT, capture_output=True, text=True, timeout=60)
+    given = subprocess.run(
+        [sys.executable, "-m", "launch", "-np", str(n), "-H", f"localhost:{n}", "--dry-run", "--"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "--oversubscribe" not in given.stdout and given.stderr == ""  # slots the user gave are the user's
 
 
@@ -117,29 +147,42 @@ def test_the_trainer_and_every_launcher_read_one_exit_code_table():
 
 def test_the_emulation_flags_that_moved_to_the_lab_say_where_in_one_line():
     for flag in ("--emulate-hosts", "--link-rate"):
-        bad = subprocess.run([sys.executable, "-m", "launch", "-np", "2", flag, "1", "--dry-run", "--"],
-                             cwd=ROOT, capture_output=True, text=True)
+        bad = subprocess.run(
+            [sys.executable, "-m", "launch", "-np", "2", flag, "1", "--dry-run", "--"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
         assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
         assert flag in bad.stderr and "python -m lab.emulation" in bad.stderr
 
 
 def test_min_np_needs_restarts():
-    bad = subprocess.run([sys.executable, "-m", "lab.emulation", "-np", "2", "--emulate-hosts", "2", "--min-np", "1",
-                          "--dry-run", "--"], cwd=ROOT, capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "lab.emulation", "-np", "2", "--emulate-hosts", "2", "--min-np", "1", "--dry-run", "--"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and "--min-np" in bad.stderr and "--max-restarts" in bad.stderr
 
 
 def test_multi_host_jobs_load_the_ring_rules_unless_the_user_chose_open_mpis_algorithm(tmp_path):
     def dry(*args):
-        out = subprocess.run([sys.executable, "-m", "launch", "-np", "4", *args, "--dry-run", "--", "--lr", "1"],
-                             cwd=ROOT, capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-m", "launch", "-np", "4", *args, "--dry-run", "--", "--lr", "1"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 0, out.stderr
         return out.stdout.strip().splitlines()[-1].split()
 
     rules = ["-mca", "coll_tuned_use_dynamic_rules", "1", "-mca", "coll_tuned_dynamic_rules_filename", str(RING_RULES)]
 
     def has(cmd, part):
-        return any(cmd[i:i + len(part)] == part for i in range(len(cmd)))
+        return any(cmd[i : i + len(part)] == part for i in range(len(cmd)))
 
     hostfile = tmp_path / "hosts"
     hostfile.write_text("a slots=2\nb slots=2\n")
@@ -148,7 +191,9 @@ def test_multi_host_jobs_load_the_ring_rules_unless_the_user_chose_open_mpis_alg
     assert has(dry("--mpi-allreduce", "ring"), rules)
     assert not has(dry("-H", "a:2,b:2", "--mpi-allreduce", "auto"), rules)
     mine = dry("-H", "a:2,b:2", "--mca", "coll_tuned_allreduce_algorithm", "3")
-    assert "coll_tuned_dynamic_rules_filename" not in mine and has(mine, ["-mca", "coll_tuned_allreduce_algorithm", "3"])
+    assert "coll_tuned_dynamic_rules_filename" not in mine and has(
+        mine, ["-mca", "coll_tuned_allreduce_algorithm", "3"]
+    )
     assert RING_RULES.is_file()
 
 
@@ -172,8 +217,17 @@ def test_the_ring_rules_file_is_what_open_mpis_reader_expects():
 
 
 def summation_order(np: int, *launcher: str) -> dict[str, str]:
-    proc = check(launch(np, [], module="allreduce_order_rank", oversubscribe=True, launcher=list(launcher),
-                        env={"PYTHONPATH": f"{RANKS}:{ROOT}"}, timeout=120))
+    proc = check(
+        launch(
+            np,
+            [],
+            module="allreduce_order_rank",
+            oversubscribe=True,
+            launcher=list(launcher),
+            env={"PYTHONPATH": f"{RANKS}:{ROOT}"},
+            timeout=120,
+        )
+    )
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("allreduce_order "))
     return dict(word.split("=") for word in line.split()[1:])
 
@@ -186,7 +240,9 @@ def test_open_mpi_reads_the_ring_rules_and_uses_the_ring_for_large_messages_on_3
     own choice adds otherwise; a 4 KiB one, and everything on 2 ranks, like Open MPI's own choice."""
     rules = summation_order(np, "--mpi-allreduce", "ring")
     auto = summation_order(np, "--mpi-allreduce", "auto")
-    ring = summation_order(np, "--mca", "coll_tuned_use_dynamic_rules", "1", "--mca", "coll_tuned_allreduce_algorithm", "4")
+    ring = summation_order(
+        np, "--mca", "coll_tuned_use_dynamic_rules", "1", "--mca", "coll_tuned_allreduce_algorithm", "4"
+    )
     if np == 2:
         assert rules == auto, (rules, auto)
         return
@@ -198,7 +254,8 @@ def test_open_mpi_reads_the_ring_rules_and_uses_the_ring_for_large_messages_on_3
 
 def test_a_users_mca_key_replaces_the_launchers_default_instead_of_listing_it_twice():
     # Open MPI refuses a parameter given twice ("MCA parameters can only be listed once")
-    cmd = build_command(LaunchSpec(np=2, hosts="a:1,b:1", mca=[("btl", "tcp,self"), ("pml", "ucx")]), environ={},
-                        is_root=False)
+    cmd = build_command(
+        LaunchSpec(np=2, hosts="a:1,b:1", mca=[("btl", "tcp,self"), ("pml", "ucx")]), environ={}, is_root=False
+    )
     pairs = [(cmd[i + 1], cmd[i + 2]) for i in range(len(cmd) - 2) if cmd[i] == "-mca"]
     assert [p for p in pairs if p[0] in ("btl", "pml")] == [("btl", "tcp,self"), ("pml", "ucx")]

@@ -23,8 +23,21 @@ from helpers import Job, job_pids, load_params
 
 pytestmark = pytest.mark.mpi
 
-QUICK = ["--dataset", "synthetic", "--synthetic-samples", "2048", "--no-progress", "--log-every", "5",
-         "--warmup-steps", "0", "--lr", "0.05", "--batch-size", "16"]
+QUICK = [
+    "--dataset",
+    "synthetic",
+    "--synthetic-samples",
+    "2048",
+    "--no-progress",
+    "--log-every",
+    "5",
+    "--warmup-steps",
+    "0",
+    "--lr",
+    "0.05",
+    "--batch-size",
+    "16",
+]
 STALL, GRACE = 6, 3  # --stall-timeout and --grace-period here (defaults: 120 and 30 s)
 
 
@@ -36,8 +49,12 @@ def namespaces_permitted():
 
 
 def emulated_job(tmp_path, hosts: int, np: int, args: list[str], tag: str, launcher: Sequence[str] = ()) -> Job:
-    return Job(np, QUICK + ["--run-dir", str(tmp_path), "--checkpoint-every", "10", *args], f"{os.getpid()}-{tag}",
-               launcher=["--emulate-hosts", str(hosts), "--grace-period", str(GRACE), *launcher])
+    return Job(
+        np,
+        QUICK + ["--run-dir", str(tmp_path), "--checkpoint-every", "10", *args],
+        f"{os.getpid()}-{tag}",
+        launcher=["--emulate-hosts", str(hosts), "--grace-period", str(GRACE), *launcher],
+    )
 
 
 def wait_for_checkpoint(job: Job, path) -> None:
@@ -49,8 +66,9 @@ def wait_for_checkpoint(job: Job, path) -> None:
 
 
 def set_link(prefix: str, host: str, state: str) -> None:
-    subprocess.run(["ip", "netns", "exec", f"{prefix}-{host}", "ip", "link", "set", "emu0", state],
-                   check=True, timeout=30)
+    subprocess.run(
+        ["ip", "netns", "exec", f"{prefix}-{host}", "ip", "link", "set", "emu0", state], check=True, timeout=30
+    )
 
 
 def host_inodes(prefix: str, hosts: int) -> set[int]:
@@ -66,12 +84,19 @@ def assert_nothing_left(job: Job, prefix: str, inodes: set[int]) -> None:
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("cut, missing, sigterm", [("h2", 1, False), ("h1", 0, False), ("h2", 1, True)])
 def test_a_cut_link_ends_the_job_within_the_stall_timeout_and_grace_period_naming_the_host(
-        tmp_path, namespaces_permitted, cut, missing, sigterm):
+    tmp_path, namespaces_permitted, cut, missing, sigterm
+):
     """h2: rank 1's host; h1: rank 0's, where the watchdog's board and the checkpoint writer run.
     sigterm: a scheduler's SIGTERM after a rank has exited cannot be answered with a checkpoint (the stop
     vote needs every worker): it ends the job at once, without waiting for --grace-period."""
-    job = emulated_job(tmp_path, 2, 2, ["--name", "cut", "--steps", "100000", "--stall-timeout", str(STALL)],
-                       f"cut-{cut}-{sigterm}", launcher=["--grace-period", "600"] if sigterm else [])
+    job = emulated_job(
+        tmp_path,
+        2,
+        2,
+        ["--name", "cut", "--steps", "100000", "--stall-timeout", str(STALL)],
+        f"cut-{cut}-{sigterm}",
+        launcher=["--grace-period", "600"] if sigterm else [],
+    )
     prefix = f"art-{job.proc.pid}-0"
     try:
         wait_for_checkpoint(job, tmp_path / "cut" / "checkpoint.pt")
@@ -100,8 +125,9 @@ def test_a_link_that_comes_back_within_the_stall_timeout_loses_nothing(tmp_path,
     """A cable pulled for 3 s: TCP retransmits, the job carries on and ends as the same job whose link stays up
     does (a job on one host is no reference: it exchanges differently)."""
     args = ["--steps", "40", "--stall-timeout", "60"]
-    job = emulated_job(tmp_path, 2, 2, ["--name", "flap", *args, "--dump-params", str(tmp_path / "flap-{rank}.pt")],
-                       "flap")
+    job = emulated_job(
+        tmp_path, 2, 2, ["--name", "flap", *args, "--dump-params", str(tmp_path / "flap-{rank}.pt")], "flap"
+    )
     prefix = f"art-{job.proc.pid}-0"
     try:
         wait_for_checkpoint(job, tmp_path / "flap" / "checkpoint.pt")
@@ -114,7 +140,9 @@ def test_a_link_that_comes_back_within_the_stall_timeout_loses_nothing(tmp_path,
         job.kill_leftovers()
     assert rc == 0 and "stalled" not in "".join(job.err), job.text()
     assert_nothing_left(job, prefix, inodes)
-    ref = emulated_job(tmp_path, 2, 2, ["--name", "ref", *args, "--dump-params", str(tmp_path / "ref-{rank}.pt")], "ref")
+    ref = emulated_job(
+        tmp_path, 2, 2, ["--name", "ref", *args, "--dump-params", str(tmp_path / "ref-{rank}.pt")], "ref"
+    )
     try:
         assert ref.finish(timeout=300) == 0, ref.text()
     finally:
@@ -127,8 +155,24 @@ def test_a_link_that_comes_back_within_the_stall_timeout_loses_nothing(tmp_path,
 @pytest.mark.timeout(400)
 def test_a_parameter_servers_cut_host_ends_the_job_the_same_way(tmp_path, namespaces_permitted):
     """Rank 0 is the dedicated server, alone on h1; the workers on h2 and h3 wait for it."""
-    job = emulated_job(tmp_path, 3, 3, ["--name", "ps", "--steps", "100000", "--stall-timeout", str(STALL),
-                                        "--strategy", "ps", "--ps-placement", "dedicated"], "ps-cut")
+    job = emulated_job(
+        tmp_path,
+        3,
+        3,
+        [
+            "--name",
+            "ps",
+            "--steps",
+            "100000",
+            "--stall-timeout",
+            str(STALL),
+            "--strategy",
+            "ps",
+            "--ps-placement",
+            "dedicated",
+        ],
+        "ps-cut",
+    )
     prefix = f"art-{job.proc.pid}-0"
     try:
         wait_for_checkpoint(job, tmp_path / "ps" / "checkpoint.pt")
@@ -145,9 +189,24 @@ def test_a_parameter_servers_cut_host_ends_the_job_the_same_way(tmp_path, namesp
 def test_a_second_ctrl_c_kills_a_job_that_mpirun_cannot_end(tmp_path, namespaces_permitted):
     """After the cut, mpirun's "end the job" (the first Ctrl-C) waits on h2's daemon; the second one
     does not wait for --grace-period."""
-    job = Job(2, QUICK + ["--run-dir", str(tmp_path), "--name", "int", "--checkpoint-every", "10", "--steps", "100000",
-                          "--stall-timeout", "0"], f"{os.getpid()}-ctrl-c",
-              launcher=["--emulate-hosts", "2", "--grace-period", "600"])
+    job = Job(
+        2,
+        QUICK
+        + [
+            "--run-dir",
+            str(tmp_path),
+            "--name",
+            "int",
+            "--checkpoint-every",
+            "10",
+            "--steps",
+            "100000",
+            "--stall-timeout",
+            "0",
+        ],
+        f"{os.getpid()}-ctrl-c",
+        launcher=["--emulate-hosts", "2", "--grace-period", "600"],
+    )
     prefix = f"art-{job.proc.pid}-0"
     try:
         wait_for_checkpoint(job, tmp_path / "int" / "checkpoint.pt")

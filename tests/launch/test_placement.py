@@ -15,9 +15,20 @@ from lab.emulation import netns
 
 from helpers import ROOT
 
-QUICK = ["--dataset", "synthetic", "--synthetic-samples", "256", "--no-progress", "--batch-size", "16",
-         "--no-tensorboard", "--stall-timeout", "60",
-         "--allreduce-engine", "mpi"]  # mpi4py: the placement check does not depend on the engine
+QUICK = [
+    "--dataset",
+    "synthetic",
+    "--synthetic-samples",
+    "256",
+    "--no-progress",
+    "--batch-size",
+    "16",
+    "--no-tensorboard",
+    "--stall-timeout",
+    "60",
+    "--allreduce-engine",
+    "mpi",
+]  # mpi4py: the placement check does not depend on the engine
 
 
 def test_hosts_are_listed_with_their_ranks_in_rank_order():
@@ -41,21 +52,42 @@ def namespaces_permitted():
 
 
 def launch_emulated(tmp_path, expect: int) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "lab.emulation", "-np", "2", "--emulate-hosts", "2", "--",
-           *QUICK, "--steps", "2", "--run-dir", str(tmp_path), "--name", f"expect{expect}", "--expect-hosts", str(expect)]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "lab.emulation",
+        "-np",
+        "2",
+        "--emulate-hosts",
+        "2",
+        "--",
+        *QUICK,
+        "--steps",
+        "2",
+        "--run-dir",
+        str(tmp_path),
+        "--name",
+        f"expect{expect}",
+        "--expect-hosts",
+        str(expect),
+    ]
+    return subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
 
 
 @pytest.mark.mpi
-def test_on_two_emulated_hosts_expecting_three_stops_with_one_line_and_expecting_two_trains(tmp_path,
-                                                                                         namespaces_permitted):
+def test_on_two_emulated_hosts_expecting_three_stops_with_one_line_and_expecting_two_trains(
+    tmp_path, namespaces_permitted
+):
     short = launch_emulated(tmp_path, 3)
     assert short.returncode != 0, short.stdout + short.stderr
     errors = [ln for ln in short.stderr.splitlines() if "error" in ln.lower()]
-    assert errors == ["allreduce_train: error: --expect-hosts 3: the 2 ranks run on 2 hosts: h1 (rank 0), h2 (rank 1), "
-                      "not spread as the launcher asked; check the hostfile mpirun read (docs/kubernetes.md), "
-                      "or lower --expect-hosts"], short.stderr
+    assert errors == [
+        "allreduce_train: error: --expect-hosts 3: the 2 ranks run on 2 hosts: h1 (rank 0), h2 (rank 1), "
+        "not spread as the launcher asked; check the hostfile mpirun read (docs/kubernetes.md), "
+        "or lower --expect-hosts"
+    ], short.stderr
     assert "allreduce_train: ranks on 2 hosts: h1 (rank 0), h2 (rank 1)" in short.stderr
     assert not (tmp_path / "expect3" / "metrics.json").exists()  # it did not train
     enough = launch_emulated(tmp_path, 2)

@@ -14,15 +14,33 @@ from helpers import Job, check, job_pids, launch, load_params
 
 pytestmark = pytest.mark.mpi
 
-QUICK = ["--dataset", "synthetic", "--synthetic-samples", "2048", "--no-progress", "--log-every", "5",
-         "--warmup-steps", "0", "--no-scale-lr", "--lr", "0.05", "--batch-size", "16"]
+QUICK = [
+    "--dataset",
+    "synthetic",
+    "--synthetic-samples",
+    "2048",
+    "--no-progress",
+    "--log-every",
+    "5",
+    "--warmup-steps",
+    "0",
+    "--no-scale-lr",
+    "--lr",
+    "0.05",
+    "--batch-size",
+    "16",
+]
 
 
 def test_a_killed_rank_restarts_from_the_checkpoint_and_ends_bit_identical(tmp_path):
     args = QUICK + ["--run-dir", str(tmp_path), "--steps", "300", "--checkpoint-every", "10"]
     tag = f"{os.getpid()}-restart"
-    job = Job(2, args + ["--name", "hit", "--dump-params", str(tmp_path / "hit-{rank}.pt")], tag,
-              launcher=["--max-restarts", "2"])
+    job = Job(
+        2,
+        args + ["--name", "hit", "--dump-params", str(tmp_path / "hit-{rank}.pt")],
+        tag,
+        launcher=["--max-restarts", "2"],
+    )
     try:
         deadline = time.monotonic() + 240
         while not (tmp_path / "hit" / "checkpoint.pt").exists():  # the first checkpoint is there: kill a rank
@@ -46,6 +64,10 @@ def test_a_killed_rank_restarts_from_the_checkpoint_and_ends_bit_identical(tmp_p
 
 
 def test_what_cannot_succeed_is_not_restarted(tmp_path):
-    proc = launch(2, ["--dataset", "synthetic", "--lr", "-1", "--run-dir", str(tmp_path)], timeout=120,
-                  launcher=["--max-restarts", "3"])
+    proc = launch(
+        2,
+        ["--dataset", "synthetic", "--lr", "-1", "--run-dir", str(tmp_path)],
+        timeout=120,
+        launcher=["--max-restarts", "3"],
+    )
     assert proc.returncode == 2 and "restart" not in proc.stderr, proc.stderr

@@ -17,22 +17,42 @@ from helpers import ROOT, Job, job_pids
 
 pytestmark = pytest.mark.mpi
 
-QUICK = ["--dataset", "synthetic", "--synthetic-samples", "2048", "--no-progress", "--log-every", "5",
-         "--warmup-steps", "0", "--no-scale-lr", "--lr", "0.05", "--batch-size", "16"]
+QUICK = [
+    "--dataset",
+    "synthetic",
+    "--synthetic-samples",
+    "2048",
+    "--no-progress",
+    "--log-every",
+    "5",
+    "--warmup-steps",
+    "0",
+    "--no-scale-lr",
+    "--lr",
+    "0.05",
+    "--batch-size",
+    "16",
+]
 
 
 def mpirun_line(args: list[str]) -> list[str]:
     """The mpirun line ``python -m launch`` would run for 2 ranks here (its dry run)."""
-    dry = subprocess.run([sys.executable, "-m", "launch", "-np", "2", "--dry-run", "--", *args], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
+    dry = subprocess.run(
+        [sys.executable, "-m", "launch", "-np", "2", "--dry-run", "--", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert dry.returncode == 0, dry.stderr
     return shlex.split(dry.stdout.strip().splitlines()[-1][2:])
 
 
 def test_a_stop_that_no_rank_can_answer_ends_the_wrapped_line_within_the_grace_period(tmp_path):
     tag = f"{os.getpid()}-run"
-    line = mpirun_line(QUICK + ["--run-dir", str(tmp_path), "--name", "run", "--steps", "100000",
-                                "--stall-timeout", "0"])
+    line = mpirun_line(
+        QUICK + ["--run-dir", str(tmp_path), "--name", "run", "--steps", "100000", "--stall-timeout", "0"]
+    )
     job = Job(2, [], tag, command=[sys.executable, "-m", "launch", "run", "--grace-period", "3", "--", *line])
     try:
         job.wait_for(", from step 0")
@@ -66,11 +86,17 @@ def test_the_ranks_see_the_wrappers_exit_directory_and_a_stop_they_answer_exits_
 
 
 def test_without_a_command_it_says_what_to_give():
-    out = subprocess.run([sys.executable, "-m", "launch", "run", "--grace-period", "3"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "launch", "run", "--grace-period", "3"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
-        "launch run: error: give the command after --, e.g. python -m launch run -- mpirun -np 2 ..."]
+        "launch run: error: give the command after --, e.g. python -m launch run -- mpirun -np 2 ..."
+    ]
 
 
 def test_exit_record_directories_of_dead_launchers_are_removed_by_the_next_one(tmp_path):

@@ -18,8 +18,19 @@ from helpers import Job
 
 pytestmark = pytest.mark.mpi
 
-QUICK = ["--dataset", "synthetic", "--synthetic-samples", "2048", "--no-progress", "--batch-size", "32",
-         "--eval-every", "1000", "--threads", "1"]
+QUICK = [
+    "--dataset",
+    "synthetic",
+    "--synthetic-samples",
+    "2048",
+    "--no-progress",
+    "--batch-size",
+    "32",
+    "--eval-every",
+    "1000",
+    "--threads",
+    "1",
+]
 SLOW_LINK = "1mbit"  # LeNet-5's gradients take ~2 s each way: longer than a step's computation, even on a busy host
 
 
@@ -33,8 +44,12 @@ def namespaces_permitted():
 def run(tmp_path, name, args, on_start=None):
     """Train on 2 emulated hosts at 1 Gbit/s; ``on_start(prefix)`` runs as soon as the hosts exist,
     before the ranks start. Returns (stdout, metrics.json)."""
-    job = Job(2, QUICK + args + ["--run-dir", str(tmp_path), "--name", name], f"straggler-{name}",
-              launcher=["--emulate-hosts", "2", "--link-rate", "1gbit"])
+    job = Job(
+        2,
+        QUICK + args + ["--run-dir", str(tmp_path), "--name", name],
+        f"straggler-{name}",
+        launcher=["--emulate-hosts", "2", "--link-rate", "1gbit"],
+    )
     try:
         job.wait_for("emulated cluster art-", timeout=60)
         prefix = re.search(r"emulated cluster (art-\d+-\d+):", "".join(job.out)).group(1)
@@ -49,8 +64,11 @@ def run(tmp_path, name, args, on_start=None):
 
 def test_a_rank_slowed_in_its_computation_is_named_with_its_emulated_host(tmp_path, namespaces_permitted):
     # the rule checks every 10 steps over the last 20, once the 10 warm-up steps are past
-    out, m = run(tmp_path, "slow-rank", ["--steps", "80", "--log-every", "10", "--straggler-window", "20",
-                                         "--debug-slow-rank", "1:6"])
+    out, m = run(
+        tmp_path,
+        "slow-rank",
+        ["--steps", "80", "--log-every", "10", "--straggler-window", "20", "--debug-slow-rank", "1:6"],
+    )
     lines = [ln for ln in out.splitlines() if ln.startswith("straggler:")]
     assert len(lines) == 1 and lines[0].startswith("straggler: rank 1 on host h2 computes "), out
     assert [(s["rank"], s["host"]) for s in m["stragglers"]] == [(1, "h2")]
@@ -65,8 +83,12 @@ def test_a_rank_slowed_by_its_link_shows_as_every_ranks_wait_and_is_not_named(tm
             subprocess.run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", *tbf], check=True, timeout=30)
 
     # the rule checks every 2 steps from step 8 over the last 6, and could name a rank from step 14
-    out, m = run(tmp_path, "slow-link", ["--steps", "16", "--log-every", "2", "--straggler-window", "6",
-                                         "--perf-warmup-steps", "2"], on_start=slow_link)
+    out, m = run(
+        tmp_path,
+        "slow-link",
+        ["--steps", "16", "--log-every", "2", "--straggler-window", "6", "--perf-warmup-steps", "2"],
+        on_start=slow_link,
+    )
     assert not any(ln.startswith("straggler:") for ln in out.splitlines()), out
     assert m["stragglers"] == []
     # Every step moves the gradients across h2's link once each way, which at SLOW_LINK takes link_ms:

@@ -38,13 +38,17 @@ def same_on_every_rank(d, name):
     return r0
 
 
-@pytest.mark.parametrize("flags, tol", [
-    (["--compression", "fp16"], 1e-2),  # Horovod's Compression.fp16
-    (["--allreduce-engine", "mpi", "--compression", "bf16"], 5e-2),  # the mpi4py ring sums bfloat16
-    (None, 1e-2),  # the parameter server: fp16 pushes and pulls, float32 master parameters on the servers
-])
+@pytest.mark.parametrize(
+    "flags, tol",
+    [
+        (["--compression", "fp16"], 1e-2),  # Horovod's Compression.fp16
+        (["--allreduce-engine", "mpi", "--compression", "bf16"], 5e-2),  # the mpi4py ring sums bfloat16
+        (None, 1e-2),  # the parameter server: fp16 pushes and pulls, float32 master parameters on the servers
+    ],
+)
 def test_16_bit_on_the_wire_ends_near_float32_but_not_on_it_and_alike_on_every_rank(
-        tmp_path, float32_params, ps_fp16_dir, flags, tol):
+    tmp_path, float32_params, ps_fp16_dir, flags, tol
+):
     if flags is None:
         d, name = ps_fp16_dir, "full"
     else:

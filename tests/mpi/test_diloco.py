@@ -10,9 +10,26 @@ from helpers import check, launch, load_params, rel_diff, run_args
 
 pytestmark = pytest.mark.mpi
 
-QUICK = ["--dataset", "synthetic", "--synthetic-samples", "2048", "--no-progress", "--log-every", "5",
-         "--warmup-steps", "0", "--no-scale-lr", "--lr", "0.05", "--steps", "20", "--batch-size", "16",
-         "--allreduce-engine", "mpi"]
+QUICK = [
+    "--dataset",
+    "synthetic",
+    "--synthetic-samples",
+    "2048",
+    "--no-progress",
+    "--log-every",
+    "5",
+    "--warmup-steps",
+    "0",
+    "--no-scale-lr",
+    "--lr",
+    "0.05",
+    "--steps",
+    "20",
+    "--batch-size",
+    "16",
+    "--allreduce-engine",
+    "mpi",
+]
 DILOCO = ["--diloco-every", "4", "--checkpoint-every", "7"]
 
 

@@ -21,28 +21,58 @@ from helpers import LM, LM_STEPS, SHARED_RUN, Job, check, job_pids, launch, load
 pytestmark = pytest.mark.mpi
 
 STALL = "6"  # --stall-timeout in these tests (the default is 120 s)
-QUICK = ["--dataset", "synthetic", "--synthetic-samples", "2048", "--no-progress", "--log-every", "5",
-         "--warmup-steps", "0", "--no-scale-lr", "--lr", "0.05", "--batch-size", "16"]
+QUICK = [
+    "--dataset",
+    "synthetic",
+    "--synthetic-samples",
+    "2048",
+    "--no-progress",
+    "--log-every",
+    "5",
+    "--warmup-steps",
+    "0",
+    "--no-scale-lr",
+    "--lr",
+    "0.05",
+    "--batch-size",
+    "16",
+]
 
 
-@pytest.mark.parametrize("strategy, np, frozen", [
-    ("mpi", 2, 0), ("mpi", 2, 1), ("gloo", 2, 0), ("gloo", 2, 1),
-    ("ps-server", 3, 0), ("ps-worker", 3, 2), ("ring-mpi", 2, 1),
-    # a checkpoint every step: the main worker is often fetching the optimizer state from the
-    # server when it freezes, a step behind the other worker, and must not be named for that
-    ("ps-server-ckpt", 3, 0),
-])
+@pytest.mark.parametrize(
+    "strategy, np, frozen",
+    [
+        ("mpi", 2, 0),
+        ("mpi", 2, 1),
+        ("gloo", 2, 0),
+        ("gloo", 2, 1),
+        ("ps-server", 3, 0),
+        ("ps-worker", 3, 2),
+        ("ring-mpi", 2, 1),
+        # a checkpoint every step: the main worker is often fetching the optimizer state from the
+        # server when it freezes, a step behind the other worker, and must not be named for that
+        ("ps-server-ckpt", 3, 0),
+    ],
+)
 def test_a_frozen_rank_ends_the_job_naming_it(tmp_path, strategy, np, frozen):
     """SIGSTOP one rank mid-training: Open MPI sees nothing wrong, the peers block in a collective
     (or a parameter server's wait); only the stall watchdog can end the job."""
-    args = (["--horovod-backend", strategy] if strategy in ("mpi", "gloo") else
-            ["--allreduce-engine", "mpi"] if strategy == "ring-mpi" else
-            ["--strategy", "ps", "--ps-placement", "dedicated"])
+    args = (
+        ["--horovod-backend", strategy]
+        if strategy in ("mpi", "gloo")
+        else ["--allreduce-engine", "mpi"]
+        if strategy == "ring-mpi"
+        else ["--strategy", "ps", "--ps-placement", "dedicated"]
+    )
     if strategy == "ps-server-ckpt":
         args += ["--checkpoint-every", "1"]
     tag = f"{os.getpid()}-{strategy}-{frozen}"
-    job = Job(np, QUICK + args + ["--steps", "100000", "--stall-timeout", STALL, "--run-dir", str(tmp_path)],
-              tag, oversubscribe=np > 2)
+    job = Job(
+        np,
+        QUICK + args + ["--steps", "100000", "--stall-timeout", STALL, "--run-dir", str(tmp_path)],
+        tag,
+        oversubscribe=np > 2,
+    )
     try:
         job.wait_for(", from step 0")
         time.sleep(1.0)  # well into the training loop
@@ -132,8 +162,9 @@ def test_divergence_exits_65_naming_the_step_and_keeps_a_good_checkpoint(tmp_pat
     shutil.copy(sync_run / "sync" / "checkpoint.pt", tmp_path / "div" / "checkpoint.pt")
     args = SHARED_RUN + ["--batch-size", "16", "--run-dir", str(tmp_path), "--name", "div"]
     # a LR that blows up at once; a checkpoint after every step tempts the trainer to save the wreck
-    proc = launch(2, args + ["--steps", "200", "--resume", "auto", "--lr", "1e8", "--checkpoint-every", "1"],
-                  timeout=120)
+    proc = launch(
+        2, args + ["--steps", "200", "--resume", "auto", "--lr", "1e8", "--checkpoint-every", "1"], timeout=120
+    )
     assert proc.returncode == 65, proc.stderr
     said = [ln for ln in proc.stderr.splitlines() if "diverged at step" in ln]
     assert len(said) == 1, proc.stderr

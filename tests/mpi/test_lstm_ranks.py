@@ -44,8 +44,23 @@ def test_parameter_server_trains_the_lstm_like_one_process(tmp_path):
     clipping of the averaged gradient included."""
     corpus = str(write_corpus(tmp_path / "corpus", lines=(400, 30, 30)))
     args = LM + ["--data-dir", corpus, "--steps", "10", "--eval-every", "10", "--run-dir", str(tmp_path)]
-    check(launch(3, args + ["--strategy", "ps", "--batch-size", "4", "--name", "ps",
-                            "--dump-params", str(tmp_path / "ps-{rank}.pt")], oversubscribe=True))
+    check(
+        launch(
+            3,
+            args
+            + [
+                "--strategy",
+                "ps",
+                "--batch-size",
+                "4",
+                "--name",
+                "ps",
+                "--dump-params",
+                str(tmp_path / "ps-{rank}.pt"),
+            ],
+            oversubscribe=True,
+        )
+    )
     check(run_single(args + ["--batch-size", "8", "--name", "one", "--dump-params", str(tmp_path / "one-{rank}.pt")]))
     single = load_params(tmp_path / "one-0.pt")
     workers = sorted(tmp_path.glob("ps-*.pt"))
@@ -59,9 +74,28 @@ def test_validation_perplexity_falls_on_the_offline_corpus(tmp_path):
     """The default corpus (built into an empty cache here), 2 ranks, the paper's small LSTM."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    proc = check(launch(2, ["--model", "ptb-lstm-small", "--steps", "40", "--eval-every", "10", "--log-every", "10",
-                            "--no-progress", "--run-dir", str(tmp_path), "--name", "lm"], timeout=600,
-                        env={"XDG_CACHE_HOME": str(tmp_path / "cache")}))
+    proc = check(
+        launch(
+            2,
+            [
+                "--model",
+                "ptb-lstm-small",
+                "--steps",
+                "40",
+                "--eval-every",
+                "10",
+                "--log-every",
+                "10",
+                "--no-progress",
+                "--run-dir",
+                str(tmp_path),
+                "--name",
+                "lm",
+            ],
+            timeout=600,
+            env={"XDG_CACHE_HOME": str(tmp_path / "cache")},
+        )
+    )
     acc = EventAccumulator(str(tmp_path / "lm"))
     acc.Reload()
     ppl = [e.value for e in acc.Scalars("eval/perplexity")]

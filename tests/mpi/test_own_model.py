@@ -17,9 +17,28 @@ from helpers import ROOT, check, load_params, rel_diff, run_args, write_user_pac
 pytestmark = pytest.mark.mpi
 
 # As tests/helpers.SHARED_RUN, on the user's data: 2,050 lazily made samples, 205 to evaluate
-RUN = ["--model", "userpkg.net:build", "--model-arg", "hidden=16", "--dataset", "userpkg.data:build",
-       "--no-progress", "--log-every", "5", "--warmup-steps", "0", "--no-scale-lr", "--lr", "0.05", "--steps", "20",
-       "--eval-every", "10", "--checkpoint-every", "7"]
+RUN = [
+    "--model",
+    "userpkg.net:build",
+    "--model-arg",
+    "hidden=16",
+    "--dataset",
+    "userpkg.data:build",
+    "--no-progress",
+    "--log-every",
+    "5",
+    "--warmup-steps",
+    "0",
+    "--no-scale-lr",
+    "--lr",
+    "0.05",
+    "--steps",
+    "20",
+    "--eval-every",
+    "10",
+    "--checkpoint-every",
+    "7",
+]
 TASK = ["--task", "userpkg.task:build", *RUN[6:]]  # the stateful task (same model and data)
 
 
@@ -44,10 +63,14 @@ def runs(env, tmp_path_factory):
     """The user's code under each engine at 2 ranks (batch 16) and in one process (batch 32)."""
     d = tmp_path_factory.mktemp("own")
     check(launch(env, 2, TASK + run_args(d, "hvd", "--batch-size", "16")))
-    check(launch(env, 2, RUN + run_args(d, "ring", "--batch-size", "16", "--allreduce-engine", "mpi",
-                                        "--data-workers", "2")))
-    check(launch(env, 2, RUN + run_args(d, "ps", "--batch-size", "16", "--strategy", "ps",
-                                        "--ps-placement", "colocated")))
+    check(
+        launch(
+            env, 2, RUN + run_args(d, "ring", "--batch-size", "16", "--allreduce-engine", "mpi", "--data-workers", "2")
+        )
+    )
+    check(
+        launch(env, 2, RUN + run_args(d, "ps", "--batch-size", "16", "--strategy", "ps", "--ps-placement", "colocated"))
+    )
     check(single(env, RUN + run_args(d, "one", "--batch-size", "32")))
     check(single(env, TASK + run_args(d, "onetask", "--batch-size", "32")))
     return d
@@ -69,7 +92,8 @@ def test_own_model_trained_and_logged_like_a_built_in_one(runs):
     acc = EventAccumulator(str(runs / "hvd"))
     acc.Reload()
     assert {"train/loss", "eval/loss", "eval/accuracy", "eval/seen_mod", "perf/samples_per_sec"} <= set(
-        acc.Tags()["scalars"])
+        acc.Tags()["scalars"]
+    )
     m = json.loads((runs / "hvd" / "metrics.json").read_text())
     assert m["model"] == "userpkg.task:build" and m["final"]["eval_seen_mod"] == 20 % 4
     assert json.loads((runs / "ring" / "metrics.json").read_text())["model"] == "userpkg.net:build"
@@ -88,9 +112,27 @@ def test_own_task_resumes_bit_exactly_with_its_own_state(env, runs, tmp_path):
 
 
 def test_gpt_example_loss_falls_under_the_trainer(env, tmp_path):
-    args = ["--task", "examples.gpt.task:build", "--model-arg", "max_chars=300000", "--model-arg", "block=32",
-            "--steps", "40", "--eval-every", "10", "--batch-size", "16", "--lr", "0.1", "--warmup-steps", "10",
-            "--no-progress", "--allreduce-engine", "mpi"]
+    args = [
+        "--task",
+        "examples.gpt.task:build",
+        "--model-arg",
+        "max_chars=300000",
+        "--model-arg",
+        "block=32",
+        "--steps",
+        "40",
+        "--eval-every",
+        "10",
+        "--batch-size",
+        "16",
+        "--lr",
+        "0.1",
+        "--warmup-steps",
+        "10",
+        "--no-progress",
+        "--allreduce-engine",
+        "mpi",
+    ]
     check(launch(env, 2, args + run_args(tmp_path, "gpt")))
     m = json.loads((tmp_path / "gpt" / "metrics.json").read_text())
     evals = [e["eval_loss"] for e in m["evals"]]
@@ -105,8 +147,7 @@ def test_gpt_example_loss_falls_under_the_trainer(env, tmp_path):
 
 
 def test_script_through_fit_runs_the_trainers_loop(env, tmp_path):
-    args = ["--max-chars", "100000", "--steps", "6", "--batch-size", "8", "--no-progress",
-            "--checkpoint-every", "3"]
+    args = ["--max-chars", "100000", "--steps", "6", "--batch-size", "8", "--no-progress", "--checkpoint-every", "3"]
     check(launch(env, 2, args + run_args(tmp_path, "fit"), launcher=["--script", "examples/gpt/train.py"]))
     assert (tmp_path / "fit" / "checkpoint.pt").exists() and (tmp_path / "fit" / "metrics.json").exists()
     r0, r1 = load_params(tmp_path / "fit-0.pt"), load_params(tmp_path / "fit-1.pt")
@@ -117,12 +158,30 @@ def test_own_loop_through_the_api_equals_one_process(env, tmp_path):
     """examples/own_loop.py: 2 workers of batch 64 at LR 2 x 0.01 against one process of batch 128 at 0.02."""
     script = str(ROOT / "examples" / "own_loop.py")
     flags = ["--allreduce-engine", "mpi", "--steps", "30", "--seed", "3"]
-    out = check(launch(env, 2, [*flags, "--dump-params", str(tmp_path / "loop-{rank}.pt")],
-                       launcher=["--script", script]))
+    out = check(
+        launch(env, 2, [*flags, "--dump-params", str(tmp_path / "loop-{rank}.pt")], launcher=["--script", script])
+    )
     assert "mean over 2 workers" in out.stdout
-    check(subprocess.run([sys.executable, script, *flags, "--batch-size", "128", "--lr", "0.02", "--dump-params",
-                          str(tmp_path / "single-{rank}.pt")], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120, env=env))
+    check(
+        subprocess.run(
+            [
+                sys.executable,
+                script,
+                *flags,
+                "--batch-size",
+                "128",
+                "--lr",
+                "0.02",
+                "--dump-params",
+                str(tmp_path / "single-{rank}.pt"),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
+    )
     r0, r1 = load_params(tmp_path / "loop-0.pt"), load_params(tmp_path / "loop-1.pt")
     assert all(torch.equal(r0[k], r1[k]) for k in r0)
     assert rel_diff(r0, load_params(tmp_path / "single-0.pt")) <= 1e-5

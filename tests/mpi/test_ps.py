@@ -13,8 +13,23 @@ from helpers import FASHION_MNIST_DIR, check, launch, load_params, needs_fashion
 pytestmark = pytest.mark.mpi
 
 # Warm-up on: the LR changes every step, so the servers must use the LR each push carries.
-QUICK = ["--dataset", "synthetic", "--synthetic-samples", "2048", "--no-progress", "--log-every", "5",
-         "--batch-size", "16", "--steps", "20", "--warmup-steps", "8", "--lr", "0.05"]
+QUICK = [
+    "--dataset",
+    "synthetic",
+    "--synthetic-samples",
+    "2048",
+    "--no-progress",
+    "--log-every",
+    "5",
+    "--batch-size",
+    "16",
+    "--steps",
+    "20",
+    "--warmup-steps",
+    "8",
+    "--lr",
+    "0.05",
+]
 # Several buckets (overlap path) and tensors split across servers.
 SMALL_MESSAGES = ["--ps-bucket-bytes", "40000", "--ps-split-bytes", "16000"]
 
@@ -46,11 +61,15 @@ def ps_k2_dir(tmp_path_factory):
     return tmp
 
 
-@pytest.mark.parametrize("np, placement", [
-    (3, ["--ps-placement", "dedicated", "--ps-servers", "1"]),
-    (4, K2),
-    (2, ["--ps-placement", "colocated", *SMALL_MESSAGES]),
-], ids=["dedicated-K1", "dedicated-K2", "colocated"])
+@pytest.mark.parametrize(
+    "np, placement",
+    [
+        (3, ["--ps-placement", "dedicated", "--ps-servers", "1"]),
+        (4, K2),
+        (2, ["--ps-placement", "colocated", *SMALL_MESSAGES]),
+    ],
+    ids=["dedicated-K1", "dedicated-K2", "colocated"],
+)
 def test_sync_ps_ends_where_allreduce_ends(request, tmp_path, allreduce_params, np, placement):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -77,9 +96,19 @@ def test_sync_ps_ends_where_allreduce_ends(request, tmp_path, allreduce_params, 
     acc = EventAccumulator(str(tmp_path / "ps"))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    for tag in ("train/loss", "train/lr", "perf/samples_per_sec", "perf/step_ms", "comm/wait_ms", "eval/loss",
-                "eval/accuracy", "comm/bytes_pushed_per_step", "comm/bytes_pulled_per_step",
-                "comm/staleness_mean", "comm/staleness_max"):
+    for tag in (
+        "train/loss",
+        "train/lr",
+        "perf/samples_per_sec",
+        "perf/step_ms",
+        "comm/wait_ms",
+        "eval/loss",
+        "eval/accuracy",
+        "comm/bytes_pushed_per_step",
+        "comm/bytes_pulled_per_step",
+        "comm/staleness_mean",
+        "comm/staleness_max",
+    ):
         assert tag in tags, tag
     assert list((tmp_path / "ps").glob("events*"))
     assert not any(p.name.startswith("events") for p in tmp_path.iterdir())
@@ -110,8 +139,15 @@ def reference_sgd(steps, batch, lr, warmup, workers, momentum, weight_decay, cli
 def test_sync_ps_with_weight_decay_and_clipping_equals_plain_torch_sgd(tmp_path):
     """Weight decay, momentum and clipping by the global norm of the averaged gradient (summed over
     the servers) are applied on the servers, with the LR of each step."""
-    check(ps_launch(4, QUICK + SMALL_MESSAGES + ["--ps-servers", "2", "--weight-decay", "1e-3", "--grad-clip", "0.3"]
-                    + run_args(tmp_path, "wd")))
+    check(
+        ps_launch(
+            4,
+            QUICK
+            + SMALL_MESSAGES
+            + ["--ps-servers", "2", "--weight-decay", "1e-3", "--grad-clip", "0.3"]
+            + run_args(tmp_path, "wd"),
+        )
+    )
     want = reference_sgd(steps=20, batch=16, lr=0.05, warmup=8, workers=2, momentum=0.9, weight_decay=1e-3, clip=0.3)
     assert rel_diff(load_params(tmp_path / "wd-2.pt"), want) <= 1e-5
     # the controls: without weight decay, or without clipping, the result is measurably different
@@ -130,18 +166,42 @@ def test_resume_continues_exactly_with_momentum_from_the_servers(tmp_path, ps_k2
 
 
 @needs_fashion_mnist
-@pytest.mark.parametrize("np, placement", [
-    (3, "dedicated"),
-    # make test-long: tests/mpi/test_tta.py trains the asynchronous colocated PS on Fashion-MNIST to a
-    # target and checks its staleness
-    pytest.param(2, "colocated", marks=pytest.mark.long),
-])
+@pytest.mark.parametrize(
+    "np, placement",
+    [
+        (3, "dedicated"),
+        # make test-long: tests/mpi/test_tta.py trains the asynchronous colocated PS on Fashion-MNIST to a
+        # target and checks its staleness
+        pytest.param(2, "colocated", marks=pytest.mark.long),
+    ],
+)
 def test_async_trains_on_fashion_mnist_and_logs_staleness(tmp_path, np, placement):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    check(ps_launch(np, ["--ps-mode", "async", "--ps-placement", placement, "--run-dir", str(tmp_path),
-                         "--name", "async", "--steps", "150", "--no-progress", "--log-every", "10",
-                         "--eval-every", "150", "--data-dir", FASHION_MNIST_DIR]))
+    check(
+        ps_launch(
+            np,
+            [
+                "--ps-mode",
+                "async",
+                "--ps-placement",
+                placement,
+                "--run-dir",
+                str(tmp_path),
+                "--name",
+                "async",
+                "--steps",
+                "150",
+                "--no-progress",
+                "--log-every",
+                "10",
+                "--eval-every",
+                "150",
+                "--data-dir",
+                FASHION_MNIST_DIR,
+            ],
+        )
+    )
     acc = EventAccumulator(str(tmp_path / "async"))
     acc.Reload()
     losses = [e.value for e in acc.Scalars("train/loss")]
@@ -154,11 +214,14 @@ def test_async_trains_on_fashion_mnist_and_logs_staleness(tmp_path, np, placemen
     assert m["staleness_max"] >= 1 and m["staleness_mean"] > 0
 
 
-@pytest.mark.parametrize("np, args, needle", [
-    (2, ["--ps-servers", "3"], "--ps-servers 3"),
-    (2, ["--ps-servers", "2"], "leaves no worker"),
-    (2, ["--ps-placement", "colocated", "--ps-servers", "1"], "--ps-placement colocated"),
-])
+@pytest.mark.parametrize(
+    "np, args, needle",
+    [
+        (2, ["--ps-servers", "3"], "--ps-servers 3"),
+        (2, ["--ps-servers", "2"], "leaves no worker"),
+        (2, ["--ps-placement", "colocated", "--ps-servers", "1"], "--ps-placement colocated"),
+    ],
+)
 def test_bad_config_one_line_nonzero_exit_no_hang(tmp_path, np, args, needle):
     proc = ps_launch(np, ["--dataset", "synthetic", "--run-dir", str(tmp_path), *args], timeout=90)
     assert proc.returncode != 0

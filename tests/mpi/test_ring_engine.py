@@ -60,20 +60,31 @@ def test_every_rank_gets_the_average_of_every_ranks_gradient(np):
     """The exchange alone on a model with tensors of 1, 2, 5 and 1000 elements (chunks of none,
     one and many elements), buckets of 1 to 3 tensors, both algorithms, and fp16 on the wire: the
     rank program compares each rank's result with the average of all ranks' raw gradients."""
-    proc = check(launch(np, ["--mpi-bucket-bytes", "24"], module="ring_rank", oversubscribe=True,
-                        env={"PYTHONPATH": f"{RANKS}:{ROOT}"}))
+    proc = check(
+        launch(
+            np,
+            ["--mpi-bucket-bytes", "24"],
+            module="ring_rank",
+            oversubscribe=True,
+            env={"PYTHONPATH": f"{RANKS}:{ROOT}"},
+        )
+    )
     assert proc.stdout.count("ring_rank ok") == np, proc.stdout
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--reduce-op", "adasum"], "--reduce-op adasum"),
-    # (--compression fp16 with --mpi-algorithm iallreduce: refused by the config alike,
-    # tests/unit/test_concepts_in_process.py)
-    (["--mpi-bucket-bytes", "2"], "--mpi-bucket-bytes"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--reduce-op", "adasum"], "--reduce-op adasum"),
+        # (--compression fp16 with --mpi-algorithm iallreduce: refused by the config alike,
+        # tests/unit/test_concepts_in_process.py)
+        (["--mpi-bucket-bytes", "2"], "--mpi-bucket-bytes"),
+    ],
+)
 def test_bad_config_one_line_nonzero_exit_no_hang(tmp_path, args, needle):
-    proc = launch(2, ["--allreduce-engine", "mpi", "--dataset", "synthetic", "--run-dir", str(tmp_path), *args],
-                  timeout=90)
+    proc = launch(
+        2, ["--allreduce-engine", "mpi", "--dataset", "synthetic", "--run-dir", str(tmp_path), *args], timeout=90
+    )
     assert proc.returncode != 0
     ours = [ln for ln in proc.stderr.splitlines() if ln.startswith("allreduce_train: error")]
     assert len(ours) == 1, proc.stderr

@@ -13,8 +13,23 @@ pytestmark = pytest.mark.mpi
 
 # 120 steps of LeNet-5 on small batches; the rule checks every 10 steps over the last 30 once the
 # 10 warm-up steps are past, so from step 40 on.
-QUICK = ["--dataset", "synthetic", "--synthetic-samples", "2048", "--no-progress", "--batch-size", "32",
-         "--steps", "120", "--log-every", "10", "--straggler-window", "30", "--eval-every", "120"]
+QUICK = [
+    "--dataset",
+    "synthetic",
+    "--synthetic-samples",
+    "2048",
+    "--no-progress",
+    "--batch-size",
+    "32",
+    "--steps",
+    "120",
+    "--log-every",
+    "10",
+    "--straggler-window",
+    "30",
+    "--eval-every",
+    "120",
+]
 
 
 def tb_texts(run_dir, tag):
@@ -24,14 +39,23 @@ def tb_texts(run_dir, tag):
     return [t.decode() for e in acc.Tensors(f"{tag}/text_summary") for t in e.tensor_proto.string_val]
 
 
-@pytest.mark.parametrize("np, slow, engine", [
-    (3, 2, []),  # Horovod, the last rank
-    (2, 0, ["--allreduce-engine", "mpi"]),  # the mpi4py ring, rank 0 itself (the one that logs)
-    (3, 1, ["--strategy", "ps", "--ps-placement", "dedicated"]),  # rank 0 serves: worker 0 is rank 1
-], ids=["horovod", "mpi-ring", "ps-dedicated"])
+@pytest.mark.parametrize(
+    "np, slow, engine",
+    [
+        (3, 2, []),  # Horovod, the last rank
+        (2, 0, ["--allreduce-engine", "mpi"]),  # the mpi4py ring, rank 0 itself (the one that logs)
+        (3, 1, ["--strategy", "ps", "--ps-placement", "dedicated"]),  # rank 0 serves: worker 0 is rank 1
+    ],
+    ids=["horovod", "mpi-ring", "ps-dedicated"],
+)
 def test_a_slowed_rank_is_named_once_with_its_host(tmp_path, np, slow, engine):
-    proc = check(launch(np, QUICK + engine + ["--debug-slow-rank", f"{slow}:6", "--run-dir", str(tmp_path),
-                                              "--name", "slow"], oversubscribe=np > 2))
+    proc = check(
+        launch(
+            np,
+            QUICK + engine + ["--debug-slow-rank", f"{slow}:6", "--run-dir", str(tmp_path), "--name", "slow"],
+            oversubscribe=np > 2,
+        )
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("straggler:")]
     assert len(lines) == 1, proc.stdout
     assert lines[0].startswith(f"straggler: rank {slow} on host {socket.gethostname()} computes "), lines[0]
@@ -56,11 +80,17 @@ def test_a_slowed_rank_is_named_once_with_its_host(tmp_path, np, slow, engine):
 
 
 def test_a_rank_that_does_not_exist_or_only_serves_is_refused(tmp_path):
-    for np, extra, needle in ((2, ["--allreduce-engine", "mpi"], "--debug-slow-rank 5:2: there is no rank 5 (ranks 0-1)"),
-                              (3, ["--strategy", "ps"], "--debug-slow-rank 0:2: rank 0 only serves")):
+    for np, extra, needle in (
+        (2, ["--allreduce-engine", "mpi"], "--debug-slow-rank 5:2: there is no rank 5 (ranks 0-1)"),
+        (3, ["--strategy", "ps"], "--debug-slow-rank 0:2: rank 0 only serves"),
+    ):
         slow = "5:2" if np == 2 else "0:2"
-        proc = launch(np, QUICK + extra + ["--debug-slow-rank", slow, "--run-dir", str(tmp_path)],
-                      oversubscribe=np > 2, timeout=120)
+        proc = launch(
+            np,
+            QUICK + extra + ["--debug-slow-rank", slow, "--run-dir", str(tmp_path)],
+            oversubscribe=np > 2,
+            timeout=120,
+        )
         assert proc.returncode == 2, proc.stdout + proc.stderr
         errors = [ln for ln in proc.stderr.splitlines() if "error:" in ln]
         assert len(errors) == 1 and needle in errors[0], proc.stderr

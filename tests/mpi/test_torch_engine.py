@@ -49,15 +49,19 @@ def test_torch_engine_ends_where_the_mpi_engine_and_one_process_end(request, tmp
     assert (m["allreduce_engine"], m["torch_backend"], m["workers"], m["torch_buckets"]) == ("torch", "gloo", np, 9)
 
 
-@pytest.mark.parametrize("flags, near, far", [
-    (["--compression", "fp16"], 1e-2, 1e-5),  # the rounding happened, and the gradients were still averaged
-    (["--compression", "bf16"], 5e-2, 1e-5),
-    (["--compression", "powersgd", "--powersgd-rank", "2"], None, 1e-4),  # rank-2 factors, not the gradients
-    (["--average-every", "4"], None, 1e-4),  # local steps left their mark; the last step averaged
-    (["--diloco-every", "4"], None, 1e-4),
-])
-def test_every_wire_format_and_schedule_runs_on_the_torch_engine_alike_on_every_rank(tmp_path, torch2_dir, flags,
-                                                                                      near, far):
+@pytest.mark.parametrize(
+    "flags, near, far",
+    [
+        (["--compression", "fp16"], 1e-2, 1e-5),  # the rounding happened, and the gradients were still averaged
+        (["--compression", "bf16"], 5e-2, 1e-5),
+        (["--compression", "powersgd", "--powersgd-rank", "2"], None, 1e-4),  # rank-2 factors, not the gradients
+        (["--average-every", "4"], None, 1e-4),  # local steps left their mark; the last step averaged
+        (["--diloco-every", "4"], None, 1e-4),
+    ],
+)
+def test_every_wire_format_and_schedule_runs_on_the_torch_engine_alike_on_every_rank(
+    tmp_path, torch2_dir, flags, near, far
+):
     check(launch(2, QUICK + TORCH + flags + run_args(tmp_path, "w")))
     got, sync = same_on_every_rank(tmp_path, "w", 2), load_params(torch2_dir / "sync-0.pt")
     assert rel_diff(got, sync) > far

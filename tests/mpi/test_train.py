@@ -20,6 +20,7 @@ from helpers import (
 
 pytestmark = pytest.mark.mpi
 
+
 def test_two_ranks_end_bit_identical_and_equal_one_process_with_double_batch(sync_run, one_process_run):
     """(With weight decay and momentum: tests/mpi/test_ring_engine.py's Horovod runs at 2, 3 and 4 ranks.)"""
     r0, r1 = load_params(sync_run / "sync-0.pt"), load_params(sync_run / "sync-1.pt")
@@ -65,20 +66,37 @@ def test_tensorboard_tags_and_metrics_json(sync_run):
     acc = EventAccumulator(str(run))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    for tag in ("train/loss", "train/lr", "perf/samples_per_sec", "perf/step_ms", "comm/wait_ms",
-                "eval/loss", "eval/accuracy"):
+    for tag in (
+        "train/loss",
+        "train/lr",
+        "perf/samples_per_sec",
+        "perf/step_ms",
+        "comm/wait_ms",
+        "eval/loss",
+        "eval/accuracy",
+    ):
         assert tag in tags, tag
     assert [e.step for e in acc.Scalars("eval/accuracy")] == [10, 20]
     assert "config/text_summary" in acc.Tags()["tensors"]
     m = json.loads((run / "metrics.json").read_text())
-    for key in ("strategy", "world_size", "workers", "model", "dataset", "global_batch", "steps",
-                "samples_per_sec", "step_ms"):
+    for key in (
+        "strategy",
+        "world_size",
+        "workers",
+        "model",
+        "dataset",
+        "global_batch",
+        "steps",
+        "samples_per_sec",
+        "step_ms",
+    ):
         assert key in m, key
     assert (m["strategy"], m["world_size"], m["workers"], m["global_batch"], m["steps"]) == ("allreduce", 2, 2, 32, 20)
     assert m["samples_per_sec"] > 0 and m["step_ms"] > 0
     assert set(m["final"]) == {"train_loss", "eval_loss", "eval_accuracy"}
     assert sorted(p.name for p in run.iterdir() if p.name.startswith("events")) and not any(
-        p.name.startswith("events") for p in sync_run.iterdir())  # one TensorBoard writer, in the run dir
+        p.name.startswith("events") for p in sync_run.iterdir()
+    )  # one TensorBoard writer, in the run dir
 
 
 def test_global_eval_is_not_rank0s_share(sync_run, one_process_run):
@@ -92,8 +110,26 @@ def test_global_eval_is_not_rank0s_share(sync_run, one_process_run):
 
 @needs_fashion_mnist
 def test_loss_falls_on_real_fashion_mnist(tmp_path):
-    check(launch(2, ["--run-dir", str(tmp_path), "--name", "fm", "--steps", "150", "--no-progress",
-                     "--log-every", "10", "--eval-every", "150", "--data-dir", FASHION_MNIST_DIR]))
+    check(
+        launch(
+            2,
+            [
+                "--run-dir",
+                str(tmp_path),
+                "--name",
+                "fm",
+                "--steps",
+                "150",
+                "--no-progress",
+                "--log-every",
+                "10",
+                "--eval-every",
+                "150",
+                "--data-dir",
+                FASHION_MNIST_DIR,
+            ],
+        )
+    )
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(tmp_path / "fm"))
@@ -103,14 +139,17 @@ def test_loss_falls_on_real_fashion_mnist(tmp_path):
     assert json.loads((tmp_path / "fm" / "metrics.json").read_text())["final"]["eval_accuracy"] > 0.7
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--data-dir", "/nonexistent/fmnist"], "/nonexistent/fmnist"),
-    # config errors end every rank the same way: one under mpirun here, each flag's message in
-    # tests/unit/test_config.py (--lr -0.1 among them)
-    (["--model", "nosuchnet"], "--model"),
-    (["--dataset", "synthetic", "--synthetic-samples", "100", "--batch-size", "64"], "fewer than one global batch"),
-    (["--resume", "/nonexistent/ckpt.pt", "--dataset", "synthetic"], "/nonexistent/ckpt.pt"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--data-dir", "/nonexistent/fmnist"], "/nonexistent/fmnist"),
+        # config errors end every rank the same way: one under mpirun here, each flag's message in
+        # tests/unit/test_config.py (--lr -0.1 among them)
+        (["--model", "nosuchnet"], "--model"),
+        (["--dataset", "synthetic", "--synthetic-samples", "100", "--batch-size", "64"], "fewer than one global batch"),
+        (["--resume", "/nonexistent/ckpt.pt", "--dataset", "synthetic"], "/nonexistent/ckpt.pt"),
+    ],
+)
 def test_bad_input_one_line_nonzero_exit_no_hang(tmp_path, args, needle):
     proc = launch(2, args + ["--run-dir", str(tmp_path)], timeout=60)
     assert proc.returncode != 0

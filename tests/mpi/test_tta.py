@@ -13,20 +13,29 @@ from helpers import ROOT, check, lab_in_process, load_params, needs_fashion_mnis
 
 
 def tta(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "lab", "time-to-accuracy", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return subprocess.run(
+        [sys.executable, "-m", "lab", "time-to-accuracy", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--methods", "gossip"], "--methods"),
-    (["--models", "resnet18"], "--models"),
-    (["--target", "lenet5=accuracy>0.5"], "--target"),
-    (["--workers", "0"], "--workers"),
-    (["--link-rate", "fast"], "--link-rate"),
-    (["--rates", "1gbit,fast"], "--rates"),
-    (["--rates", "1gbit", "--link-rate", "1gbit"], "--link-rate"),
-    (["--report", "/nonexistent"], "--report"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--methods", "gossip"], "--methods"),
+        (["--models", "resnet18"], "--models"),
+        (["--target", "lenet5=accuracy>0.5"], "--target"),
+        (["--workers", "0"], "--workers"),
+        (["--link-rate", "fast"], "--link-rate"),
+        (["--rates", "1gbit,fast"], "--rates"),
+        (["--rates", "1gbit", "--link-rate", "1gbit"], "--link-rate"),
+        (["--report", "/nonexistent"], "--report"),
+    ],
+)
 def test_bad_input_is_one_line(capsys, args, needle):
     if args == ["--methods", "gossip"]:  # the command as users run it
         proc = tta(*args, timeout=60)
@@ -43,9 +52,24 @@ def test_two_workers_reach_a_low_target_stop_there_and_report_it(tmp_path):
 
     out = tmp_path / "tta"
     # one job (each costs a launch and a Fashion-MNIST load): the asynchronous PS, whose staleness the grid reports
-    proc = check(tta("--models", "lenet5", "--methods", "ps-async-colocated", "--workers", "2",
-                     "--target", "lenet5=eval/accuracy>=0.6", "--max-epochs", "1", "--evals-per-epoch", "8",
-                     "--out-dir", str(out)))
+    proc = check(
+        tta(
+            "--models",
+            "lenet5",
+            "--methods",
+            "ps-async-colocated",
+            "--workers",
+            "2",
+            "--target",
+            "lenet5=eval/accuracy>=0.6",
+            "--max-epochs",
+            "1",
+            "--evals-per-epoch",
+            "8",
+            "--out-dir",
+            str(out),
+        )
+    )
     res = json.loads((out / "results.json").read_text())
     (j,) = res["jobs"]
     assert (j["method"], j["workers"], j["ok"], j["reached"]) == ("ps-async-colocated", 2, True, True), proc.stdout
@@ -66,13 +90,15 @@ def test_two_workers_reach_a_low_target_stop_there_and_report_it(tmp_path):
     by_step = ea.Scalars("tta/eval_accuracy")
     assert [e.step for e in by_step] == [e["step"] for e in evals]
     assert [e.wall_time - by_step[0].wall_time for e in by_step] == pytest.approx(
-        [e["seconds"] - evals[0]["seconds"] for e in evals], abs=1e-3)
+        [e["seconds"] - evals[0]["seconds"] for e in evals], abs=1e-3
+    )
     assert [e.step for e in ea.Scalars("tta/eval_accuracy_vs_ms")] == [round(1e3 * e["seconds"]) for e in evals]
     report = (out / "report.md").read_text()
     assert "## lenet5: eval/accuracy>=0.6" in report
     assert "](time_to_accuracy.png)" in report and (out / "time_to_accuracy.png").stat().st_size > 10_000
-    expect = (f"| ps-async-colocated | 2 | this machine | yes | {j['seconds_to_target']:.1f} | – | "
-              f"{j['steps_to_target']} |")
+    expect = (
+        f"| ps-async-colocated | 2 | this machine | yes | {j['seconds_to_target']:.1f} | – | {j['steps_to_target']} |"
+    )
     assert expect in report  # no 16-bit allreduce ran: "–" against it
     with open(out / "results.csv") as fh:
         (row,) = list(csv.DictReader(fh))
@@ -84,14 +110,31 @@ def test_two_workers_reach_a_low_target_stop_there_and_report_it(tmp_path):
 def test_a_concept_method_trains_two_ranks_to_a_low_target_with_its_flags(tmp_path):
     # one short job (a low target, evaluations every 1/16 epoch): PowerSGD rank 4 on the mpi engine
     out = tmp_path / "tta"
-    check(tta("--models", "lenet5", "--methods", "ring-mpi-powersgd-r4", "--workers", "2",
-              "--target", "lenet5=eval/accuracy>=0.5", "--max-epochs", "1", "--evals-per-epoch", "16",
-              "--out-dir", str(out), "--extra=--dump-params", f"--extra={tmp_path}/params-{{rank}}.pt"))
+    check(
+        tta(
+            "--models",
+            "lenet5",
+            "--methods",
+            "ring-mpi-powersgd-r4",
+            "--workers",
+            "2",
+            "--target",
+            "lenet5=eval/accuracy>=0.5",
+            "--max-epochs",
+            "1",
+            "--evals-per-epoch",
+            "16",
+            "--out-dir",
+            str(out),
+            "--extra=--dump-params",
+            f"--extra={tmp_path}/params-{{rank}}.pt",
+        )
+    )
     res = json.loads((out / "results.json").read_text())
     (j,) = res["jobs"]
     assert (j["method"], j["concept"], j["ok"], j["reached"]) == ("ring-mpi-powersgd-r4", "powersgd", True, True)
     i = j["argv"].index("--compression")
-    assert j["argv"][i:i + 4] == ["--compression", "powersgd", "--powersgd-rank", "4"]
+    assert j["argv"][i : i + 4] == ["--compression", "powersgd", "--powersgd-rank", "4"]
     m = json.loads((out / j["run"] / "metrics.json").read_text())
     assert (m["compression"], m["allreduce_engine"], m["workers"]) == ("powersgd", "mpi", 2)
     assert j["evals"][-1]["eval_accuracy"] >= 0.5 and j["steps_to_target"] == j["steps"]

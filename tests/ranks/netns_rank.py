@@ -11,8 +11,11 @@ import time
 
 mode = sys.argv[1]
 rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
-print(f"rank {rank} pid {os.getpid()} host {socket.gethostname()} "
-      f"local_size {os.environ['OMPI_COMM_WORLD_LOCAL_SIZE']} netns {os.readlink('/proc/self/ns/net')}", flush=True)
+print(
+    f"rank {rank} pid {os.getpid()} host {socket.gethostname()} "
+    f"local_size {os.environ['OMPI_COMM_WORLD_LOCAL_SIZE']} netns {os.readlink('/proc/self/ns/net')}",
+    flush=True,
+)
 if mode == "fail":
     if rank == 1:
         time.sleep(1)

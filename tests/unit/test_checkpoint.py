@@ -55,8 +55,12 @@ def test_weights_only_refuses_code(tmp_path):
 
 def test_a_workers_state_round_trips_and_reads_the_keys_checkpoints_had_before_it(tmp_path):
     rng = torch.get_rng_state()
-    mine = checkpoint.WorkerState(rng, {"hidden": torch.ones(2)}, exchange={"error": [torch.zeros(1)]},
-                                  schedule={"local_sgd": {"params": [torch.ones(3)]}})
+    mine = checkpoint.WorkerState(
+        rng,
+        {"hidden": torch.ones(2)},
+        exchange={"error": [torch.zeros(1)]},
+        schedule={"local_sgd": {"params": [torch.ones(3)]}},
+    )
     saved = mine.to_dict()
     # on disk the keys every checkpoint had: rng, task, exchange, and the schedule's under its own name
     assert set(saved) == {"rng", "task", "exchange", "local_sgd"}

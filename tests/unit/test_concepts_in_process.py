@@ -19,8 +19,11 @@ def test_16_bit_halves_the_bytes_of_both_exchanges():
     numel = 61_706  # LeNet-5
     full = compression.allreduce_bytes_per_step(numel, 4, "none")
     assert full == 2 * 3 / 4 * numel * 4
-    assert compression.allreduce_bytes_per_step(numel, 4, "fp16") == compression.allreduce_bytes_per_step(
-        numel, 4, "bf16") == full / 2
+    assert (
+        compression.allreduce_bytes_per_step(numel, 4, "fp16")
+        == compression.allreduce_bytes_per_step(numel, 4, "bf16")
+        == full / 2
+    )
     assert compression.allreduce_bytes_per_step(numel, 1, "none") == 0
     assert compression.ps_bytes_per_step(numel, "bf16") == (2 * numel, 2 * numel)
 
@@ -61,12 +64,15 @@ def test_local_sgd_sends_a_period_s_gradients_and_parameters_once():
     assert bytes_per_step(1000, 1, 8) == 0
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--strategy", "ps", "--average-every", "4"], "--average-every"),
-    (["--average-every", "4", "--reduce-op", "adasum"], "--reduce-op"),
-    (["--average-warmup-steps", "10"], "--average-every H"),
-    (["--average-every", "-1"], "--average-every"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--strategy", "ps", "--average-every", "4"], "--average-every"),
+        (["--average-every", "4", "--reduce-op", "adasum"], "--reduce-op"),
+        (["--average-warmup-steps", "10"], "--average-every H"),
+        (["--average-every", "-1"], "--average-every"),
+    ],
+)
 def test_local_sgd_combinations_that_cannot_work_are_named(argv, needle):
     with pytest.raises(ConfigError, match=needle):
         parse(argv)
@@ -88,9 +94,28 @@ class RecordingExchange(LocalExchange):
 
 def test_the_loop_exchanges_on_the_warm_up_and_period_ends_and_averages_every_parameter_there(tmp_path):
     def train(extra, ex):
-        cfg = parse(["--dataset", "synthetic", "--synthetic-samples", "640", "--batch-size", "32", "--steps", "12",
-                     "--log-every", "12", "--eval-every", "12", "--no-progress", "--threads", "1",
-                     "--run-dir", str(tmp_path), *extra])
+        cfg = parse(
+            [
+                "--dataset",
+                "synthetic",
+                "--synthetic-samples",
+                "640",
+                "--batch-size",
+                "32",
+                "--steps",
+                "12",
+                "--log-every",
+                "12",
+                "--eval-every",
+                "12",
+                "--no-progress",
+                "--threads",
+                "1",
+                "--run-dir",
+                str(tmp_path),
+                *extra,
+            ]
+        )
         trainer = Trainer(cfg, ex, str(tmp_path / "run"))
         (tmp_path / "run").mkdir(exist_ok=True)
         setup = trainer.build()

@@ -17,12 +17,15 @@ def test_reads_generated_idx(tmp_path, gz):
     assert np.array_equal(x, imgs) and np.array_equal(y, lbls)
 
 
-@pytest.mark.parametrize("mutate, needle", [
-    (lambda b: b"\x01" + b[1:], "bad magic"),
-    (lambda b: b[:2] + b"\x0d" + b[3:], "type code"),
-    (lambda b: b[:-5], "truncated or corrupt"),
-    (lambda b: b[:6], "truncated IDX header"),
-])
+@pytest.mark.parametrize(
+    "mutate, needle",
+    [
+        (lambda b: b"\x01" + b[1:], "bad magic"),
+        (lambda b: b[:2] + b"\x0d" + b[3:], "type code"),
+        (lambda b: b[:-5], "truncated or corrupt"),
+        (lambda b: b[:6], "truncated IDX header"),
+    ],
+)
 def test_corrupt_idx_names_the_file(tmp_path, mutate, needle):
     arr = np.zeros((3, 28, 28), dtype=np.uint8)
     p = tmp_path / "x.idx"

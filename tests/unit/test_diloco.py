@@ -90,15 +90,18 @@ def test_diloco_sends_one_float32_parameter_ring_per_period():
     assert bytes_per_step(1000, 1, 8) == 0
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--strategy", "ps", "--diloco-every", "4"], "--diloco-every is DiLoCo over an allreduce"),
-    (["--diloco-every", "4", "--compression", "fp16"], "DiLoCo sends no gradients"),
-    (["--diloco-every", "4", "--average-every", "4"], "choose one"),
-    (["--diloco-every", "4", "--reduce-op", "adasum"], "--reduce-op average"),
-    (["--strategy", "none", "--diloco-every", "4"], "--strategy none exchanges nothing"),
-    (["--diloco-every", "4", "--diloco-outer-momentum", "1"], "--diloco-outer-momentum"),
-    (["--diloco-every", "-1"], "--diloco-every"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--strategy", "ps", "--diloco-every", "4"], "--diloco-every is DiLoCo over an allreduce"),
+        (["--diloco-every", "4", "--compression", "fp16"], "DiLoCo sends no gradients"),
+        (["--diloco-every", "4", "--average-every", "4"], "choose one"),
+        (["--diloco-every", "4", "--reduce-op", "adasum"], "--reduce-op average"),
+        (["--strategy", "none", "--diloco-every", "4"], "--strategy none exchanges nothing"),
+        (["--diloco-every", "4", "--diloco-outer-momentum", "1"], "--diloco-outer-momentum"),
+        (["--diloco-every", "-1"], "--diloco-every"),
+    ],
+)
 def test_diloco_combinations_that_cannot_work_are_named(argv, needle):
     with pytest.raises(ConfigError, match=needle):
         parse(argv)

@@ -25,8 +25,10 @@ SCRIPT = ROOT / "tools" / "torch_pip.py"
 VERSION = "2.13.0"
 PLAIN_PYPI_CPU = ["--extra-index-url", "https://download.pytorch.org/whl/cpu", f"torch=={VERSION}+cpu"]
 
-linux_x86_64 = pytest.mark.skipif(f"{platform.system()}-{platform.machine()}" != "Linux-x86_64",
-                                  reason="the +cpu route is for Linux x86_64, where PyPI's torch is the CUDA build")
+linux_x86_64 = pytest.mark.skipif(
+    f"{platform.system()}-{platform.machine()}" != "Linux-x86_64",
+    reason="the +cpu route is for Linux x86_64, where PyPI's torch is the CUDA build",
+)
 
 
 def wheel(directory: Path, version: str) -> Path:
@@ -74,7 +76,11 @@ def serve():
 
 def pip_env(find_links: Path | None = None, **extra: str) -> dict:
     """No pip configuration file and no environment's find-links: only what the test gives pip."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") and k not in ("TORCH_VARIANT", "TORCH_CPU_INDEX")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("PIP_") and k not in ("TORCH_VARIANT", "TORCH_CPU_INDEX")
+    }
     env.update(PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1", **extra)
     if find_links is not None:
         env["PIP_FIND_LINKS"] = str(find_links)
@@ -88,8 +94,26 @@ def torch_pip(env: dict, *args: str) -> subprocess.CompletedProcess:
 def resolves_to(pip_args: list[str], env: dict, index: str | None) -> str:
     """The torch version `pip install <pip_args>` would install with `index` as the package index (None: none)."""
     where = ["--index-url", index] if index else ["--no-index"]
-    report = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-deps", "-q", "--report", "-",
-                             *where, *pip_args], env=env, capture_output=True, text=True, timeout=120)
+    report = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--ignore-installed",
+            "--no-deps",
+            "-q",
+            "--report",
+            "-",
+            *where,
+            *pip_args,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert report.returncode == 0, report.stderr
     (item,) = json.loads(report.stdout)["install"]
     return item["metadata"]["version"]
@@ -152,12 +176,19 @@ def test_an_unknown_torch_variant_is_one_error_line():
     proc = torch_pip(pip_env(TORCH_VARIANT="gpu"))
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.splitlines() == [
-        "error: TORCH_VARIANT='gpu' is not a torch build; use TORCH_VARIANT=cpu or TORCH_VARIANT=cuda"]
+        "error: TORCH_VARIANT='gpu' is not a torch build; use TORCH_VARIANT=cpu or TORCH_VARIANT=cuda"
+    ]
 
 
 def test_install_sh_refuses_an_unknown_lab_value_before_touching_anything(tmp_path):
-    proc = subprocess.run(["bash", str(ROOT / "tools" / "install.sh")], env={**os.environ, "LAB": "no"},
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["bash", str(ROOT / "tools" / "install.sh")],
+        env={**os.environ, "LAB": "no"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.splitlines() == [
-        "error: LAB=no; use LAB=1 (the lab's packages too, the default) or LAB=0 (training only)"]
+        "error: LAB=no; use LAB=1 (the lab's packages too, the default) or LAB=0 (training only)"
+    ]

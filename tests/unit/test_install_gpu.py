@@ -23,17 +23,28 @@ def plan(tmp_path, driver, *args, env_extra=None):
         (bindir / tool).symlink_to(shutil.which(tool))
     if driver is not None:
         smi = bindir / "nvidia-smi"
-        smi.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2; exit 9\n" if driver == "fail" else
-                       f"#!/bin/sh\n[ \"$1\" = --query-gpu=driver_version ] && echo '{driver}'\n")
+        smi.write_text(
+            "#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2; exit 9\n"
+            if driver == "fail"
+            else f"#!/bin/sh\n[ \"$1\" = --query-gpu=driver_version ] && echo '{driver}'\n"
+        )
         smi.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k not in ("GPU_VENV", "CUDA12_INDEX")}
     env.update(env_extra or {}, PATH=str(bindir))
-    return subprocess.run([shutil.which("bash"), "tools/install_gpu.sh", "--plan", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [shutil.which("bash"), "tools/install_gpu.sh", "--plan", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
-@pytest.mark.parametrize("driver,major", [("575.57.08", 12), ("570.195.03", 12), ("580.65.06", 13),
-                                          ("590.44.01", 13), (None, 13), ("fail", 13)])
+@pytest.mark.parametrize(
+    "driver,major",
+    [("575.57.08", 12), ("570.195.03", 12), ("580.65.06", 13), ("590.44.01", 13), (None, 13), ("fail", 13)],
+)
 def test_the_driver_picks_the_cuda_major(tmp_path, driver, major):
     proc = plan(tmp_path, driver)
     assert proc.returncode == 0, proc.stderr

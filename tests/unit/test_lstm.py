@@ -58,8 +58,9 @@ def test_evaluation_scores_every_token_once_carrying_the_state():
     from allreduce_train.config import Config, DataConfig, ModelConfig
     from allreduce_train.tasks import LanguageModelTask
 
-    task = LanguageModelTask(Config(model=ModelConfig("ptb-lstm-small"), data=DataConfig(dataset="synthetic")),
-                             MODELS["ptb-lstm-small"])
+    task = LanguageModelTask(
+        Config(model=ModelConfig("ptb-lstm-small"), data=DataConfig(dataset="synthetic")), MODELS["ptb-lstm-small"]
+    )
     torch.manual_seed(0)
     model = MODELS["ptb-lstm-small"].build(vocab_size=40).eval()
     stream = torch.randint(0, 40, (203,))
@@ -86,8 +87,15 @@ def test_dropout_masks_are_the_models_own():
 def test_the_model_brings_its_recipe_unless_told_otherwise(tmp_path):
 
     cfg = parse(["--model", "ptb-lstm-small"])
-    assert (cfg.data.dataset, cfg.data.batch_size, cfg.optim.lr, cfg.optim.momentum, cfg.optim.grad_clip,
-            cfg.optim.scale_lr, cfg.data.data_dir) == ("ptb", 20, 20.0, 0.0, 0.25, False, "")
+    assert (
+        cfg.data.dataset,
+        cfg.data.batch_size,
+        cfg.optim.lr,
+        cfg.optim.momentum,
+        cfg.optim.grad_clip,
+        cfg.optim.scale_lr,
+        cfg.data.data_dir,
+    ) == ("ptb", 20, 20.0, 0.0, 0.25, False, "")
     cfg = parse(["--model", "ptb-lstm-small", "--lr", "0.5", "--dataset", "synthetic", "--scale-lr"])
     assert (cfg.optim.lr, cfg.data.dataset, cfg.optim.scale_lr, cfg.data.batch_size) == (0.5, "synthetic", True, 20)
     f = tmp_path / "run.toml"

@@ -16,8 +16,15 @@ PROBE = str(RANKS / "page_fault_probe.py")
 
 def faults_per_step(mode: str) -> float:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "ALLREDUCE_TRAIN_MALLOC"))}
-    proc = check(subprocess.run([sys.executable, PROBE, mode], capture_output=True, text=True, timeout=120,
-                                env={**env, "OMP_NUM_THREADS": "1"}))
+    proc = check(
+        subprocess.run(
+            [sys.executable, PROBE, mode],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**env, "OMP_NUM_THREADS": "1"},
+        )
+    )
     return float(proc.stdout.split()[-1])
 
 

@@ -28,15 +28,20 @@ def test_every_model_runs_on_its_declared_input():
 
 
 def test_models_never_import_distribution_packages():
-    code = ("import sys, models\n"
-            "[m.build() for m in models.MODELS.values()]\n"
-            "bad = [m for m in ('horovod', 'mpi4py') if m in sys.modules]\n"
-            "print(','.join(bad))")
+    code = (
+        "import sys, models\n"
+        "[m.build() for m in models.MODELS.values()]\n"
+        "bad = [m for m in ('horovod', 'mpi4py') if m in sys.modules]\n"
+        "print(','.join(bad))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
     for path in (ROOT / "models").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else ([node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            )
             for name in names:
                 assert not name.startswith(("horovod", "mpi4py", "torch.distributed")), f"{path.name} imports {name}"

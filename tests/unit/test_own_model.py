@@ -64,7 +64,12 @@ def test_evaluation_parts_cover_every_sample_once():
 
 def test_keyword_arguments_are_read_as_literals():
     assert parse_kwargs("--model-arg", ["depth=4", "p=0.1", "name=gpt", "bias=false", "shape=(1, 2)"]) == {
-        "depth": 4, "p": 0.1, "name": "gpt", "bias": False, "shape": (1, 2)}
+        "depth": 4,
+        "p": 0.1,
+        "name": "gpt",
+        "bias": False,
+        "shape": (1, 2),
+    }
     with pytest.raises(ConfigError, match="KEY=VALUE"):
         parse_kwargs("--model-arg", ["depth"])
     with pytest.raises(ConfigError, match="given twice"):
@@ -81,14 +86,30 @@ def _cfg(argv):
 
 
 def test_own_code_is_named_on_the_command_line_and_in_a_toml_file(tmp_path):
-    cfg = _cfg(["--model", "mypkg.net:build", "--model-arg", "depth=4", "--model-arg", "width=8",
-                "--dataset", "mypkg.data:load", "--data-workers", "2"])
-    assert (cfg.model.model, cfg.model.model_arg, cfg.data.dataset) == ("mypkg.net:build", ["depth=4", "width=8"],
-                                                                          "mypkg.data:load")
+    cfg = _cfg(
+        [
+            "--model",
+            "mypkg.net:build",
+            "--model-arg",
+            "depth=4",
+            "--model-arg",
+            "width=8",
+            "--dataset",
+            "mypkg.data:load",
+            "--data-workers",
+            "2",
+        ]
+    )
+    assert (cfg.model.model, cfg.model.model_arg, cfg.data.dataset) == (
+        "mypkg.net:build",
+        ["depth=4", "width=8"],
+        "mypkg.data:load",
+    )
     assert cfg.model.label == "net.build"
     toml = tmp_path / "run.toml"
-    toml.write_text('[model]\nmodel = "mypkg.net:build"\nmodel_arg = {depth = 4, name = "x"}\n'
-                    '[data]\ndataset = "mypkg.data:load"\n')
+    toml.write_text(
+        '[model]\nmodel = "mypkg.net:build"\nmodel_arg = {depth = 4, name = "x"}\n[data]\ndataset = "mypkg.data:load"\n'
+    )
     cfg = _cfg(["--config", str(toml)])
     assert parse_kwargs("--model-arg", cfg.model.model_arg) == {"depth": 4, "name": "x"}
     with pytest.raises(ConfigError, match="--dataset: unknown value 'mnist'"):

@@ -13,34 +13,59 @@ from helpers import ROOT, parse, write_user_package
 BASE = ["--allreduce-engine", "mpi", "--no-progress", "--no-tensorboard", "--steps", "2"]
 
 CASES = {
-    "module not importable": (["--model", "nosuchpkg.net:build", "--dataset", "userpkg.data:build"],
-                              "--model nosuchpkg.net:build: cannot import nosuchpkg.net"),
-    "module raises on import": (["--model", "userpkg.broken:build", "--dataset", "userpkg.data:build"],
-                                "importing userpkg.broken raised ImportError: a dependency of the user module"),
-    "attribute missing": (["--model", "userpkg.net:nope", "--dataset", "userpkg.data:build"],
-                          "module userpkg.net"),
-    "not callable": (["--model", "userpkg.net:NOT_CALLABLE", "--dataset", "userpkg.data:build"],
-                     "NOT_CALLABLE is a int, not a callable"),
-    "callable raises": (["--model", "userpkg.net:raises", "--dataset", "userpkg.data:build"],
-                        "raised RuntimeError: the user's model failed to build"),
-    "wrong return type": (["--model", "userpkg.net:wrong_type", "--dataset", "userpkg.data:build"],
-                          "returned a str; return a torch.nn.Module"),
-    "output does not fit the loss": (["--model", "userpkg.net:bad_output", "--dataset", "userpkg.data:build"],
-                                     "the loss on one training batch (inputs a tensor of shape (64, 1, 28, 28)"),
-    "unknown keyword argument": (["--model", "userpkg.net:build", "--model-arg", "depth=3",
-                                  "--dataset", "userpkg.data:build"], "unexpected keyword argument 'depth'"),
-    "dataset smaller than a global batch": (["--model", "userpkg.net:build", "--dataset", "userpkg.data:tiny"],
-                                            "10 training samples are fewer than one global batch"),
-    "iterable dataset": (["--model", "userpkg.net:build", "--dataset", "userpkg.data:iterable"],
-                         "give a map-style dataset"),
-    "task of the wrong type": (["--task", "userpkg.task:not_a_task"],
-                               "returned a object; return an allreduce_train.Task"),
-    "reference without a callable": (["--model", "userpkg.net", "--dataset", "userpkg.data:build"],
-                                     "unknown model 'userpkg.net'"),
-    "reference with bad syntax": (["--model", "user pkg:build", "--dataset", "userpkg.data:build"],
-                                  "write MODULE:CALLABLE"),
-    "model argument for a registered model": (["--model", "lenet5", "--model-arg", "x=1"],
-                                              "--model-arg is for your own"),
+    "module not importable": (
+        ["--model", "nosuchpkg.net:build", "--dataset", "userpkg.data:build"],
+        "--model nosuchpkg.net:build: cannot import nosuchpkg.net",
+    ),
+    "module raises on import": (
+        ["--model", "userpkg.broken:build", "--dataset", "userpkg.data:build"],
+        "importing userpkg.broken raised ImportError: a dependency of the user module",
+    ),
+    "attribute missing": (["--model", "userpkg.net:nope", "--dataset", "userpkg.data:build"], "module userpkg.net"),
+    "not callable": (
+        ["--model", "userpkg.net:NOT_CALLABLE", "--dataset", "userpkg.data:build"],
+        "NOT_CALLABLE is a int, not a callable",
+    ),
+    "callable raises": (
+        ["--model", "userpkg.net:raises", "--dataset", "userpkg.data:build"],
+        "raised RuntimeError: the user's model failed to build",
+    ),
+    "wrong return type": (
+        ["--model", "userpkg.net:wrong_type", "--dataset", "userpkg.data:build"],
+        "returned a str; return a torch.nn.Module",
+    ),
+    "output does not fit the loss": (
+        ["--model", "userpkg.net:bad_output", "--dataset", "userpkg.data:build"],
+        "the loss on one training batch (inputs a tensor of shape (64, 1, 28, 28)",
+    ),
+    "unknown keyword argument": (
+        ["--model", "userpkg.net:build", "--model-arg", "depth=3", "--dataset", "userpkg.data:build"],
+        "unexpected keyword argument 'depth'",
+    ),
+    "dataset smaller than a global batch": (
+        ["--model", "userpkg.net:build", "--dataset", "userpkg.data:tiny"],
+        "10 training samples are fewer than one global batch",
+    ),
+    "iterable dataset": (
+        ["--model", "userpkg.net:build", "--dataset", "userpkg.data:iterable"],
+        "give a map-style dataset",
+    ),
+    "task of the wrong type": (
+        ["--task", "userpkg.task:not_a_task"],
+        "returned a object; return an allreduce_train.Task",
+    ),
+    "reference without a callable": (
+        ["--model", "userpkg.net", "--dataset", "userpkg.data:build"],
+        "unknown model 'userpkg.net'",
+    ),
+    "reference with bad syntax": (
+        ["--model", "user pkg:build", "--dataset", "userpkg.data:build"],
+        "write MODULE:CALLABLE",
+    ),
+    "model argument for a registered model": (
+        ["--model", "lenet5", "--model-arg", "x=1"],
+        "--model-arg is for your own",
+    ),
 }
 
 
@@ -76,8 +101,14 @@ def test_bad_own_code_ends_every_rank_with_one_line_and_exit_2(case, user_root, 
     args, needle = CASES[case]
     env = {**os.environ, "PYTHONPATH": str(user_root), "OMP_NUM_THREADS": "1"}
     env.pop("ALLREDUCE_TRAIN_TRACEBACK", None)
-    proc = subprocess.run([sys.executable, "-m", "launch", "-np", "2", "--", *BASE, *args, "--run-dir", str(tmp_path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=180, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "launch", "-np", "2", "--", *BASE, *args, "--run-dir", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+    )
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("allreduce_train: error")]
     assert len(errors) == 1 and needle in errors[0], proc.stderr[-2000:]

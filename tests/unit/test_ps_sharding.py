@@ -15,8 +15,8 @@ def owners(layout):
     counts = [torch.zeros(n, dtype=torch.int64) for n in layout.sizes]
     by_chunk = [torch.full((n,), -1) for n in layout.sizes]
     for c in layout.chunks:
-        counts[c.param][c.lo:c.hi] += 1
-        by_chunk[c.param][c.lo:c.hi] = c.server
+        counts[c.param][c.lo : c.hi] += 1
+        by_chunk[c.param][c.lo : c.hi] = c.server
     by_segment = [torch.full((n,), -1) for n in layout.sizes]
     for (_, s), ranges in layout.segments.items():
         for p, lo, hi in ranges:

@@ -20,8 +20,10 @@ LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.M | re.S)
 URL = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+", re.I)
 # A figure is a decimal (0.89, 23.1, 2.13.0) or an integer with a unit (7 minutes, 986 steps, 1 Gbit/s, 13 %, 2x).
-UNITS = (r"Gbit/s|Mbit/s|gbit|mbit|samples/s|words/s|GiB|MiB|KiB|GB|MB|KB|ms|s|min|minutes|h|hours|"
-         r"steps|epochs|cores")
+UNITS = (
+    r"Gbit/s|Mbit/s|gbit|mbit|samples/s|words/s|GiB|MiB|KiB|GB|MB|KB|ms|s|min|minutes|h|hours|"
+    r"steps|epochs|cores"
+)
 FIGURE = re.compile(rf"(?<![\w.])(\d+(?:\.\d+)+|\d+(?:\s?(?:{UNITS})(?![\w/])|\s?%|x(?!\w)))")
 
 
@@ -87,7 +89,7 @@ def figure_pattern(figure: str) -> re.Pattern:
     m = re.match(r"\d+(?:\.\d+)*", figure)
     assert m, f"{figure!r}: a figure starts with digits"
     number = m.group(0)
-    unit = figure[len(number):].strip()
+    unit = figure[len(number) :].strip()
     tail = rf"\s?{re.escape(unit)}(?![\w/])" if unit else r"(?!\.?\d)"
     return re.compile(rf"(?<![\w.]){re.escape(number)}{tail}")
 
@@ -110,8 +112,10 @@ def unbacked_figures(readme: Path) -> list[str]:
 PACKAGES = ("allreduce_train", "lab", "launch", "models")
 MODULE = re.compile(r"python -m ([A-Za-z_][\w.]*)")
 # A file of the tree named in prose or code: a top-level folder, then a name with an extension (no glob).
-TREE_FILE = re.compile(r"(?<![\w/.-])((?:allreduce_train|lab|launch|models|tools|tests|deploy|third_party)/"
-                       r"[\w./-]*\.(?:py|sh|rules|patch|toml|txt|json|yaml|png))(?![\w*])")
+TREE_FILE = re.compile(
+    r"(?<![\w/.-])((?:allreduce_train|lab|launch|models|tools|tests|deploy|third_party)/"
+    r"[\w./-]*\.(?:py|sh|rules|patch|toml|txt|json|yaml|png))(?![\w*])"
+)
 
 
 def missing_names(text: str, root: Path = ROOT) -> list[str]:
@@ -120,8 +124,9 @@ def missing_names(text: str, root: Path = ROOT) -> list[str]:
     bad = []
     for module in MODULE.findall(text):
         path = root.joinpath(*module.split("."))
-        if module.split(".")[0] in PACKAGES and not (path.with_suffix(".py").exists()
-                                                     or (path / "__init__.py").exists()):
+        if module.split(".")[0] in PACKAGES and not (
+            path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+        ):
             bad.append(f"python -m {module}")
     bad += [f for f in TREE_FILE.findall(text) if not (root / f).exists()]
     return sorted(set(bad))
@@ -182,11 +187,14 @@ def test_the_checkers_catch_a_figure_without_a_doc_a_broken_link_and_a_wrong_anc
 
     # b.md states 0.8905 and 7 minutes, but the README does not link it; 0.89 is not 0.8905; 986 epochs is
     # not 986 steps; 2.18x is nowhere.
-    readme.write_text("0.89 after 7 minutes, 986 epochs, 2.18x ([a](docs/a.md), [c](docs/c.md#x), "
-                      "[a](docs/a.md#nothing-here)).\n")
+    readme.write_text(
+        "0.89 after 7 minutes, 986 epochs, 2.18x ([a](docs/a.md), [c](docs/c.md#x), [a](docs/a.md#nothing-here)).\n"
+    )
     assert unbacked_figures(readme) == ["0.89", "2.18", "7 minutes", "986 epochs"]
-    assert broken_links(readme) == ["docs/c.md#x: no such file",
-                                    "docs/a.md#nothing-here: no heading with that anchor in a.md"]
+    assert broken_links(readme) == [
+        "docs/c.md#x: no such file",
+        "docs/a.md#nothing-here: no heading with that anchor in a.md",
+    ]
 
     # The doc that states 23.1 is linked, but from another section.
     readme.write_text("## One\n\nTook 23.1 s.\n\n## Two\n\n[a](docs/a.md)\n")
@@ -196,6 +204,8 @@ def test_the_checkers_catch_a_figure_without_a_doc_a_broken_link_and_a_wrong_anc
     (tmp_path / "lab").mkdir()
     (tmp_path / "lab" / "__init__.py").write_text("")
     (tmp_path / "lab" / "probe.py").write_text("")
-    text = ("`python -m lab.probe bench`, `python -m lab.netns bench`, `python -m pytest`, lab/probe.py, "
-            "tests/launch/test_netns.py, tools/patches/horovod-*.patch, /opt/x/lab/gone.py")
+    text = (
+        "`python -m lab.probe bench`, `python -m lab.netns bench`, `python -m pytest`, lab/probe.py, "
+        "tests/launch/test_netns.py, tools/patches/horovod-*.patch, /opt/x/lab/gone.py"
+    )
     assert missing_names(text, tmp_path) == ["python -m lab.netns", "tests/launch/test_netns.py"]

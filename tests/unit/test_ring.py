@@ -24,11 +24,14 @@ def test_engine_flags_default_to_horovod_and_parse():
     assert (cfg.exchange.allreduce_engine, cfg.mpi.algorithm, cfg.mpi.bucket_bytes) == ("mpi", "iallreduce", 4096)
 
 
-@pytest.mark.parametrize("engine, argv, needle", [
-    ("mpi", ["--reduce-op", "adasum"], "--reduce-op adasum is Horovod's; --allreduce-engine mpi averages"),
-    ("mpi", ["--compression", "fp16", "--mpi-algorithm", "iallreduce"], "--mpi-algorithm ring"),
-    ("torch", ["--reduce-op", "adasum"], "--reduce-op adasum is Horovod's; --allreduce-engine torch averages"),
-])
+@pytest.mark.parametrize(
+    "engine, argv, needle",
+    [
+        ("mpi", ["--reduce-op", "adasum"], "--reduce-op adasum is Horovod's; --allreduce-engine mpi averages"),
+        ("mpi", ["--compression", "fp16", "--mpi-algorithm", "iallreduce"], "--mpi-algorithm ring"),
+        ("torch", ["--reduce-op", "adasum"], "--reduce-op adasum is Horovod's; --allreduce-engine torch averages"),
+    ],
+)
 def test_what_the_mpi_and_torch_engines_refuse_is_named_when_the_flags_are_read(engine, argv, needle):
     with pytest.raises(ConfigError, match=needle):
         parse(["--allreduce-engine", engine, *argv])

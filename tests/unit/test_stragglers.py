@@ -20,8 +20,9 @@ def noisy(n_steps, ms=10.0, seed=0, spikes=0.05):
     """Compute seconds per step around ``ms``: +-20 % jitter and, on ``spikes`` of the steps, one step
     3-8x as long (a page fault, a garbage collection, another process on the core)."""
     rng = random.Random(seed)
-    return [ms / 1e3 * rng.uniform(0.8, 1.2) * (rng.uniform(3, 8) if rng.random() < spikes else 1.0)
-            for _ in range(n_steps)]
+    return [
+        ms / 1e3 * rng.uniform(0.8, 1.2) * (rng.uniform(3, 8) if rng.random() < spikes else 1.0) for _ in range(n_steps)
+    ]
 
 
 def test_a_persistently_slow_worker_is_named_once_and_no_fast_one():
@@ -84,7 +85,9 @@ def test_the_line_names_rank_host_and_figures():
     assert rule.check(150, [10.0, 30.0, 11.0]) == [Straggler(4, "b", 51, 150, 30.0, 10.5)]  # ... and still
     assert rule.check(200, [10.0, 30.0, 11.0]) == []  # named once
     line = rule.found[0].line()
-    assert line.startswith("straggler: rank 4 on host b computes 30.0 ms per step, 2.86x the other ranks' median 10.5 ms")
+    assert line.startswith(
+        "straggler: rank 4 on host b computes 30.0 ms per step, 2.86x the other ranks' median 10.5 ms"
+    )
     assert "(slow since step 51, checked at step 150)" in line
     assert json.loads(json.dumps(rule.found[0].record()))["ratio"] == pytest.approx(30 / 10.5)
 
@@ -96,13 +99,16 @@ def test_a_check_that_is_not_slow_starts_the_count_again():
     assert [s.since for s in rule.check(250, [10.0, 30.0])] == [151]
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--straggler-factor", "1"], "--straggler-factor must be > 1 (or 0 = off)"),
-    (["--straggler-window", "0"], "--straggler-window must be >= 1"),
-    (["--debug-slow-rank", "1"], "--debug-slow-rank '1': write RANK:FACTOR"),
-    (["--debug-slow-rank", "x:2"], "--debug-slow-rank 'x:2': write RANK:FACTOR"),
-    (["--debug-slow-rank", "1:0.5"], "--debug-slow-rank '1:0.5': write RANK:FACTOR"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--straggler-factor", "1"], "--straggler-factor must be > 1 (or 0 = off)"),
+        (["--straggler-window", "0"], "--straggler-window must be >= 1"),
+        (["--debug-slow-rank", "1"], "--debug-slow-rank '1': write RANK:FACTOR"),
+        (["--debug-slow-rank", "x:2"], "--debug-slow-rank 'x:2': write RANK:FACTOR"),
+        (["--debug-slow-rank", "1:0.5"], "--debug-slow-rank '1:0.5': write RANK:FACTOR"),
+    ],
+)
 def test_bad_straggler_flags_are_named(args, needle):
     with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
         parse(args)
@@ -118,16 +124,38 @@ def test_the_others_median_from_one_sort_is_the_definitions():
         figures = [rng.choice([1.0, 2.0, 3.0, rng.uniform(0, 5)]) for _ in range(rng.randint(2, 9))]
         by_definition = []
         for i, mine in enumerate(figures):
-            others = statistics.median(figures[:i] + figures[i + 1:])
+            others = statistics.median(figures[:i] + figures[i + 1 :])
             if others > 0 and mine >= 1.5 * others:
                 by_definition.append((i, others))
         assert slow_workers(figures, 1.5) == by_definition, figures
 
 
 def test_one_process_reports_its_rank_host_and_figures(tmp_path):
-    cfg = parse(["--model", "lenet5", "--dataset", "synthetic", "--synthetic-samples", "640", "--batch-size", "32",
-                 "--steps", "30", "--log-every", "5", "--straggler-window", "10", "--no-progress", "--threads", "1",
-                 "--debug-slow-rank", "0:2", "--run-dir", str(tmp_path)])
+    cfg = parse(
+        [
+            "--model",
+            "lenet5",
+            "--dataset",
+            "synthetic",
+            "--synthetic-samples",
+            "640",
+            "--batch-size",
+            "32",
+            "--steps",
+            "30",
+            "--log-every",
+            "5",
+            "--straggler-window",
+            "10",
+            "--no-progress",
+            "--threads",
+            "1",
+            "--debug-slow-rank",
+            "0:2",
+            "--run-dir",
+            str(tmp_path),
+        ]
+    )
     trainer = Trainer(cfg, LocalExchange(), str(tmp_path / "run"))
     (tmp_path / "run").mkdir()
     setup = trainer.build()

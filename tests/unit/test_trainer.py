@@ -14,9 +14,27 @@ from models import MODELS
 
 from helpers import parse
 
-ARGS = ["--model", "lenet5", "--dataset", "synthetic", "--synthetic-samples", "640", "--batch-size", "32",
-        "--steps", "12", "--eval-every", "6", "--log-every", "3", "--warmup-steps", "4", "--no-progress",
-        "--threads", "1"]
+ARGS = [
+    "--model",
+    "lenet5",
+    "--dataset",
+    "synthetic",
+    "--synthetic-samples",
+    "640",
+    "--batch-size",
+    "32",
+    "--steps",
+    "12",
+    "--eval-every",
+    "6",
+    "--log-every",
+    "3",
+    "--warmup-steps",
+    "4",
+    "--no-progress",
+    "--threads",
+    "1",
+]
 
 
 def train(tmp_path, extra=(), name="run"):
@@ -86,7 +104,12 @@ def test_zaremba_schedule_halves_the_lr_after_every_epoch_past_the_fourth():
 
 def test_warm_up_then_constant_without_decay():
     cfg = parse(["--lr", "0.1", "--warmup-steps", "10"])
-    assert [lr_at(s, cfg, 2, 50) for s in (0, 5, 10, 500)] == [0.1, pytest.approx(0.15), pytest.approx(0.2), pytest.approx(0.2)]
+    assert [lr_at(s, cfg, 2, 50) for s in (0, 5, 10, 500)] == [
+        0.1,
+        pytest.approx(0.15),
+        pytest.approx(0.2),
+        pytest.approx(0.2),
+    ]
 
 
 def test_a_target_stops_the_run_and_records_the_time_to_it(tmp_path):
@@ -97,7 +120,7 @@ def test_a_target_stops_the_run_and_records_the_time_to_it(tmp_path):
     _, result = train(tmp_path, ["--eval-every", "2", "--target", f"eval/loss<={goal!r}"], name="tta")
     t = result["target"]
     assert t["reached"] and t["step"] == result["steps"] == expect < 12
-    assert [e["eval_loss"] for e in result["evals"]] == [e["eval_loss"] for e in full["evals"][:len(result["evals"])]]
+    assert [e["eval_loss"] for e in result["evals"]] == [e["eval_loss"] for e in full["evals"][: len(result["evals"])]]
     assert 0 < t["seconds"] == result["evals"][-1]["seconds"]
     assert json.loads((tmp_path / "tta" / "metrics.json").read_text())["target"]["step"] == expect
     assert "target" not in full and len(full["evals"]) == 6

@@ -52,13 +52,19 @@ def test_ranks_behind_the_others_did_not_arrive():
     try:
         now = time.monotonic()
         w.state = (12, EXCHANGING)
-        w.board = {1: [12, EXCHANGING, True, now, True], 2: [12, COMPUTING, True, now, False],
-                   3: [11, AFTER, True, now, False]}
+        w.board = {
+            1: [12, EXCHANGING, True, now, True],
+            2: [12, COMPUTING, True, now, False],
+            3: [11, AFTER, True, now, False],
+        }
         ranks, how = w.missing()
         assert ranks == [2, 3] and "behind" in how
         # a server (compare=False) is named only when it goes silent, never for its step
-        w.board = {1: [12, EXCHANGING, True, now, True], 2: [0, COMPUTING, False, now, False],
-                   3: [12, EXCHANGING, True, now - 60, True]}
+        w.board = {
+            1: [12, EXCHANGING, True, now, True],
+            2: [0, COMPUTING, False, now, False],
+            3: [12, EXCHANGING, True, now - 60, True],
+        }
         ranks, how = w.missing()
         assert ranks == [3] and "no heartbeat from rank 3" in how
     finally:

@@ -67,8 +67,9 @@ class ParameterServer(GradientExchange):
 
     name = "ps"
 
-    def __init__(self, x: ExchangeConfig, ps: PSConfig, grad_clip: float = 0.0,
-                 wire: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self, x: ExchangeConfig, ps: PSConfig, grad_clip: float = 0.0, wire: torch.dtype = torch.float32
+    ) -> None:
         """``grad_clip``: ``--grad-clip``, which the servers apply (sync) or each worker before it pushes
         (async); ``wire``: the dtype of pushes and pulls (the module docstring says why it is the engine's)."""
         self.xcfg, self.pcfg = x, ps
@@ -79,13 +80,17 @@ class ParameterServer(GradientExchange):
         if ps.placement == "dedicated":
             k = ps.servers or 1
             if k >= n:
-                raise ConfigError(f"--ps-servers {k} with {n} ranks leaves no worker: dedicated servers are the first "
-                                  f"--ps-servers ranks; launch more ranks (-np {k + 1} or more) or use fewer servers")
+                raise ConfigError(
+                    f"--ps-servers {k} with {n} ranks leaves no worker: dedicated servers are the first "
+                    f"--ps-servers ranks; launch more ranks (-np {k + 1} or more) or use fewer servers"
+                )
             self.server_ranks, self.worker_ranks = list(range(k)), list(range(k, n))
         else:
             if ps.servers not in (0, n):
-                raise ConfigError(f"--ps-servers {ps.servers}: --ps-placement colocated puts one server on every "
-                                  f"rank ({n}); leave --ps-servers at 0 or use --ps-placement dedicated")
+                raise ConfigError(
+                    f"--ps-servers {ps.servers}: --ps-placement colocated puts one server on every "
+                    f"rank ({n}); leave --ps-servers at 0 or use --ps-placement dedicated"
+                )
             self.server_ranks = self.worker_ranks = list(range(n))
         self.main_rank = self.worker_ranks[0]
         # communication: collectives over every rank, in the same order everywhere
@@ -139,8 +144,12 @@ class ParameterServer(GradientExchange):
         x, ps = self.xcfg, self.pcfg
         sizes = [p.numel() for p in payload["params"]]
         # bytes on the wire, as every engine counts them: with 16-bit pushes a bucket holds twice the elements
-        self.layout = plan(sizes, len(self.server_ranks), elements_in(ps.split_bytes, self.wire),
-                           elements_in(ps.bucket_bytes, self.wire))
+        self.layout = plan(
+            sizes,
+            len(self.server_ranks),
+            elements_in(ps.split_bytes, self.wire),
+            elements_in(ps.bucket_bytes, self.wire),
+        )
         if len(self.layout.buckets) > MAX_BUCKETS:
             raise UserError(f"{len(self.layout.buckets)} buckets are too many message tags; raise --ps-bucket-bytes")
         sync_clip = self.clip if ps.mode == "sync" else 0.0
@@ -150,9 +159,20 @@ class ParameterServer(GradientExchange):
             owns = self._server_index is not None and any(s == self._server_index for _, s in self.layout.segments)
             clip_comm = self.world.Split(0 if owns else self.MPI.UNDEFINED, self.rank)
         if self._server_index is not None:
-            self._server = Server(self.MPI, self._server_index, self.layout, payload, self.worker_ranks,
-                                   ps.mode == "sync", self.push, self.pull, x.stall_timeout, sync_clip, clip_comm,
-                                   self.wire)
+            self._server = Server(
+                self.MPI,
+                self._server_index,
+                self.layout,
+                payload,
+                self.worker_ranks,
+                ps.mode == "sync",
+                self.push,
+                self.pull,
+                x.stall_timeout,
+                sync_clip,
+                clip_comm,
+                self.wire,
+            )
         self._started = True
 
     def serve(self) -> None:
@@ -176,8 +196,11 @@ class ParameterServer(GradientExchange):
             payload = {
                 "params": [p.detach().cpu() for p in params],
                 "buffers": {n: b.detach().cpu() for n, b in model.named_buffers()},
-                "momentum": {i: optimizer.state[p]["momentum_buffer"].detach().cpu() for i, p in enumerate(params)
-                             if optimizer.state.get(p, {}).get("momentum_buffer") is not None},
+                "momentum": {
+                    i: optimizer.state[p]["momentum_buffer"].detach().cpu()
+                    for i, p in enumerate(params)
+                    if optimizer.state.get(p, {}).get("momentum_buffer") is not None
+                },
                 "hyper": {k: group[k] for k in ("momentum", "dampening", "weight_decay", "nesterov", "maximize")},
             }
         # communication: to every rank, dedicated servers included (they receive it in serve()).
@@ -306,8 +329,13 @@ class ParameterServer(GradientExchange):
             unpack(data[half:], [master[p][lo:hi] for p, lo, hi in ranges])
         if not any(m[1][0] for m in inbox):
             return {}, master  # no momentum (momentum 0, or no step taken yet)
-        return ({i: {"momentum_buffer": buf.view_as(self.params[i]).to(self.params[i].device)}
-                 for i, buf in enumerate(bufs)}, master)
+        return (
+            {
+                i: {"momentum_buffer": buf.view_as(self.params[i]).to(self.params[i].device)}
+                for i, buf in enumerate(bufs)
+            },
+            master,
+        )
 
     # ------------------------------------------------------------ collectives for the trainer
     def sum_over_workers(self, values: torch.Tensor) -> torch.Tensor:
@@ -343,8 +371,13 @@ class ParameterServer(GradientExchange):
     # ------------------------------------------------------------ reporting and shutdown
     def describe(self) -> dict[str, Any]:
         ps = self.pcfg
-        out: dict[str, Any] = {"ps_servers": len(self.server_ranks), "ps_placement": ps.placement, "ps_mode": ps.mode,
-                               "ps_bucket_bytes": ps.bucket_bytes, "ps_split_bytes": ps.split_bytes}
+        out: dict[str, Any] = {
+            "ps_servers": len(self.server_ranks),
+            "ps_placement": ps.placement,
+            "ps_mode": ps.mode,
+            "ps_bucket_bytes": ps.bucket_bytes,
+            "ps_split_bytes": ps.split_bytes,
+        }
         if self._started:
             out["ps_buckets"] = len(self.layout.buckets)
             out["ps_server_bytes"] = [ELEM * n for n in self.layout.server_numel()]
@@ -360,8 +393,12 @@ class ParameterServer(GradientExchange):
         self._window = [0, 0, 0, 0]
         if not steps:
             return {}
-        return {"bytes_pushed_per_step": float(self._step_bytes[0]), "bytes_pulled_per_step": float(self._step_bytes[1]),
-                "staleness_mean": total / max(1, count), "staleness_max": float(worst)}
+        return {
+            "bytes_pushed_per_step": float(self._step_bytes[0]),
+            "bytes_pulled_per_step": float(self._step_bytes[1]),
+            "staleness_mean": total / max(1, count),
+            "staleness_max": float(worst),
+        }
 
     def close(self) -> None:
         if self._closed:
@@ -391,8 +428,15 @@ class ServerSideSGD(torch.optim.SGD):
     the state (momentum) lives on the servers and is fetched for checkpoints."""
 
     def __init__(self, exchange: ParameterServer, params, group: dict[str, Any]) -> None:
-        super().__init__(params, lr=group["lr"], momentum=group["momentum"], dampening=group["dampening"],
-                         weight_decay=group["weight_decay"], nesterov=group["nesterov"], maximize=group["maximize"])
+        super().__init__(
+            params,
+            lr=group["lr"],
+            momentum=group["momentum"],
+            dampening=group["dampening"],
+            weight_decay=group["weight_decay"],
+            nesterov=group["nesterov"],
+            maximize=group["maximize"],
+        )
         self._exchange = exchange
 
     def step(self, closure=None):

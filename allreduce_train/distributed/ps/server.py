@@ -30,7 +30,6 @@ def message(numel: int, dtype: torch.dtype = torch.float32) -> tuple[np.ndarray,
     return raw, raw[:HEADER_BYTES].view(np.float64), torch.from_numpy(raw[HEADER_BYTES:]).view(dtype)
 
 
-
 class Server:
     """One server's shard: its parameter elements and momentum per bucket, and the message handling.
 
@@ -40,9 +39,21 @@ class Server:
     taking a reply meant for the worker part of the same rank).
     """
 
-    def __init__(self, MPI, index: int, layout: Layout, payload: dict[str, Any], workers: list[int],
-                 sync: bool, push, pull, timeout: float, clip: float = 0.0, clip_comm=None,
-                 wire: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        MPI,
+        index: int,
+        layout: Layout,
+        payload: dict[str, Any],
+        workers: list[int],
+        sync: bool,
+        push,
+        pull,
+        timeout: float,
+        clip: float = 0.0,
+        clip_comm=None,
+        wire: torch.dtype = torch.float32,
+    ) -> None:
         self.MPI, self.push, self.pull, self.timeout = MPI, push, pull, timeout
         self.workers, self.sync = workers, sync
         # Sync clipping: the averaged gradients of a step wait here until the servers have summed
@@ -58,8 +69,10 @@ class Server:
         momentum = payload["momentum"]
 
         def gather(tensors):
-            return {b: torch.cat([tensors[p][lo:hi] for p, lo, hi in segs]).float().clone()
-                    for b, segs in self.segments.items()}
+            return {
+                b: torch.cat([tensors[p][lo:hi] for p, lo, hi in segs]).float().clone()
+                for b, segs in self.segments.items()
+            }
 
         self.param = gather(flat)
         # A resumed run brings momentum buffers; SGD's first step otherwise creates them. A missing
@@ -67,14 +80,19 @@ class Server:
         # dampening 0 gives the same update as SGD creating it.
         self.momentum: dict[int, torch.Tensor | None] = (
             gather([momentum[i].reshape(-1) if i in momentum else torch.zeros_like(f) for i, f in enumerate(flat)])
-            if momentum else dict.fromkeys(self.buckets))
+            if momentum
+            else dict.fromkeys(self.buckets)
+        )
         self.version = dict.fromkeys(self.buckets, 0)  # updates applied to each bucket
         # Pushes and pulls travel in the wire dtype (16-bit with --compression); the parameters and
         # momentum here stay float32 (master weights), and so does the checkpoint's state message.
         self.inbox = {(b, w): message(len(self.param[b]), wire) for b in self.buckets for w in workers}
         self.arrived: dict[int, set[int]] = {b: set() for b in self.buckets}
-        self.outbox = ({b: message(len(self.param[b]), wire) for b in self.buckets} if sync else
-                       {(b, w): message(len(self.param[b]), wire) for b in self.buckets for w in workers})
+        self.outbox = (
+            {b: message(len(self.param[b]), wire) for b in self.buckets}
+            if sync
+            else {(b, w): message(len(self.param[b]), wire) for b in self.buckets for w in workers}
+        )
         self.out_reqs: dict[Any, list] = {}  # outbox key -> its sends in flight
         self.state_out = message(2 * sum(len(p) for p in self.param.values()))  # momentum, then parameters
         self.receiving: list[tuple[Any, int, int]] = []
@@ -104,8 +122,10 @@ class Server:
             else:
                 raw = self.inbox[(tag, src)][0]
                 if self.status.Get_count(MPI.BYTE) != raw.nbytes:
-                    raise RuntimeError(f"rank {src} pushed {self.status.Get_count(MPI.BYTE)} bytes for bucket "
-                                       f"{tag}, expected {raw.nbytes}: the ranks disagree about the model")
+                    raise RuntimeError(
+                        f"rank {src} pushed {self.status.Get_count(MPI.BYTE)} bytes for bucket "
+                        f"{tag}, expected {raw.nbytes}: the ranks disagree about the model"
+                    )
                 self.receiving.append((msg.Irecv([raw, MPI.BYTE]), tag, src))
         if self.norm_req is not None and self.norm_req.Test():
             self.norm_req = None

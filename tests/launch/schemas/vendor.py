@@ -26,8 +26,12 @@ def strip(node):
 def main() -> None:
     crd = yaml.safe_load(sys.stdin)
     (version,) = [v for v in crd["spec"]["versions"] if v.get("served", True)]
-    schema = {"group": crd["spec"]["group"], "version": version["name"], "kind": crd["spec"]["names"]["kind"],
-              "openAPIV3Schema": strip(version["schema"]["openAPIV3Schema"])}
+    schema = {
+        "group": crd["spec"]["group"],
+        "version": version["name"],
+        "kind": crd["spec"]["names"]["kind"],
+        "openAPIV3Schema": strip(version["schema"]["openAPIV3Schema"]),
+    }
     out = Path(__file__).with_name(f"{sys.argv[1]}.json")
     out.write_text(json.dumps(schema, indent=1, sort_keys=True) + "\n")
 
