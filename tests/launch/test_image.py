@@ -34,7 +34,8 @@ def arg_values(line: list[str], flag: str) -> list[str]:
 
 def test_make_image_passes_variant_and_base_to_the_script():
     out = subprocess.run(
-        ["make", "-n", "image", "VARIANT=gpu", "BASE=local", "CUDA=12"],
+        # --no-print-directory: under `make test` this make is a sub-make, which would add "Entering directory"
+        ["make", "-n", "--no-print-directory", "image", "VARIANT=gpu", "BASE=local", "CUDA=12"],
         cwd=ROOT,
         capture_output=True,
         text=True,
