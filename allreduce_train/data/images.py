@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from ..errors import DataError
+from .indexed import epoch_order
 
 # IDX magic: two zero bytes, a type code (0x08 = unsigned byte), the number of dimensions.
 _IDX_UBYTE = 0x08
@@ -146,8 +147,7 @@ class ShardedBatches:
         self.steps_per_epoch = len(dataset) // self.global_batch
 
     def epoch_order(self, epoch: int) -> torch.Tensor:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        return torch.randperm(len(self.dataset), generator=g)
+        return epoch_order(len(self.dataset), self.seed, epoch)  # the one order every dataset is read in
 
     def sample_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's first batch of epoch 0 (the trainer's check of a model's output before step 1)."""
