@@ -94,6 +94,17 @@ class GradientExchange(ABC):
         """The sum begun by :meth:`start_vote`, the same on every worker."""
         return self.sum_over_workers(self._vote)
 
+    def broadcast_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Give every rank rank 0's parameters, buffers and optimizer state (fresh, or from a checkpoint),
+        through :meth:`broadcast_object`: engines without a broadcast of their own start from it."""
+        # communication: rank 0's model and optimizer state to every rank
+        state = self.broadcast_object(
+            {"model": model.state_dict(), "optimizer": optimizer.state_dict()} if self.is_main else None
+        )
+        if not self.is_main:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+
     @abstractmethod
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:
         """Send a picklable object from ``root`` to every rank."""

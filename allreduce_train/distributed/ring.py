@@ -128,13 +128,7 @@ class MPIRingAllreduce(GradientExchange):
     def prepare(self, model, optimizer, every_step: bool = True):
         if self.size == 1:
             return optimizer  # the average over one worker is its own gradient: nothing to send
-        # communication: rank 0's parameters, buffers and optimizer state (fresh, or from a checkpoint)
-        state = self.broadcast_object(
-            {"model": model.state_dict(), "optimizer": optimizer.state_dict()} if self.is_main else None
-        )
-        if not self.is_main:
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
+        self.broadcast_state(model, optimizer)  # communication: rank 0's model and optimizer state
         self.attach([p for p in model.parameters() if p.requires_grad])  # hooks honour set_exchanging
         return optimizer
 
