@@ -151,6 +151,26 @@ LM = [
 LM_STEPS = ["--steps", "15", "--eval-every", "15"]
 
 
+# A short synthetic job with no warm-up and no LR scaling, batch 16: the launcher, fault and cluster tests'
+# common trainer flags (each adds its steps, run directory and what it tests).
+QUICK = [
+    "--dataset",
+    "synthetic",
+    "--synthetic-samples",
+    "2048",
+    "--no-progress",
+    "--log-every",
+    "5",
+    "--warmup-steps",
+    "0",
+    "--no-scale-lr",
+    "--lr",
+    "0.05",
+    "--batch-size",
+    "16",
+]
+
+
 def run_args(run_dir, name: str, *extra: str) -> list[str]:
     """The trainer flags that put run NAME in RUN_DIR and dump every rank's end parameters beside it
     (NAME-RANK.pt)."""

@@ -23,24 +23,8 @@ from lab.emulation.__main__ import run_emulated
 from launch import LaunchSpec, build_command
 from launch.mpirun import RING_RULES
 
-from helpers import RANKS, ROOT, check, load_params
+from helpers import QUICK, RANKS, ROOT, check, load_params
 
-QUICK = [
-    "--dataset",
-    "synthetic",
-    "--synthetic-samples",
-    "2048",
-    "--no-progress",
-    "--log-every",
-    "5",
-    "--warmup-steps",
-    "0",
-    "--no-scale-lr",
-    "--lr",
-    "0.05",
-    "--batch-size",
-    "16",
-]
 TRAFFIC_RE = re.compile(r"(h\d+) (\d+)/(\d+)")
 
 

@@ -8,26 +8,9 @@ import time
 
 import pytest
 
-from helpers import Job, job_pids
+from helpers import QUICK, Job, job_pids
 
 pytestmark = pytest.mark.mpi
-
-QUICK = [
-    "--dataset",
-    "synthetic",
-    "--synthetic-samples",
-    "2048",
-    "--no-progress",
-    "--log-every",
-    "5",
-    "--warmup-steps",
-    "0",
-    "--no-scale-lr",
-    "--lr",
-    "0.05",
-    "--batch-size",
-    "16",
-]
 
 
 @pytest.mark.parametrize("how", ["grace-period", "second-sigterm"])

@@ -10,26 +10,9 @@ import time
 import pytest
 import torch
 
-from helpers import Job, check, job_pids, launch, load_params
+from helpers import QUICK, Job, check, job_pids, launch, load_params
 
 pytestmark = pytest.mark.mpi
-
-QUICK = [
-    "--dataset",
-    "synthetic",
-    "--synthetic-samples",
-    "2048",
-    "--no-progress",
-    "--log-every",
-    "5",
-    "--warmup-steps",
-    "0",
-    "--no-scale-lr",
-    "--lr",
-    "0.05",
-    "--batch-size",
-    "16",
-]
 
 
 def test_a_killed_rank_restarts_from_the_checkpoint_and_ends_bit_identical(tmp_path):

@@ -13,26 +13,9 @@ import pytest
 
 from launch import bound
 
-from helpers import ROOT, Job, job_pids
+from helpers import QUICK, ROOT, Job, job_pids
 
 pytestmark = pytest.mark.mpi
-
-QUICK = [
-    "--dataset",
-    "synthetic",
-    "--synthetic-samples",
-    "2048",
-    "--no-progress",
-    "--log-every",
-    "5",
-    "--warmup-steps",
-    "0",
-    "--no-scale-lr",
-    "--lr",
-    "0.05",
-    "--batch-size",
-    "16",
-]
 
 
 def mpirun_line(args: list[str]) -> list[str]:

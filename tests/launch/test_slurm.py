@@ -24,24 +24,8 @@ from lab.emulation import slurm_cluster
 from launch import slurm
 from launch.mpirun import RING_RULES, LaunchSpec, build_command
 
-from helpers import ROOT, check, load_params
+from helpers import QUICK, ROOT, check, load_params
 
-QUICK = [
-    "--dataset",
-    "synthetic",
-    "--synthetic-samples",
-    "2048",
-    "--no-progress",
-    "--log-every",
-    "5",
-    "--warmup-steps",
-    "0",
-    "--no-scale-lr",
-    "--lr",
-    "0.05",
-    "--batch-size",
-    "16",
-]
 JOB_TIMEOUT = 420  # seconds; a job that hangs fails its test and is cancelled (a loaded 2-core machine: ~3 min)
 
 

@@ -16,27 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import LM, LM_STEPS, SHARED_RUN, Job, check, job_pids, launch, load_params
+from helpers import LM, LM_STEPS, QUICK, SHARED_RUN, Job, check, job_pids, launch, load_params
 
 pytestmark = pytest.mark.mpi
 
 STALL = "6"  # --stall-timeout in these tests (the default is 120 s)
-QUICK = [
-    "--dataset",
-    "synthetic",
-    "--synthetic-samples",
-    "2048",
-    "--no-progress",
-    "--log-every",
-    "5",
-    "--warmup-steps",
-    "0",
-    "--no-scale-lr",
-    "--lr",
-    "0.05",
-    "--batch-size",
-    "16",
-]
 
 
 @pytest.mark.parametrize(
