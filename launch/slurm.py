@@ -30,11 +30,12 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .exitcodes import EXIT_INTERRUPTED, EXIT_PREEMPTED
 from .mpirun import TRAINER, LaunchSpec, add_mpi_allreduce_arg, allreduce_mca, build_command, no_gl_probe, ring_rules
+from .specflags import add_flags, option, spec_from_args, trailing
 
 # The lab's emulated Slurm cluster (lab/emulation/slurm_cluster.py) keeps its state, slurm.conf included, here;
 # without SLURM_CONF or /etc/slurm/slurm.conf the clients use it (slurm_env).
@@ -66,20 +67,31 @@ class SlurmError(RuntimeError):
 class SlurmJob:
     """What to ask Slurm for and what every task runs."""
 
-    nodes: int = 1
-    ntasks_per_node: int = 1
-    cpus_per_task: int = 0  # 0: leave it to Slurm (1)
-    gpus_per_node: int = 0
-    time: str = ""  # Slurm's [D-]HH:MM:SS, MM, ...; empty: the partition's limit
-    partition: str = ""
-    account: str = ""
-    job_name: str = "allreduce-train"
-    output: str = "runs/slurm-%j.out"
-    grace: int = 120  # seconds between SIGUSR1 and the time limit
-    srun: bool = False  # srun --mpi=pmix instead of mpirun
-    mca: list[tuple[str, str]] = field(default_factory=list)
-    mpi_allreduce: str = "ring"  # launch/openmpi_allreduce_ring.rules for MPI_Allreduce; "auto": Open MPI's choice
-    trainer_args: list[str] = field(default_factory=list)
+    nodes: int = option(2, "nodes (default: %(default)s)")
+    ntasks_per_node: int = option(1, "ranks per node (default: %(default)s; GPUs: one per GPU)")
+    cpus_per_task: int = option(0, "CPUs per rank (default: Slurm's, 1)")  # 0: leave it to Slurm
+    gpus_per_node: int = option(0, "GPUs per node (default: none)")
+    # Slurm's [D-]HH:MM:SS, MM, ...; empty: the partition's limit
+    time: str = option("", "time limit, e.g. 2:00:00 (default: the partition's)")
+    partition: str = option("", "partition (default: the cluster's default)")
+    account: str = option("", "account to charge (default: yours)")
+    job_name: str = option("allreduce-train", "job name (default: %(default)s)")
+    output: str = option("runs/slurm-%j.out", "job log; %%j is the job id (default: %(default)s)")
+    grace: int = option(  # seconds between SIGUSR1 and the time limit
+        120, "seconds before the time limit at which the job checkpoints and requeues (default: %(default)s)"
+    )
+    srun: bool = option(False, "start the ranks with srun --mpi=pmix instead of mpirun")
+    mca: list[tuple[str, str]] = option(
+        [],
+        "extra Open MPI parameter, e.g. --mca btl_tcp_if_include eth0 (repeatable)",
+        nargs=2,
+        action="append",
+        metavar=("KEY", "VALUE"),
+        parse=lambda pairs: [tuple(kv) for kv in pairs],
+    )
+    # launch/openmpi_allreduce_ring.rules for MPI_Allreduce; "auto": Open MPI's choice
+    mpi_allreduce: str = option("ring", add=lambda p, default: add_mpi_allreduce_arg(p, default, default))
+    trainer_args: list[str] = option([], "arguments for the trainer, after --", flag="trainer_args", parse=trailing)
     python: str = sys.executable
 
     def __post_init__(self):
@@ -385,33 +397,7 @@ def make_parser() -> argparse.ArgumentParser:
         "submit it and follow the job). Trainer arguments go after `--`.",
         epilog="example: python -m launch slurm --nodes 2 --time 1:00:00 --submit -- --model lenet5 --epochs 2",
     )
-    p.add_argument("--nodes", type=int, default=2, help="nodes (default: 2)")
-    p.add_argument("--ntasks-per-node", type=int, default=1, help="ranks per node (default: 1; GPUs: one per GPU)")
-    p.add_argument("--cpus-per-task", type=int, default=0, help="CPUs per rank (default: Slurm's, 1)")
-    p.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node (default: none)")
-    p.add_argument("--time", default="", help="time limit, e.g. 2:00:00 (default: the partition's)")
-    p.add_argument("--partition", default="", help="partition (default: the cluster's default)")
-    p.add_argument("--account", default="", help="account to charge (default: yours)")
-    p.add_argument("--job-name", default="allreduce-train", help="job name (default: allreduce-train)")
-    p.add_argument(
-        "--output", default="runs/slurm-%j.out", help="job log; %%j is the job id (default: runs/slurm-%%j.out)"
-    )
-    p.add_argument(
-        "--grace",
-        type=int,
-        default=120,
-        help="seconds before the time limit at which the job checkpoints and requeues (default: 120)",
-    )
-    p.add_argument("--srun", action="store_true", help="start the ranks with srun --mpi=pmix instead of mpirun")
-    p.add_argument(
-        "--mca",
-        nargs=2,
-        action="append",
-        default=[],
-        metavar=("KEY", "VALUE"),
-        help="extra Open MPI parameter, e.g. --mca btl_tcp_if_include eth0 (repeatable)",
-    )
-    add_mpi_allreduce_arg(p, "ring", "ring")
+    add_flags(p, SlurmJob)
     p.add_argument("--script", default="", help="where to write the script (default: runs/slurm-<time>.sbatch)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="print the script only; write and submit nothing")
@@ -423,34 +409,17 @@ def make_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="with --submit: cancel the job after this long (default: none)",
     )
-    p.add_argument("trainer_args", nargs=argparse.REMAINDER, help="arguments for the trainer, after --")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
-    trainer_args = args.trainer_args[1:] if args.trainer_args[:1] == ["--"] else args.trainer_args
     job_id = ""
     env = dict(os.environ)
     try:
         if args.timeout < 0:
             raise SlurmError(f"--timeout must be >= 0 (got {args.timeout:g})")
-        job = SlurmJob(
-            nodes=args.nodes,
-            ntasks_per_node=args.ntasks_per_node,
-            cpus_per_task=args.cpus_per_task,
-            gpus_per_node=args.gpus_per_node,
-            time=args.time,
-            partition=args.partition,
-            account=args.account,
-            job_name=args.job_name,
-            output=args.output,
-            grace=args.grace,
-            srun=args.srun,
-            mca=[tuple(kv) for kv in args.mca],
-            mpi_allreduce=args.mpi_allreduce,
-            trainer_args=trainer_args,
-        )
+        job = spec_from_args(SlurmJob, args)
         script = Path(args.script or time.strftime("runs/slurm-%Y%m%d-%H%M%S.sbatch"))
         note = "" if args.dry_run else f"; submit with: sbatch {script}"
         text = render_script(job, note=note)

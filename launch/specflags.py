@@ -1,0 +1,106 @@
+"""Command-line flags generated from a launcher's spec dataclass, as allreduce_train/config.py does.
+
+Each field that is a flag is declared with :func:`option`: its default (the one place it lives: the
+spec's and the flag's), its help text (``%(default)s`` prints that default) and what argparse needs
+beyond the field's type. :func:`add_flags` adds one flag per such field, in field order;
+:func:`spec_from_args` builds the spec back from the parsed arguments. A field without ``option``
+(e.g. the interpreter a Slurm job runs) has no flag and keeps its default.
+
+    nodes: int = option(2, "nodes (default: %(default)s)")                      # --nodes, type int
+    resume: bool = option(True, "...", flag="--no-resume")                        # store_false
+    mca: list[tuple[str, str]] = option([], "...", action="append", nargs=2, parse=pairs)
+
+Standard library only, like the rest of launch/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable
+from typing import Any, get_type_hints
+
+FLAG = "flag"  # the metadata key that marks a field as a flag (the value: its argparse details)
+
+
+def option(
+    default: Any,
+    help: str = "",
+    *,
+    flag: str = "",
+    parse: Callable[[Any], Any] | None = None,
+    add: Callable[[argparse.ArgumentParser, Any], None] | None = None,
+    **argparse_kwargs: Any,
+) -> Any:
+    """A spec field that is also a flag.
+
+    ``flag``: its name when not ``--`` + the field's name with ``-`` (``"trainer_args"``, no dashes: the
+    positional arguments after ``--``); ``parse``: turns the parsed value into the field's (e.g. a list
+    of ``KEY=VALUE`` into a dict), also applied to the flag's default; ``add``: adds the flag itself
+    (``add(parser, default)``, with its own help) where launchers share one; the rest goes to
+    ``add_argument`` (choices, metavar, action, nargs). A repeatable flag (``action="append"``)
+    starts from an empty list."""
+    meta = {FLAG: {"help": help, "flag": flag, "parse": parse, "add": add, "kwargs": argparse_kwargs}}
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def trailing(words: list[str]) -> list[str]:
+    """The words after the ``--`` that ends a launcher's own flags (argparse keeps it in a remainder)."""
+    return words[1:] if words[:1] == ["--"] else list(words)
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def flag_fields(cls: type) -> list[dataclasses.Field]:
+    """The fields of ``cls`` that are flags, in their order."""
+    return [f for f in dataclasses.fields(cls) if FLAG in f.metadata]
+
+
+def dest(f: dataclasses.Field) -> str:
+    """Where argparse keeps the field's value: the field's name (``--no-resume`` sets ``resume``)."""
+    return f.name
+
+
+def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
+    """One flag per :func:`option` field of ``cls``, its default the field's."""
+    hints = get_type_hints(cls)
+    for f in flag_fields(cls):
+        meta = f.metadata[FLAG]
+        default = _default(f)
+        if meta["add"]:
+            meta["add"](parser, default)
+            continue
+        kwargs = dict(meta["kwargs"])
+        kwargs["help"] = meta["help"]
+        name = meta["flag"] or "--" + f.name.replace("_", "-")
+        if not name.startswith("-"):  # the trainer's arguments after --
+            parser.add_argument(name, nargs=argparse.REMAINDER, **kwargs)
+            continue
+        typ = hints[f.name]
+        if typ is bool:
+            kwargs["action"] = "store_false" if default else "store_true"
+        elif kwargs.get("action") == "append":
+            default = []  # what the flag collects; ``parse`` makes the field's value of it
+        elif typ in (int, float):
+            kwargs.setdefault("type", typ)
+        kwargs.setdefault("default", default)  # a flag whose default is worked out elsewhere passes its own
+        parser.add_argument(name, dest=dest(f), **kwargs)
+
+
+def spec_kwargs(cls: type, args: argparse.Namespace) -> dict[str, Any]:
+    """The :func:`option` fields' values from parsed arguments (each through its ``parse``)."""
+    out = {}
+    for f in flag_fields(cls):
+        parse = f.metadata[FLAG]["parse"]
+        value = getattr(args, dest(f))
+        out[f.name] = parse(value) if parse else value
+    return out
+
+
+def spec_from_args(cls: type, args: argparse.Namespace, **given: Any) -> Any:
+    """``cls`` built from parsed arguments; ``given`` values (worked out from several flags) win."""
+    return cls(**{**spec_kwargs(cls, args), **given})
