@@ -165,7 +165,7 @@ lint: install
 RUN  ?=
 PORT ?= 6007
 tensorboard: install
-	$(PY) -m lab.common.tbview $(RUN) --port $(PORT)
+	$(PY) -m lab.tbcheck.tbview $(RUN) --port $(PORT)
 
 # IMAGES=docs/img also writes the two figures of docs/scaling.md (tensorboard_custom_scalars.png, scaling.png).
 IMAGES ?=

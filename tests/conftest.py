@@ -3,6 +3,8 @@ are imported with ``--import-mode=importlib``, so two folders may hold test file
 test files import ``helpers`` and nothing imports conftest. Before the first test,
 emulated hosts left by a dead run are removed (see pytest_sessionstart)."""
 
+import pytest
+
 
 def pytest_sessionstart(session):
     """Emulated hosts left by a run that died before its clean-up (a launcher killed with SIGKILL, a
@@ -18,3 +20,24 @@ def pytest_sessionstart(session):
         return
     netns.remove(old)
     print(f"\nconftest: removed emulated hosts of a run whose creator is gone: {', '.join(old)}")
+
+
+@pytest.fixture(scope="session")
+def namespaces_permitted():
+    """For a test that makes emulated hosts (lab/emulation/netns.py): skips it, with the reason, where
+    network namespaces cannot be made (not root, no ip or tc). Asking for it also marks the test ``cluster``
+    (pytest_collection_modifyitems below), so make test leaves it to make test-cluster."""
+    from lab.emulation import netns
+
+    reason = netns.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection reads the markers
+def pytest_collection_modifyitems(items):
+    """The emulated-cluster tests (emulated hosts in network namespaces, the emulated Slurm cluster) are one
+    tier, ``cluster``: minutes of set-up each, run by make test-cluster and .ci/run, left out of make test."""
+    for item in items:
+        if "namespaces_permitted" in getattr(item, "fixturenames", ()) or item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.cluster)

@@ -27,6 +27,7 @@ def bench(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.long  # every implementation through the whole bench (~70 s): make test-long, .ci/run
 @pytest.mark.mpi
 def test_bench_tiny_setting_prints_table_and_writes_json_for_every_implementation(tmp_path):
     out = tmp_path / "bench"

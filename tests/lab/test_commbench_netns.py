@@ -48,10 +48,7 @@ def test_bad_input_is_one_line(capsys, args, needle):
 
 
 @pytest.mark.mpi
-def test_two_emulated_hosts_exchange_over_the_links_and_are_set_beside_the_model(tmp_path):
-    reason = netns.unavailable_reason()
-    if reason:
-        pytest.skip(reason)
+def test_two_emulated_hosts_exchange_over_the_links_and_are_set_beside_the_model(tmp_path, namespaces_permitted):
     iters, warmup, size = 3, 1, 1 << 20
     proc = check(
         run(

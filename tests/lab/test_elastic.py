@@ -42,13 +42,6 @@ QUICK = [
 STALL, GRACE = 6, 3  # --stall-timeout and --grace-period here (defaults: 120 and 30 s)
 
 
-@pytest.fixture(scope="module")
-def namespaces_permitted():
-    reason = netns.unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-
-
 def wait_for(job: Job, found, timeout: float = 240) -> None:
     deadline = time.monotonic() + timeout
     while not found():

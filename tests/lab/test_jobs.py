@@ -72,10 +72,7 @@ def test_the_cause_of_a_traceback_is_its_exception_then_signals_then_the_exit_st
 
 
 @pytest.mark.mpi
-def test_a_failed_emulated_job_reports_the_trainers_error(tmp_path):
-    reason = netns.unavailable_reason()
-    if reason:
-        pytest.skip(reason)
+def test_a_failed_emulated_job_reports_the_trainers_error(tmp_path, namespaces_permitted):
     argv = jobs.emulated_launcher("1gbit", timeout=120)(
         2, ["--data-dir", str(tmp_path / "missing"), "--steps", "2", "--run-dir", str(tmp_path)]
     )

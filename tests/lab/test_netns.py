@@ -155,13 +155,6 @@ def test_bad_emulation_input_is_one_line():
 # -- with namespaces -------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def namespaces_permitted():
-    reason = netns.unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-
-
 def root_state() -> tuple[str, str]:
     """The root namespace's links and qdiscs: an emulated run must leave them as it found them."""
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, timeout=30).stdout

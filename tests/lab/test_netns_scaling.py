@@ -35,12 +35,9 @@ def test_bad_input_is_one_line(capsys, args, needle):
 
 
 @pytest.mark.mpi
-def test_grid_measures_over_the_links_and_predicts_the_configured_bandwidth(tmp_path):
+def test_grid_measures_over_the_links_and_predicts_the_configured_bandwidth(tmp_path, namespaces_permitted):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    reason = netns.unavailable_reason()
-    if reason:
-        pytest.skip(reason)
     check(
         run_grid(
             "--hosts",

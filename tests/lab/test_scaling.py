@@ -109,6 +109,7 @@ def fake_commbench(path, nets):
     path.write_text(json.dumps({"np": 2, "results": results, "failures": []}))
 
 
+@pytest.mark.long  # the whole grid and its outputs (~55 s): make test-long, .ci/run
 @pytest.mark.mpi
 @pytest.mark.timeout(
     660

@@ -41,13 +41,6 @@ QUICK = [
 STALL, GRACE = 6, 3  # --stall-timeout and --grace-period here (defaults: 120 and 30 s)
 
 
-@pytest.fixture(scope="module")
-def namespaces_permitted():
-    reason = netns.unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-
-
 def emulated_job(tmp_path, hosts: int, np: int, args: list[str], tag: str, launcher: Sequence[str] = ()) -> Job:
     return Job(
         np,

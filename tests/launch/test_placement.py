@@ -11,7 +11,6 @@ import sys
 import pytest
 
 from allreduce_train.placement import by_host, check, describe
-from lab.emulation import netns
 
 from helpers import ROOT
 
@@ -42,13 +41,6 @@ def test_fewer_hosts_than_expected_is_an_error_naming_the_flag_and_the_hosts():
     msg = check(["launcher", "launcher", "launcher", "launcher"], 2)
     assert msg.startswith("--expect-hosts 2: the 4 ranks run on 1 host: launcher (ranks 0-3)")
     assert "\n" not in msg
-
-
-@pytest.fixture(scope="module")
-def namespaces_permitted():
-    reason = netns.unavailable_reason()
-    if reason:
-        pytest.skip(reason)
 
 
 def launch_emulated(tmp_path, expect: int) -> subprocess.CompletedProcess:

@@ -34,13 +34,6 @@ QUICK = [
 SLOW_LINK = "1mbit"  # LeNet-5's gradients take ~2 s each way: longer than a step's computation, even on a busy host
 
 
-@pytest.fixture(scope="module")
-def namespaces_permitted():
-    reason = netns.unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-
-
 def run(tmp_path, name, args, on_start=None):
     """Train on 2 emulated hosts at 1 Gbit/s; ``on_start(prefix)`` runs as soon as the hosts exist,
     before the ranks start. Returns (stdout, metrics.json)."""
