@@ -93,7 +93,7 @@ def write_comparison(
     :data:`SCALING_NOTE`). Returns the layout written.
 
     The layout has no y range (TensorBoard's layout.proto has none): the lines stay whole because
-    ``make tensorboard`` (lab/common/tbview.py) serves the page with outlier scaling off, and
+    ``make tensorboard`` (lab/tbcheck/tbview.py) serves the page with outlier scaling off, and
     ``make tb-check`` fails when a chart draws a point outside its plot."""
     from torch.utils.tensorboard import SummaryWriter
 

@@ -7,9 +7,10 @@ import zipfile
 
 import pytest
 
-from lab import tbcheck
-from lab.common import tblog, tbview
-from lab.common.browser import find_chromium
+from lab.common import tblog
+from lab.tbcheck import main as tbcheck
+from lab.tbcheck import tbview
+from lab.tbcheck.browser import find_chromium
 
 
 def card(y, series, x=(1.0, 2.0), title="lenet5: of the bound"):

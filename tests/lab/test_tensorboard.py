@@ -10,12 +10,13 @@ import sys
 
 import pytest
 
-from lab import tbcheck
-from lab.common import plots, tblog, tbview
-from lab.common.browser import find_chromium
+from lab.common import plots, tblog
 from lab.scaling import report
 from lab.scaling.netns import add_arguments as netns_arguments
 from lab.scaling.netns import grid_config
+from lab.tbcheck import main as tbcheck
+from lab.tbcheck import tbview
+from lab.tbcheck.browser import find_chromium
 
 from helpers import ROOT
 
@@ -196,7 +197,7 @@ def test_report_redraws_everything_from_results_json_without_doubling_points(tmp
 
 def test_tensorboard_refuses_port_6006_in_one_line_and_serves_the_latest_comparison(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "lab.common.tbview", "--port", "6006"],
+        [sys.executable, "-m", "lab.tbcheck.tbview", "--port", "6006"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -1,7 +1,7 @@
 """``make tensorboard``: serve the latest comparison (or a given logdir) and print the URL to open.
 
-    python -m lab.common.tbview                  # the newest <out>/tensorboard under runs/
-    python -m lab.common.tbview runs/scaling/20261203-170000/tensorboard --port 6010
+    python -m lab.tbcheck.tbview                  # the newest <out>/tensorboard under runs/
+    python -m lab.tbcheck.tbview runs/scaling/20261203-170000/tensorboard --port 6010
 
 The latest comparison is the newest ``tensorboard/`` directory (by its event files) that a
 ``scaling``, ``scaling-netns`` or ``bench`` run wrote under ``runs/``; with none, the training
@@ -26,7 +26,7 @@ import os
 import sys
 import zipfile
 
-from .tblog import COMPARISON_DIR
+from ..common.tblog import COMPARISON_DIR
 
 DEFAULT_PORT = 6007
 # hwloc's GL plugin, loaded by every mpirun, probes X display :6 = TCP port 6000 + 6; a server
@@ -65,8 +65,8 @@ def url(port: int, tab: str = "custom_scalars") -> str:
 
 # Loaded first by TensorBoard's page (index.html): the outlier setting unticked unless the user chose.
 DEFAULTS_JS = "allreduce-train-defaults.js"
-DEFAULTS_SCRIPT = """// allreduce_train (lab/common/tbview.py): "Ignore outliers in chart scaling" starts unticked, so a
-// comparison line of a few points stays inside its chart; a choice made in the page is kept.
+DEFAULTS_SCRIPT = """// allreduce_train (lab/tbcheck/tbview.py): "Ignore outliers in chart scaling" starts unticked, so
+// a comparison line of a few points stays inside its chart; a choice made in the page is kept.
 (function () {
   try {
     if (window.localStorage.getItem("_ignoreYOutliers") === null) {
@@ -83,7 +83,7 @@ def command(logdir: str, port: int, stock: bool = False) -> list[str]:
     if stock:
         exe = os.path.join(os.path.dirname(sys.executable), "tensorboard")
         return [exe, "--logdir", logdir, "--host", "127.0.0.1", "--port", str(port)]
-    return [sys.executable, "-m", "lab.common.tbview", "--serve", logdir, "--port", str(port)]
+    return [sys.executable, "-m", "lab.tbcheck.tbview", "--serve", logdir, "--port", str(port)]
 
 
 def patched_assets(original: bytes) -> bytes:
@@ -124,7 +124,7 @@ def check_port(port: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m lab.common.tbview",
+        prog="python -m lab.tbcheck.tbview",
         description="Serve a TensorBoard logdir on 127.0.0.1: the latest comparison "
         "(scaling, scaling-netns, bench) by default.",
     )

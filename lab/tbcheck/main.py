@@ -17,7 +17,7 @@ is loaded as ``make tensorboard`` prints it (smoothing 0 in the URL), and the ch
 - no line is cut: every point a chart draws lies inside the chart's y (and x) domain as the page
   scaled it. (TensorBoard's "Ignore outliers in chart scaling", ticked by default, leaves the
   lowest and highest value of a few-point chart outside it; ``make tensorboard``'s server starts
-  with it unticked, lab/common/tbview.py. ``--stock`` checks a plain ``tensorboard`` instead,
+  with it unticked, lab/tbcheck/tbview.py. ``--stock`` checks a plain ``tensorboard`` instead,
   which shows the cut lines: the check fails there.)
 
 A screenshot of the tab is saved (``--screenshot``); ``--images DIR`` also redraws the grid's
@@ -40,8 +40,9 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from .common import tblog, tbview
-from .common.browser import Browser, BrowserError
+from ..common import tblog
+from . import tbview
+from .browser import Browser, BrowserError
 
 MAX_DEFAULT_RUNS = 40  # TensorBoard ticks no run by default when a logdir holds more
 DASHBOARD = "custom_scalars"
@@ -403,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.images:
         results = os.path.join(grid, "results.json")
         if os.path.exists(results):
-            from .common.plots import plot_measured
+            from ..common.plots import plot_measured
 
             with open(results) as fh:
                 res = json.load(fh)
@@ -418,7 +419,3 @@ def main(argv: list[str] | None = None) -> int:
         + ("FAILED" if problems else "ok: every chart shows every run with data, all ticked by default, no line cut")
     )
     return 1 if problems else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
