@@ -8,7 +8,7 @@ NP      ?= 2
 ARGS    ?=
 INSTALL_INPUTS := pyproject.toml tools/install.sh tools/torch_pip.py tools/build_horovod.sh $(wildcard tools/patches/*.patch)
 
-.PHONY: portability install install-gpu check-gpu-build gpu-check train train-ptb test test-fast test-long lint tensorboard tb-check clean help scaling commbench scaling-netns train-ps train-ps-colocated bench bench-tuning slurm-train time-to-accuracy commbench-netns concept-map paper image bench-own recommend
+.PHONY: portability install install-gpu check-gpu-build gpu-check train train-ptb test test-fast test-cluster test-long lint tensorboard tb-check clean help scaling commbench scaling-netns train-ps train-ps-colocated bench bench-tuning slurm-train time-to-accuracy commbench-netns concept-map paper image bench-own recommend
 
 help:
 	@echo "make install      Debian packages, .venv, torch (CPU; TORCH_VARIANT=cuda), patched Horovod (cached wheel); LAB=0: no Chromium/Slurm"
@@ -25,7 +25,8 @@ help:
 	@echo "make slurm-train  submit make train's job to Slurm, $(NODES) nodes x 1 rank, and follow it (SLURM_ARGS=\"--time 1:00:00 ...\")"
 	@echo "make test         the test suite (unit + real ranks under mpirun)"
 	@echo "make test-fast    the tests that need no mpirun (seconds)"
-	@echo "make test-long    the long runs make test leaves out (their properties are checked in make test too)"
+	@echo "make test-cluster the emulated-cluster tests make test leaves out: hosts in network namespaces, Slurm (root; ~10 min)"
+	@echo "make test-long    the whole-experiment runs make test leaves out: bench, scaling grid, gpu-check dry run (~5 min)"
 	@echo "make lint         ruff (lint and format check) and mypy over the tree, as configured in pyproject.toml (seconds)"
 	@echo "make tensorboard  serve the latest comparison (scaling, bench) or RUN=<logdir> on http://127.0.0.1:$(PORT)"
 	@echo "make tb-check     open a comparison (RUN=<grid dir>, else a small grid it runs) in headless Chromium and check it"
@@ -145,10 +146,14 @@ paper: install
 commbench: install
 	$(PY) -m lab commbench --np $(NP) --models lenet5,ptb-lstm-small,resnet18 $(ARGS)
 
+# Three tiers, all run by .ci/run (docs/layout.md): make test for every change (under 20 min on 2 cores),
+# test-cluster for the emulated clusters (root: network namespaces, Slurm), test-long for whole experiments.
 test: install
-	$(PY) -m pytest -q --durations=25 -m "not long" tests $(ARGS)
+	$(PY) -m pytest -q --durations=25 -m "not long and not cluster" tests $(ARGS)
 
-# Long runs whose property make test checks elsewhere (each says where): not needed on every commit.
+test-cluster: install
+	$(PY) -m pytest -q --durations=25 -m "cluster and not long" tests $(ARGS)
+
 test-long: install
 	$(PY) -m pytest -q --durations=25 -m long tests $(ARGS)
 
