@@ -32,7 +32,7 @@ rank's parameters compared at the end (identical only if the exchange really ave
 Below the table, the accounting of issue 28 per model and batch: the trainer's step against
 DDP-NCCL's (and the bare Horovod loop's), as the microseconds per step the trainer adds, and with
 ``--parts`` where they go: the trainer's exchanging run once more with a timer around each part of
-its step (:mod:`.common.stepparts`; a separate run, so the figures above carry no timer's cost).
+its step (:mod:`lab.common.stepparts`; a separate run, so the figures above carry no timer's cost).
 On a GPU a part's wall time is where the CPU waited: the forward pass's kernels show up where the
 step's vote reads the loss, backward's in the step end's ``torch.cuda.synchronize()`` (residue).
 
@@ -62,7 +62,7 @@ import torch
 
 from models import MODELS
 
-from .common.workloads import first_batch, loss_of
+from ..common.workloads import first_batch, loss_of
 
 WAYS = ("trainer", "trainer-exchange", "horovod", "ddp")
 LABELS = {
@@ -272,13 +272,13 @@ def run_one(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     meter = None
     if args.parts and args.way.startswith("trainer"):  # a timer around each part of the trainer's step
-        from .common.stepparts import Meter, instrument_trainer
+        from ..common.stepparts import Meter, instrument_trainer
 
         meter = Meter()
         instrument_trainer(meter, args.warmup_steps, args.steps)
     row = run_trainer(args, device) if args.way.startswith("trainer") else run_loop(args, device)
     if meter is not None:
-        from .common.stepparts import result
+        from ..common.stepparts import result
 
         row["parts"] = result(meter, args.way, args.model, 0, 1)
     with open(args.result, "w") as fh:
@@ -552,8 +552,8 @@ def accounting(rows: list[dict]) -> list[str]:
 
 
 def parts_table(rows: list[dict]) -> list[str]:
-    """``--parts``: where the trainer's step goes, per model and batch (:mod:`.common.stepparts`)."""
-    from .common.stepparts import table as by_part
+    """``--parts``: where the trainer's step goes, per model and batch (:mod:`lab.common.stepparts`)."""
+    from ..common.stepparts import table as by_part
 
     found = {(f"{r['model']} batch {r['batch']}", LABELS[r["way"]]): [r["parts"]] for r in rows if "parts" in r}
     if not found:
