@@ -132,7 +132,7 @@ else
     log "Horovod built and installed in $((SECONDS - tb)) s"
     # The two-rank run shares the one GPU, which NCCL refuses, and a Horovod with NCCL operations
     # sends every CUDA tensor to NCCL: a second build without GPU operations, whose CUDA tensors
-    # go through the host to Gloo (gpucheck.py's docstring).
+    # go through the host to Gloo (lab/gpucheck/__init__.py's docstring).
     tb=$SECONDS
     gloo_site=$root/.gpucheck/site-gloo
     log "step 2/4 (b): Horovod $HOROVOD_VERSION without GPU operations (Gloo, no MPI) for the two-rank run"

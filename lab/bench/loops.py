@@ -8,6 +8,9 @@
   its gradient exchange, so the gradient check covers the code the benchmark times (the
   benchmark itself times the real ``train`` command).
 
+The two bare loops and the timing loop are :mod:`lab.common.baselines`, which ``gpucheck`` runs too; this
+module is bench's side: its flags, a user's model, the gradient dump and rank 0's result file.
+
 Every loop trains on the same batch the trainer's first step sees on this rank (same seed,
 same synthetic data, same shard), from the same initial parameters, so ``--dump-grads`` can
 check that all of them compute the same averaged gradient: the speed comparison is between
@@ -21,80 +24,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import time
 
 import torch
 
-from models import MODELS
-
 from ..common import usermodel
-from ..common.workloads import first_batch, loss_of
+from ..common.baselines import launcher_rank, setup_ddp, setup_horovod, time_steps, workload
 
 IMPLS = ("horovod", "ddp", "trainer")
 
 
-def launcher_rank() -> tuple[int, int]:
-    """(rank, size) from Open MPI's environment; (0, 1) outside mpirun."""
-    return int(os.environ.get("OMPI_COMM_WORLD_RANK", 0)), int(os.environ.get("OMPI_COMM_WORLD_SIZE", 1))
-
-
 def grads_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-
-
-def setup_horovod(model: torch.nn.Module, lr: float, loss=None):
-    import horovod.torch as hvd
-
-    hvd.init()  # communication: forms the process group (MPI_Init under mpirun)
-    opt = torch.optim.SGD(model.parameters(), lr=lr * hvd.size(), momentum=0.9)
-    # communication: gradients are allreduced from backward hooks (Horovod's defaults throughout)
-    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # communication
-    hvd.broadcast_optimizer_state(opt, root_rank=0)  # communication
-
-    loss = loss or loss_of
-
-    def step(x, y):
-        opt.zero_grad()
-        loss(model, x, y).backward()
-        opt.step()  # waits for the allreduces, then updates
-
-    def total(t):
-        return hvd.allreduce(t, op=hvd.Sum, name="total")  # communication
-
-    return step, total, hvd.shutdown
-
-
-def setup_ddp(model: torch.nn.Module, lr: float, port: int, loss=None):
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
-
-    rank, size = launcher_rank()
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one host: loopback only
-    # communication: rank 0 listens on the port the orchestrator picked, the others connect
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
-    ddp = DistributedDataParallel(model)  # broadcasts rank 0's parameters; buckets allreduce in backward
-    opt = torch.optim.SGD(ddp.parameters(), lr=lr * size, momentum=0.9)
-
-    loss = loss or loss_of
-
-    def step(x, y):
-        opt.zero_grad()
-        loss(ddp, x, y).backward()  # the bucket allreduces run inside backward
-        opt.step()
-
-    def total(t):
-        dist.all_reduce(t)  # communication: sum
-        return t
-
-    def close():
-        # Both ranks finish before either tears gloo down: a rank whose peer has already closed its
-        # sockets aborted now and then ("terminate called without an active exception", exit 134).
-        dist.barrier()  # communication
-        dist.destroy_process_group()
-
-    return step, total, close
 
 
 def trainer_grads(args: argparse.Namespace) -> tuple[dict[str, torch.Tensor], int]:
@@ -154,10 +94,10 @@ def run_rank(args: argparse.Namespace) -> int:
 
         def loss(m, x, y):
             return task.loss(m, x, y, rows)
-    else:
-        torch.manual_seed(args.seed)  # the trainer's seed: identical initial parameters
-        model = MODELS[args.model].build()
-        x, y = first_batch(args.model, args.batch_size, args.synthetic_samples, args.seed, rank, size)
+    else:  # the trainer's seed: identical initial parameters
+        model, x, y = workload(
+            args.model, args.batch_size, args.synthetic_samples, args.seed, rank, size, torch.device("cpu")
+        )
     if args.impl == "horovod":
         step, total, close = setup_horovod(model, args.lr, loss)
     else:
@@ -167,13 +107,9 @@ def run_rank(args: argparse.Namespace) -> int:
             step(x, y)
             torch.save(grads_of(model), args.dump_grads.replace("{rank}", str(rank)))
             return 0
-        for _ in range(args.warmup_steps):
-            step(x, y)
-        t0, c0 = time.perf_counter(), time.process_time()
-        for _ in range(args.steps):
-            step(x, y)
-        elapsed = time.perf_counter() - t0  # every step ends in a collective: all ranks agree
-        cpu_s = total(torch.tensor([time.process_time() - c0], dtype=torch.float64))[0].item()
+        timed = time_steps(step, x, y, args.warmup_steps, args.steps)
+        elapsed = timed.elapsed  # every step ends in a collective: all ranks agree
+        cpu_s = total(torch.tensor([timed.cpu_s], dtype=torch.float64))[0].item()
         if rank == 0 and args.result:
             with open(args.result, "w") as fh:
                 json.dump(

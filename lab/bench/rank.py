@@ -1,7 +1,7 @@
 """One rank of a ``bench`` baseline loop (bare Horovod, torch DDP) or of its gradient check.
 
 Started by ``python -m lab bench`` through the launcher's ``--module``,
-never by hand; the loops themselves are in :mod:`.loops`.
+never by hand; bench's side of it is :mod:`.loops`, the loops themselves :mod:`lab.common.baselines`.
 """
 
 from __future__ import annotations

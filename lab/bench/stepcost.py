@@ -4,7 +4,7 @@
     python -m launch -np 2 --module lab.bench.stepcost -- --impl horovod --model lenet5 --out runs/stepcost
 
 Every rank runs the real thing -- the trainer's ``train`` command with the flags ``bench`` gives it,
-or the bare loop of :mod:`.loops` -- with a timer wrapped around each part a step calls (the
+or the bare Horovod loop of :mod:`lab.common.baselines` -- with a timer wrapped around each part a step calls (the
 batch, the forward pass and loss, backward, the exchange's wait, the vote, the optimizer step,
 the watchdog's notes, the step meter, the progress bar, the log steps' figures and TensorBoard).
 After the warm-up every call is timed; what no wrapper covers is the loop's own residue. Each
@@ -27,8 +27,8 @@ import json
 import os
 import sys
 
+from ..common.baselines import launcher_rank
 from ..common.stepparts import Meter, instrument_trainer, load, patch, result, table, thread_cpu, wall_clock
-from .loops import launcher_rank
 
 
 def trainer_argv(args: argparse.Namespace, out: str) -> list[str]:
@@ -63,7 +63,8 @@ def run_trainer(args: argparse.Namespace, meter: Meter) -> int:
 
 
 def run_horovod(args: argparse.Namespace, meter: Meter) -> int:
-    """The bare loop of :mod:`.loops` with the same wrappers around its parts."""
+    """The bare Horovod loop of :mod:`lab.common.baselines`, written out here to put the same wrappers around
+    its parts (its optimizer's methods are patched, which the shared loop keeps to itself)."""
     import torch
 
     from models import MODELS

@@ -1,5 +1,5 @@
 """The trainer's first step as a plain function, shared by the loops that are timed beside it
-(lab/bench/loops.py, lab/gpucheck.py): the same batch, the same loss, so their speeds compare equal work."""
+(lab/common/baselines.py: bench's and gpucheck's): the same batch, the same loss, so their speeds compare equal work."""
 
 from __future__ import annotations
 

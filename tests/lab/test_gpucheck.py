@@ -1,4 +1,4 @@
-"""The GPU check (tools/gpu_check.sh, experiments/gpucheck.py) end to end in its CPU dry run.
+"""The GPU check (tools/gpu_check.sh, lab/gpucheck/) end to end in its CPU dry run.
 
 This machine has no GPU: the dry run checks the carried Horovod sdist and that every patch applies
 to it, then runs the one-rank runs (four ways, each model's batch and one busy batch) and the three

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from lab.gpucheck import accounting, parts_table
+from lab.gpucheck.report import accounting, parts_table
 
 from helpers import ROOT
 

@@ -196,8 +196,6 @@ LONG_MODULES = {
     "the one table of which engine runs which wire format and schedule",
     "launch/k8s.py": "one job rendered in two CRD dialects (TrainJob, MPIJob) from one spec, with its YAML emitter: "
     "the field mapping reads in one place, and launch stays one file per launcher",
-    "lab/gpucheck/main.py": "one experiment end to end on one GPU: trainer, bare Horovod and DDP loops side by side with "
-    "their shared timing, as one script tools/gpu_check.sh runs on a machine lent for minutes",
     # over 500 since ruff format wrapped the long lines (each was 430-495 lines before it)
     "launch/mpirun.py": "the one mpirun line, the launcher's flags and the supervisor of restarts; the host probe of "
     "elastic restarts lives in launch/elastic.py",

@@ -1,0 +1,32 @@
+"""What the GPU check runs: its ways (one rank), the two-rank jobs, their labels in the table, the
+default models and busy batches; and the log line every part of it prints."""
+
+from __future__ import annotations
+
+import time
+
+from models import MODELS
+
+WAYS = ("trainer", "trainer-exchange", "horovod", "ddp")
+LABELS = {
+    "trainer": "trainer, no exchange",
+    "trainer-exchange": "trainer, Horovod allreduce",
+    "horovod": "bare Horovod",
+    "ddp": "DDP",
+    "ring-gloo": "trainer, Horovod Gloo, 2 ranks",
+    "ring-mpi": "trainer, mpi4py ring, 2 ranks",
+    "ps": "trainer, colocated PS, 2 ranks",
+}
+TWO_RANK_WAYS = ("ring-gloo", "ring-mpi", "ps")
+DEFAULT_MODELS = "lenet5,resnet18,ptb-lstm-small"
+# A batch per model at which the GPU computes more than it waits on kernel launches (the models' own
+# batches, 64/64/20, leave an H200 launch-bound: issue 24's figures).
+DEFAULT_BUSY = "lenet5=1024,resnet18=256,ptb-lstm-small=256"
+
+
+def log(msg: str) -> None:
+    print(f"[gpucheck {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def batch_for(model: str, batch_size: int) -> int:
+    return batch_size or int(MODELS[model].defaults.get("batch_size", 64))
