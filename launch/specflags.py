@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any, get_type_hints
 
 FLAG = "flag"  # the metadata key that marks a field as a flag (the value: its argparse details)
+_FIELD = object()  # option(flag_default=...) not given: the flag's default is the field's
 
 
 def option(
@@ -30,6 +31,7 @@ def option(
     flag: str = "",
     parse: Callable[[Any], Any] | None = None,
     add: Callable[[argparse.ArgumentParser, Any], None] | None = None,
+    flag_default: Any = _FIELD,
     **argparse_kwargs: Any,
 ) -> Any:
     """A spec field that is also a flag.
@@ -37,9 +39,12 @@ def option(
     ``flag``: its name when not ``--`` + the field's name with ``-`` (``"trainer_args"``, no dashes: the
     positional arguments after ``--``); ``parse``: turns the parsed value into the field's (e.g. a list
     of ``KEY=VALUE`` into a dict), also applied to the flag's default; ``add``: adds the flag itself
-    (``add(parser, default)``, with its own help) where launchers share one; the rest goes to
-    ``add_argument`` (choices, metavar, action, nargs). A repeatable flag (``action="append"``)
-    starts from an empty list."""
+    (``add(parser, default)``, with its own help) where launchers share one; ``flag_default``: the
+    flag's own default where it differs in form (``""`` for no JSON object) or the spec's value is
+    worked out from other flags (``None``); the rest goes to ``add_argument`` (choices, metavar,
+    action, nargs). A repeatable flag (``action="append"``) starts from an empty list."""
+    if flag_default is not _FIELD:
+        argparse_kwargs["default"] = flag_default
     meta = {FLAG: {"help": help, "flag": flag, "parse": parse, "add": add, "kwargs": argparse_kwargs}}
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)

@@ -1,3 +1,4 @@
+import dataclasses
 import os
 import re
 import socket
@@ -143,6 +144,26 @@ def test_the_trainer_and_every_launcher_read_one_exit_code_table():
     assert set(exitcodes.NO_RETRY) <= mpirun.NOT_RESTARTED
     for code in (errors.EXIT_ERROR, errors.EXIT_STALLED, errors.EXIT_PREEMPTED):
         assert code not in mpirun.NOT_RESTARTED and why(code) != "mpirun failed"
+
+
+@pytest.mark.parametrize("launcher", ["slurm", "k8s"])
+def test_a_launchers_flags_default_to_its_specs_fields(launcher):
+    """An option is written once, as a field of the launcher's spec: its flag's default is the field's
+    (SlurmJob.nodes once defaulted to 1 while --nodes said 2), and the spec built from no flags is the
+    spec's own default; every field but the interpreter is a flag."""
+    from launch import k8s, slurm, specflags
+
+    module, cls = {"slurm": (slurm, slurm.SlurmJob), "k8s": (k8s, k8s.K8sSpec)}[launcher]
+    args = module.make_parser().parse_args([])
+    built = k8s.spec_from_args(args) if launcher == "k8s" else specflags.spec_from_args(cls, args)
+    assert built == cls()
+    for name, value in specflags.spec_kwargs(cls, args).items():
+        if name != "slots_per_worker":  # its flag's default is --gpus's (1 without), worked out in spec_from_args
+            assert value == getattr(cls(), name), name
+    flags = {f.name for f in specflags.flag_fields(cls)}
+    assert {f.name for f in dataclasses.fields(cls)} - flags == ({"python"} if launcher == "slurm" else set())
+    if launcher == "slurm":
+        assert args.nodes == 2  # what --nodes documents and the Makefile's NODES ?= 2 passes
 
 
 def test_the_emulation_flags_that_moved_to_the_lab_say_where_in_one_line():

@@ -194,8 +194,6 @@ def test_the_guards_see_what_they_guard():
 LONG_MODULES = {
     "allreduce_train/config.py": "the one typed configuration tree: every section's fields with their flags' help, and "
     "the one table of which engine runs which wire format and schedule",
-    "launch/k8s.py": "one job rendered in two CRD dialects (TrainJob, MPIJob) from one spec, with its YAML emitter: "
-    "the field mapping reads in one place, and launch stays one file per launcher",
     # over 500 since ruff format wrapped the long lines (each was 430-495 lines before it)
     "launch/mpirun.py": "the one mpirun line, the launcher's flags and the supervisor of restarts; the host probe of "
     "elastic restarts lives in launch/elastic.py",
