@@ -33,7 +33,8 @@ from typing import Any
 # EXIT_DIR_ENV: where every rank records its exit code as it exits (allreduce_train/errors.py record_exit)
 from .bound import GRACE_PERIOD, exit_dir, run_bounded, why
 from .elastic import PROBE_TIMEOUT, Elastic, ElasticError, host_arg, parse_host_list, read_hostfile
-from .exitcodes import EXIT_DIR_ENV, EXIT_INTERRUPTED, EXIT_STALLED, NOT_RESTARTED
+from .exitcodes import EXIT_DIR_ENV, EXIT_INTERRUPTED, EXIT_OK, EXIT_STALLED, EXIT_USAGE, NOT_RESTARTED
+from .specflags import trailing
 
 # Forwarded to every rank when set here (plus every HOROVOD_* and NCCL_* variable).
 FORWARD_VARS = (
@@ -287,8 +288,8 @@ def main(argv: list[str] | None = None, emulation: Any = None) -> int:
             "with the same flags (docs/emulated_cluster.md)",
             file=sys.stderr,
         )
-        return 2
-    trainer_args = args.trainer_args[1:] if args.trainer_args[:1] == ["--"] else args.trainer_args
+        return EXIT_USAGE
+    trainer_args = trailing(args.trainer_args)
     try:
         cluster = emulation.cluster(args) if emulation else None
         if args.timeout < 0:
@@ -349,24 +350,24 @@ def main(argv: list[str] | None = None, emulation: Any = None) -> int:
             cmd = build_command(spec, environ=env)
     except ValueError as e:
         print(f"launch: error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     if shutil.which(spec.mpirun) is None:
         print(
             "launch: error: mpirun not found; install Open MPI (apt-get install openmpi-bin) or run `make install`",
             file=sys.stderr,
         )
-        return 2
+        return EXIT_USAGE
     if spec.cluster and not args.dry_run:
         reason = emulation.unavailable_reason()
         if reason:
             print(f"launch: error: --emulate-hosts: {reason}", file=sys.stderr)
-            return 2
+            return EXIT_USAGE
     if args.dry_run and spec.cluster:
         for setup in spec.cluster.setup_commands():
             print("+ " + shlex.join(setup))
     if args.dry_run:
         print("+ " + shlex.join(cmd), flush=True)
-        return 0
+        return EXIT_OK
     if sys.stderr.isatty() and "ALLREDUCE_TRAIN_PROGRESS" not in env:
         # Under mpirun every rank writes into a pipe, so the trainer cannot see that a person is
         # watching; tell it, so rank 0 draws its progress bar.
@@ -508,7 +509,7 @@ def supervise(
                 placed = elastic.step(env, spec.np, lambda line: print(line, file=sys.stderr, flush=True))
             except ElasticError as e:
                 print(f"launch: error: {e}", file=sys.stderr, flush=True)
-                return 2
+                return EXIT_USAGE
             if placed is None:
                 return EXIT_STALLED
             hosts, np = placed

@@ -24,7 +24,8 @@ import shutil
 import sys
 
 from .bound import GRACE_PERIOD, exit_dir, run_bounded
-from .exitcodes import EXIT_INTERRUPTED
+from .exitcodes import EXIT_INTERRUPTED, EXIT_USAGE
+from .specflags import trailing
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -54,26 +55,26 @@ def make_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
-    cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
+    cmd = trailing(args.command)
     if not cmd:
         print(
             "launch run: error: give the command after --, e.g. python -m launch run -- mpirun -np 2 ...",
             file=sys.stderr,
         )
-        return 2
+        return EXIT_USAGE
     if args.grace_period <= 0 or args.np < 0:
         print(
             f"launch run: error: --grace-period must be > 0 and --np >= 0 (got {args.grace_period:g}, {args.np})",
             file=sys.stderr,
         )
-        return 2
+        return EXIT_USAGE
     if shutil.which(cmd[0]) is None:
         print(
             f"launch run: error: {cmd[0]} not found on PATH; give its full path, or install it (mpirun: "
             "apt-get install openmpi-bin, or make install)",
             file=sys.stderr,
         )
-        return 2
+        return EXIT_USAGE
     env = dict(os.environ)
     with exit_dir(env):
         try:

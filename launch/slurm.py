@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .exitcodes import EXIT_INTERRUPTED, EXIT_PREEMPTED
+from .exitcodes import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED, EXIT_TIMEOUT, EXIT_USAGE
 from .mpirun import TRAINER, LaunchSpec, add_mpi_allreduce_arg, allreduce_mca, build_command, no_gl_probe, ring_rules
 from .specflags import add_flags, option, spec_from_args, trailing
 
@@ -362,7 +362,7 @@ def follow(job: SlurmJob, job_id: str, env: dict[str, str], timeout: float, out=
                     f"still run (squeue -j {job_id}, scancel {job_id}); its output: {log}",
                     file=sys.stderr,
                 )
-                return 1
+                return EXIT_ERROR
             time.sleep(POLL_S)
             continue
         answered = time.monotonic()
@@ -378,12 +378,12 @@ def follow(job: SlurmJob, job_id: str, env: dict[str, str], timeout: float, out=
                 print(
                     f"launch slurm: error: job {job_id} is no longer known to Slurm; its output: {log}", file=sys.stderr
                 )
-                return 1
+                return EXIT_ERROR
             return code
         if deadline and time.monotonic() > deadline:
             print(f"launch slurm: error: job {job_id} ran past --timeout {timeout:g}s; cancelling it", file=sys.stderr)
             _client(["scancel", job_id], env)
-            return 124
+            return EXIT_TIMEOUT
         time.sleep(POLL_S)
 
 
@@ -430,23 +430,23 @@ def main(argv: list[str] | None = None) -> int:
             check_request(job, env)
         print(text, end="", flush=True)
         if args.dry_run:
-            return 0
+            return EXIT_OK
         script.parent.mkdir(parents=True, exist_ok=True)
         script.write_text(text)
         output_path(job, "0", Path.cwd()).parent.mkdir(parents=True, exist_ok=True)  # Slurm does not create it
         if not args.submit:
             print(f"launch slurm: wrote {script}; submit with: sbatch {script}")
-            return 0
+            return EXIT_OK
         print(f"+ sbatch {shlex.quote(str(script))}", flush=True)
         job_id = submit(script, env)
         print(f"launch slurm: submitted job {job_id}; output: {output_path(job, job_id, Path('.'))}", flush=True)
         return follow(job, job_id, env, args.timeout)
     except SlurmError as e:
         print(f"launch slurm: error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except OSError as e:
         print(f"launch slurm: error: {e.filename}: {e.strerror}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except KeyboardInterrupt:
         if job_id:
             subprocess.run(["scancel", job_id], env=env, capture_output=True, timeout=30)

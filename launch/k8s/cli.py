@@ -8,7 +8,7 @@ import shlex
 import sys
 
 from .. import specflags
-from ..exitcodes import EXIT_USAGE
+from ..exitcodes import EXIT_OK, EXIT_USAGE
 from .mpijob import mpijob
 from .pods import mpirun_command, placement, runs_claim, tensorboard
 from .spec import K8sSpec
@@ -78,4 +78,4 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.output}", file=sys.stderr)
     else:
         sys.stdout.write(text)
-    return 0
+    return EXIT_OK
