@@ -65,11 +65,6 @@ def flag_fields(cls: type) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(cls) if FLAG in f.metadata]
 
 
-def dest(f: dataclasses.Field) -> str:
-    """Where argparse keeps the field's value: the field's name (``--no-resume`` sets ``resume``)."""
-    return f.name
-
-
 def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
     """One flag per :func:`option` field of ``cls``, its default the field's."""
     hints = get_type_hints(cls)
@@ -93,7 +88,7 @@ def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
         elif typ in (int, float):
             kwargs.setdefault("type", typ)
         kwargs.setdefault("default", default)  # a flag whose default is worked out elsewhere passes its own
-        parser.add_argument(name, dest=dest(f), **kwargs)
+        parser.add_argument(name, dest=f.name, **kwargs)  # --no-resume sets resume
 
 
 def spec_kwargs(cls: type, args: argparse.Namespace) -> dict[str, Any]:
@@ -101,7 +96,7 @@ def spec_kwargs(cls: type, args: argparse.Namespace) -> dict[str, Any]:
     out = {}
     for f in flag_fields(cls):
         parse = f.metadata[FLAG]["parse"]
-        value = getattr(args, dest(f))
+        value = getattr(args, f.name)
         out[f.name] = parse(value) if parse else value
     return out
 
