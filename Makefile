@@ -26,7 +26,7 @@ help:
 	@echo "make test         the test suite (unit + real ranks under mpirun)"
 	@echo "make test-fast    the tests that need no mpirun (seconds)"
 	@echo "make test-cluster the emulated-cluster tests make test leaves out: hosts in network namespaces, Slurm (root; ~10 min)"
-	@echo "make test-long    the whole-experiment runs make test leaves out: bench, scaling grid, gpu-check dry run (~5 min)"
+	@echo "make test-long    the lab commands end to end make test leaves out: bench, grids, gpu-check, TensorBoard in Chromium (~8 min)"
 	@echo "make lint         ruff (lint and format check) and mypy over the tree, as configured in pyproject.toml (seconds)"
 	@echo "make tensorboard  serve the latest comparison (scaling, bench) or RUN=<logdir> on http://127.0.0.1:$(PORT)"
 	@echo "make tb-check     open a comparison (RUN=<grid dir>, else a small grid it runs) in headless Chromium and check it"
@@ -147,7 +147,7 @@ commbench: install
 	$(PY) -m lab commbench --np $(NP) --models lenet5,ptb-lstm-small,resnet18 $(ARGS)
 
 # Three tiers, all run by .ci/run (docs/layout.md): make test for every change (under 20 min on 2 cores),
-# test-cluster for the emulated clusters (root: network namespaces, Slurm), test-long for whole experiments.
+# test-cluster for the emulated clusters (root: network namespaces, Slurm), test-long for the lab's commands end to end.
 test: install
 	$(PY) -m pytest -q --durations=25 -m "not long and not cluster" tests $(ARGS)
 

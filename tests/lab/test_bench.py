@@ -59,6 +59,7 @@ def test_bench_tiny_setting_prints_table_and_writes_json_for_every_implementatio
     assert len(list((out / "hparams").iterdir())) == 1 + len(report["jobs"])  # + the experiment's events
 
 
+@pytest.mark.long  # every implementation of the bench, run (~28 s per model): make test-long, .ci/run
 @pytest.mark.mpi
 @pytest.mark.parametrize("model_name", ["lenet5", "ptb-lstm-small"])
 def test_every_implementation_computes_the_same_averaged_gradient(tmp_path, model_name):
@@ -109,6 +110,7 @@ def test_every_implementation_computes_the_same_averaged_gradient(tmp_path, mode
     assert rel_diff({n: p.grad for n, p in model.named_parameters()}, union) > 1e-2
 
 
+@pytest.mark.long  # the bench end to end (~15 s): make test-long, .ci/run
 @pytest.mark.mpi
 def test_bench_times_a_language_model_and_variants(tmp_path):
     """The trainer and a variant of it on the LSTM (the bare Horovod and DDP loops: their timing in the tiny

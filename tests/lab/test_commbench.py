@@ -52,6 +52,7 @@ def test_timeline_phases_pairs_nested_begin_end_per_tensor(tmp_path):
     assert phases["NEGOTIATE_ALLREDUCE"] == {"count": 2, "median_ms": pytest.approx(0.2)}
 
 
+@pytest.mark.long  # commbench end to end, every implementation (~14 s): make test-long, .ci/run
 @pytest.mark.mpi
 def test_two_workers_every_implementation_returns_the_same_sum(tmp_path):
     dump = tmp_path / "dump"

@@ -61,6 +61,7 @@ def test_parts_table_names_each_part_of_the_step_and_skips_rows_without_parts():
 
 
 @pytest.mark.slow
+@pytest.mark.long  # gpu-check's accounting run end to end (~15 s): make test-long, .ci/run
 @pytest.mark.mpi
 @pytest.mark.timeout(900)
 def test_a_cpu_run_prints_the_accounting_and_times_the_trainers_parts(tmp_path):

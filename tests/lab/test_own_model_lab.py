@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from lab.bench.loops import add_arguments
 from lab.bench.main import BenchSpec, job_args
 
@@ -95,6 +97,7 @@ def test_bench_gives_the_trainer_and_the_bare_loops_the_users_model_and_data():
     assert reg[reg.index("--dataset") + 1] == "synthetic"
 
 
+@pytest.mark.long  # the bench end to end with a user's model (~13 s): make test-long, .ci/run
 def test_bench_times_a_users_model_beside_a_bare_horovod_loop(tmp_path):
     env, out = user_env(tmp_path), tmp_path / "bench"
     proc = lab(

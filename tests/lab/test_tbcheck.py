@@ -96,6 +96,7 @@ def test_the_served_page_loads_the_defaults_script_before_anything_else():
     assert tbview.command("x", 6007, stock=True)[-4:] == ["--host", "127.0.0.1", "--port", "6007"]
 
 
+@pytest.mark.long  # two TensorBoards in headless Chromium end to end (~18 s): make test-long, .ci/run
 @pytest.mark.skipif(find_chromium() is None, reason="no Chromium (tools/install.sh installs Debian's chromium)")
 def test_a_plain_tensorboard_cuts_a_two_point_comparison_and_the_lab_server_shows_it_whole(tmp_path):
     # bench's two comparison charts with figures of docs/performance.md's order: the lowest and the

@@ -226,6 +226,7 @@ def test_netns_grid_runs_one_two_and_four_hosts_by_default():
     assert cfg.workers == [2, 4] and not cfg.commbench
 
 
+@pytest.mark.long  # TensorBoard in headless Chromium end to end (~20 s): make test-long, .ci/run
 @pytest.mark.skipif(find_chromium() is None, reason="no Chromium (tools/install.sh installs Debian's chromium)")
 def test_browser_sees_every_concept_in_every_chart_and_catches_a_logdir_over_40_runs(tmp_path):
     res = results(models=("lenet5", "ptb-lstm-small"))
