@@ -25,7 +25,6 @@ import argparse
 import json
 import math
 import os
-import socket
 import statistics
 import sys
 import time
@@ -33,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..common import engines, tblog, usermodel
-from ..common.jobs import TRAINER, loadavg, local_launcher, read_json, run
+from ..common.jobs import TRAINER, free_port, loadavg, local_launcher, read_json, run
 
 RANK_MODULE = "lab.bench.rank"  # the bare loops, on every rank
 # Timed steps per model when --steps is not given: a few seconds per job on one core.
@@ -163,12 +162,6 @@ def trainer_based(impl: str) -> bool:
 def default_impls() -> list[str]:
     # "trainer" is the allreduce strategy on Horovod; the other engine and strategies by their name
     return ["trainer", *BASELINES, *TRAINER_IMPLS]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def job_args(impl: str, model: str, spec: BenchSpec, result: str, run_dir: str, name: str) -> tuple[str, list[str]]:

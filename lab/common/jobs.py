@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -20,6 +21,14 @@ from typing import Any
 TRAINER = "allreduce_train"  # the module whose `train` command a job runs unless told otherwise
 
 Launcher = Callable[..., list[str]]  # (np, args, module=TRAINER) -> argv
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the kernel picked it): for a job's rendezvous
+    (DDP's rank 0) or a server this process starts."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def local_launcher(np_: int, args: list[str], module: str = TRAINER, oversubscribe: bool = True) -> list[str]:

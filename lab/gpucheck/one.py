@@ -6,20 +6,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import tempfile
 from typing import Any
 
 import torch
 
 from ..common.baselines import setup_ddp, setup_horovod, time_steps, workload
+from ..common.jobs import free_port
 from .ways import batch_for
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def peak_mb(device: torch.device) -> float | None:

@@ -32,7 +32,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,7 +40,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from ..common import tblog
+from ..common import jobs, tblog
 from . import tbview
 from .browser import Browser, BrowserError
 
@@ -93,9 +92,7 @@ class CheckError(Exception):
 def free_port() -> int:
     """A free TCP port on 127.0.0.1 that is not one tbview refuses."""
     while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = jobs.free_port()
         if not tbview.check_port(port):
             return port
 

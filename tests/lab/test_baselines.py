@@ -2,19 +2,13 @@
 over gloo in a world of one (the Horovod loop and more ranks: test_bench.py, test_gpucheck.py)."""
 
 import math
-import socket
 
 import pytest
 import torch
 
 from lab.common.baselines import setup_ddp, time_steps, workload
+from lab.common.jobs import free_port
 from lab.common.workloads import loss_of
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_the_ddp_loop_trains_and_the_timing_loop_keeps_the_first_warm_up_loss_and_the_last_timed_one(monkeypatch):

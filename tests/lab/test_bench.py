@@ -9,7 +9,8 @@ import sys
 import pytest
 import torch
 
-from lab.bench.main import BenchSpec, free_port, parse_variant, summarise, table
+from lab.bench.main import BenchSpec, parse_variant, summarise, table
+from lab.common.jobs import free_port
 from lab.common.workloads import first_batch, loss_of
 from models import MODELS
 
