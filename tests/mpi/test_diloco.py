@@ -6,30 +6,12 @@ import json
 import pytest
 import torch
 
-from helpers import check, launch, load_params, rel_diff, run_args
+from helpers import QUICK, check, launch, load_params, rel_diff, run_args
 
 pytestmark = pytest.mark.mpi
 
-QUICK = [
-    "--dataset",
-    "synthetic",
-    "--synthetic-samples",
-    "2048",
-    "--no-progress",
-    "--log-every",
-    "5",
-    "--warmup-steps",
-    "0",
-    "--no-scale-lr",
-    "--lr",
-    "0.05",
-    "--steps",
-    "20",
-    "--batch-size",
-    "16",
-    "--allreduce-engine",
-    "mpi",
-]
+# helpers.QUICK's short synthetic run, 20 steps on the mpi engine
+RUN = [*QUICK, "--steps", "20", "--allreduce-engine", "mpi"]
 DILOCO = ["--diloco-every", "4", "--checkpoint-every", "7"]
 
 
@@ -44,20 +26,20 @@ def same_on_every_rank(d, name):
 def diloco_dir(tmp_path_factory):
     """DiLoCo with H=4 run to the end (20 steps: the last one is an outer step)."""
     d = tmp_path_factory.mktemp("diloco")
-    check(launch(2, QUICK + DILOCO + run_args(d, "full")))
+    check(launch(2, RUN + DILOCO + run_args(d, "full")))
     return d
 
 
 def test_diloco_ends_alike_on_every_rank_and_away_from_local_sgd_with_the_same_period(tmp_path, diloco_dir):
     got = same_on_every_rank(diloco_dir, "full")  # identical only because the last step was an outer step
-    check(launch(2, QUICK + ["--average-every", "4"] + run_args(tmp_path, "local")))
+    check(launch(2, RUN + ["--average-every", "4"] + run_args(tmp_path, "local")))
     assert rel_diff(got, same_on_every_rank(tmp_path, "local")) > 1e-4  # the outer optimizer left its mark
     m = json.loads((diloco_dir / "full" / "metrics.json").read_text())
     assert (m["diloco_every"], m["diloco_outer_lr"], m["diloco_outer_momentum"]) == (4, 0.7, 0.9)
 
 
 def test_diloco_resumes_exactly_mid_period_with_the_outer_state_and_every_workers_own(tmp_path, diloco_dir):
-    args = QUICK + DILOCO
+    args = RUN + DILOCO
     check(launch(2, args + run_args(tmp_path, "cut", "--exit-after-steps", "9")))  # one step into a period
     saved = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)
     own = [w["diloco"]["params"] for w in saved["workers"]]
