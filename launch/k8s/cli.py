@@ -48,7 +48,7 @@ def spec_from_args(args: argparse.Namespace) -> K8sSpec:
 
 
 def render(spec: K8sSpec, argv: list[str]) -> str:
-    spec.validate()
+    docs = manifests(spec)  # validates the spec (ValueError) before the header below reads it
     header = [
         "Rendered by: python -m launch k8s " + shlex.join(argv),
         f"The launcher runs ({spec.np} ranks: {spec.workers} pods x {spec.slots_per_worker} per pod):",
@@ -61,7 +61,7 @@ def render(spec: K8sSpec, argv: list[str]) -> str:
             f"  {host}: rank{'s' if len(ranks) > 1 else ''} "
             f"{ranks[0] if len(ranks) == 1 else f'{ranks[0]}-{ranks[-1]}'}{where}"
         )
-    return to_yaml(manifests(spec), header)
+    return to_yaml(docs, header)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,7 @@ from .pods import (
     launcher_env,
     mpirun_command,
 )
-from .spec import APP_DIR, SSH_DIR, K8sSpec
+from .spec import APP_DIR, LAUNCHER_ENTRYPOINT, SSH_DIR, K8sSpec
 
 
 def launcher_pod(spec: K8sSpec) -> dict:
@@ -26,7 +26,7 @@ def launcher_pod(spec: K8sSpec) -> dict:
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "workingDir": APP_DIR,  # mpirun starts the ranks in the same directory: runs/ is the volume
-        "command": [f"{APP_DIR}/deploy/launcher-entrypoint.sh"],
+        "command": [LAUNCHER_ENTRYPOINT],
         "args": mpirun_command(spec),
         "env": _env_list(launcher_env(spec)),
         "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},

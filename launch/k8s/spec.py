@@ -12,6 +12,7 @@ from ..specflags import option, trailing
 
 # Fixed by the image (deploy/Dockerfile)
 APP_DIR = "/opt/allreduce_train"
+LAUNCHER_ENTRYPOINT = f"{APP_DIR}/deploy/launcher-entrypoint.sh"  # the launcher container's command (bounded mpirun)
 PYTHON = f"{APP_DIR}/.venv/bin/python"
 IMAGE_PATH = f"{APP_DIR}/.venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 RUNS_DIR = f"{APP_DIR}/runs"  # the trainer's default --run-dir "runs", relative to the working directory

@@ -18,7 +18,18 @@ from .pods import (
     launcher_env,
     mpirun_command,
 )
-from .spec import ANCESTOR_LABEL, APP, APP_DIR, FRAMEWORK, FRAMEWORK_LABEL, NODE, SSH_DIR, TRAINER_API, K8sSpec
+from .spec import (
+    ANCESTOR_LABEL,
+    APP,
+    APP_DIR,
+    FRAMEWORK,
+    FRAMEWORK_LABEL,
+    LAUNCHER_ENTRYPOINT,
+    NODE,
+    SSH_DIR,
+    TRAINER_API,
+    K8sSpec,
+)
 
 
 def _restart_policy(spec: K8sSpec, container: str, no_retry: bool) -> dict:
@@ -65,7 +76,7 @@ def training_runtime(spec: K8sSpec) -> dict:
                     "image": spec.image,
                     "imagePullPolicy": spec.image_pull_policy,
                     "workingDir": APP_DIR,  # mpirun starts the ranks in the same directory: runs/ is the volume
-                    "command": [f"{APP_DIR}/deploy/launcher-entrypoint.sh"],
+                    "command": [LAUNCHER_ENTRYPOINT],
                     "volumeMounts": [SHM_MOUNT],
                 }
             ],
@@ -131,7 +142,7 @@ def trainjob(spec: K8sSpec) -> dict:
             "runtimeRef": {"name": spec.runtime, "kind": "ClusterTrainingRuntime", "apiGroup": TRAINER_API},
             "trainer": {
                 "image": spec.image,
-                "command": [f"{APP_DIR}/deploy/launcher-entrypoint.sh"],
+                "command": [LAUNCHER_ENTRYPOINT],
                 "args": mpirun_command(spec),
                 "env": _env_list(launcher_env(spec)),  # the launcher's and the nodes' "node" containers
                 "numNodes": spec.workers,
