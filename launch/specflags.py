@@ -82,6 +82,8 @@ def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
             continue
         typ = hints[f.name]
         if typ is bool:
+            if default and not name.startswith("--no-"):  # store_false under a positive name would invert it
+                raise TypeError(f"{cls.__name__}.{f.name}: a bool that defaults to True needs flag='--no-...'")
             kwargs["action"] = "store_false" if default else "store_true"
         elif kwargs.get("action") == "append":
             default = []  # what the flag collects; ``parse`` makes the field's value of it
