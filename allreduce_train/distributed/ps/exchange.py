@@ -1,18 +1,28 @@
 """The parameter-server strategy on MPI point-to-point messages (mpi4py).
 
-Servers hold the parameters and the optimizer state (SGD momentum); workers compute gradients,
-push them to the servers that own them and pull the updated parameters back. Two placements,
-after the two designs the seed paper compared:
+Servers hold the parameters and run the user's optimizer on them (any ``torch.optim.Optimizer``:
+SGD, AdamW with a group without weight decay, a class of one's own), so its state lives sharded on
+the servers; workers compute gradients, push them to the servers that own them and pull the
+updated parameters back. Two placements, after the two designs the seed paper compared:
 
 * ``dedicated`` (TensorFlow-style, centralized): the first K ranks only serve; the others train.
 * ``colocated`` (MXNet-style, decentralized): every rank trains and also serves 1/N of the
   parameters. A rank's server part runs whenever its worker part waits on the exchange (in the
   gradient hooks and while waiting for replies), so no second thread competes for the GIL.
 
-And two modes: ``sync`` (a server waits for every worker's gradient of a bucket, averages, applies
-SGD once and sends the same parameters to all: the mathematics of allreduce + SGD) and ``async``
-(a server applies each worker's gradient on arrival, scaled by 1/workers so that one gradient per
-worker moves the parameters as far as one synchronous step, and answers that worker alone).
+And two modes: ``sync`` (a server waits for every worker's gradient of a bucket, averages, steps
+the optimizer once and sends the same parameters to all: the mathematics of allreduce + the
+optimizer) and ``async`` (a server steps on each worker's gradient on arrival, scaled by 1/workers
+so that one gradient per worker moves SGD's parameters as far as one synchronous step, and answers
+that worker alone; Adam normalises the scale away, so there each push is a whole step, and
+``step`` counts pushes).
+
+Each server steps its own slice of the parameters, so an optimizer whose update of an element
+depends only on that element and its own state (SGD, Adam, AdamW, RMSprop, Adagrad, ...) computes
+exactly what it computes on the whole model. One whose update reads other elements of the same
+tensor (Adafactor's factored moments, Shampoo's preconditioners, LAMB's or LARS's per-tensor trust
+ratio) sees only a server's chunk of a tensor that ``--ps-split-bytes`` splits: raise
+``--ps-split-bytes`` above the largest tensor's bytes to keep every tensor whole on one server.
 
 Engineering that a fair comparison needs (BytePS, OSDI'20, traced the slowness of the parameter
 servers of that era to its absence): gradients are fused into one message per (bucket, server)
@@ -27,9 +37,9 @@ stall watchdog's report and exit 69 (the watchdog thread ends a wait that never 
 the same way); a rank that dies makes mpirun end the job by itself.
 
 As an engine, the PS is one whose sum happens on the servers, and the sum is not all they do: they
-also apply SGD and answer with parameters. So a wire format cannot be a layer over it the way it is
-over an allreduce engine: with 16 bits the pushes are rounded gradients, but the pulls are rounded
-*parameters*, and the servers must keep float32 master parameters and momentum (a 16-bit master
+also step the optimizer and answer with parameters. So a wire format cannot be a layer over it the
+way it is over an allreduce engine: with 16 bits the pushes are rounded gradients, but the pulls are
+rounded *parameters*, and the servers must keep float32 master parameters and state (a 16-bit master
 would lose every update smaller than its rounding). The PS therefore takes the wire dtype as its
 message dtype (``wire``) and owns both casts; PowerSGD, local SGD and DiLoCo, which need the
 workers to hold the parameters, are refused by config's table.
@@ -37,6 +47,8 @@ workers to hold the parameters, are refused by config's table.
 
 from __future__ import annotations
 
+import pickle
+from collections import defaultdict
 from typing import Any
 
 import numpy as np
@@ -58,7 +70,7 @@ from ..mpi import (
     start_sum,
     sum_now,
 )
-from .server import ELEM, TAG_DONE, TAG_STATE, Server, message
+from .server import ELEM, STATE_BYTES, STATE_FULL, TAG_DONE, TAG_STATE, Server, message, per_element, push_slots, whole
 from .sharding import plan
 
 
@@ -184,24 +196,41 @@ class ParameterServer(GradientExchange):
         server.flush()
 
     def prepare(self, model, optimizer, every_step: bool = True):
-        if type(optimizer) is not torch.optim.SGD or len(optimizer.param_groups) != 1:
-            raise UserError("--strategy ps runs torch.optim.SGD with one parameter group on the servers")
+        """Start the servers with the main worker's parameters and optimizer, and hook the pushes.
+
+        ``optimizer``: any ``torch.optim.Optimizer`` over the model's parameters, any number of
+        groups. The main worker sends its class (pickled by reference: every rank imports the same
+        code), each group's hyperparameters, the group of each parameter and its state (fresh, or
+        loaded from a checkpoint); each server builds the class over its segments of each bucket
+        (:class:`.server.Server`). Returns the workers' optimizer: an instance of a subclass of the
+        user's class (see :func:`server_side`) whose ``param_groups[g]["lr"]`` travels with every
+        push; the other hyperparameters are the servers' from here on (a schedule of weight decay
+        or momentum set on the worker does not reach them).
+        """
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise UserError(
+                f"--strategy ps runs a torch.optim.Optimizer on the servers; got a {type(optimizer).__name__}"
+            )
         params = list(model.parameters())
         for p in params:
             if p.dtype != torch.float32 or not p.is_contiguous():
                 raise UserError(f"--strategy ps moves contiguous float32 parameters; got {p.dtype} {tuple(p.shape)}")
-        group = optimizer.param_groups[0]
+        group_of = self._groups_of(params, optimizer)
         payload = None
         if self.is_main:  # fresh, or as loaded from a checkpoint
             payload = {
                 "params": [p.detach().cpu() for p in params],
                 "buffers": {n: b.detach().cpu() for n, b in model.named_buffers()},
-                "momentum": {
-                    i: optimizer.state[p]["momentum_buffer"].detach().cpu()
-                    for i, p in enumerate(params)
-                    if optimizer.state.get(p, {}).get("momentum_buffer") is not None
+                "optimizer": {
+                    "cls": type(optimizer),
+                    "groups": [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups],
+                    "group_of": group_of,
+                    "state": {
+                        i: {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in st.items()}
+                        for i, p in enumerate(params)
+                        if (st := optimizer.state.get(p))
+                    },
                 },
-                "hyper": {k: group[k] for k in ("momentum", "dampening", "weight_decay", "nesterov", "maximize")},
             }
         # communication: to every rank, dedicated servers included (they receive it in serve()).
         payload = self._bcast(self.world, payload, self.main_rank, "the main worker's parameters")
@@ -219,7 +248,8 @@ class ParameterServer(GradientExchange):
         self.params = params
         self._flat = [p.data.view(-1) for p in params]
         lay = self.layout
-        self._out = {key: message(lay.segment_numel(*key), self.wire) for key in lay.segments}
+        slots = push_slots(len(optimizer.param_groups))
+        self._out = {key: message(lay.segment_numel(*key), self.wire, slots) for key in lay.segments}
         self._in = {key: message(lay.segment_numel(*key), self.wire) for key in lay.segments}
         self._version = dict.fromkeys(lay.segments, 0)
         self._step_bytes = (sum(m[0].nbytes for m in self._out.values()), sum(m[0].nbytes for m in self._in.values()))
@@ -229,8 +259,35 @@ class ParameterServer(GradientExchange):
         for b, members in enumerate(lay.buckets):
             for i in members:
                 self._hooks.append(params[i].register_post_accumulate_grad_hook(lambda _p, b=b: self._grad_ready(b)))
-        self._optimizer = ServerSideSGD(self, params, group)
+        self._user_class = type(optimizer)
+        self._optimizer = server_side(optimizer, self)
         return self._optimizer
+
+    @staticmethod
+    def _groups_of(params: list[torch.Tensor], optimizer: torch.optim.Optimizer) -> list[int | None]:
+        """Each parameter's group index in ``optimizer`` (None: not in it; the servers leave it as it
+        is), after the checks every worker makes alike, before any message."""
+        index = {id(p): i for i, p in enumerate(params)}
+        group_of: list[int | None] = [None] * len(params)
+        for g, group in enumerate(optimizer.param_groups):
+            for p in group["params"]:
+                if id(p) not in index:
+                    raise UserError(
+                        f"--strategy ps: the optimizer's group {g} holds a {tuple(p.shape)} tensor that is not "
+                        "one of the model's parameters; build the optimizer over model.parameters()"
+                    )
+                group_of[index[id(p)]] = g
+        cls = type(optimizer)
+        try:
+            importable = pickle.loads(pickle.dumps(cls)) is cls
+        except Exception:  # pickle's errors for a class it cannot name are of several types
+            importable = False
+        if not importable:
+            raise UserError(
+                f"--strategy ps sends the optimizer's class to the servers by name, and "
+                f"{cls.__module__}.{cls.__qualname__} cannot be imported by name; define it at a module's top level"
+            )
+        return group_of
 
     # ------------------------------------------------------------ one step
     def _reset_step(self) -> None:
@@ -246,10 +303,10 @@ class ParameterServer(GradientExchange):
 
     def _push(self, b: int) -> None:
         MPI, lay = self.MPI, self.layout
-        lr = self._optimizer.param_groups[0]["lr"]
+        lrs = [float(g["lr"]) for g in self._optimizer.param_groups]  # as the trainer or a scheduler set them
         for s in lay.servers_of(b):
             raw, head, data = self._out[(b, s)]
-            head[0], head[1] = lr, self._version[(b, s)]
+            head[0], head[1 : 1 + len(lrs)] = self._version[(b, s)], lrs
             segments = [self._grad(p)[lo:hi] for p, lo, hi in lay.segments[(b, s)]]
             if self.wire == torch.float32 and segments[0].device.type == "cpu":
                 torch.cat(segments, out=data)
@@ -293,10 +350,10 @@ class ParameterServer(GradientExchange):
                 unpack(self._in[key][2], [self._flat[p][lo:hi] for p, lo, hi in ranges])
         self._reset_step()
 
-    def fetch_momentum(self) -> dict[int, dict[str, torch.Tensor]]:
-        """Every server's momentum, assembled per parameter (for a checkpoint in SGD's format)."""
-        momentum, _ = self._fetch_state()
-        return momentum
+    def fetch_state(self) -> list[dict[str, Any]]:
+        """Every server's optimizer state, assembled per parameter (in ``model.parameters()`` order; {}
+        where none: no step yet, or not in the optimizer), on the parameters' devices."""
+        return self._fetch_state()[0]
 
     def model_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """With 16-bit pulls the workers hold rounded parameters: the checkpoint takes the servers'
@@ -310,32 +367,63 @@ class ParameterServer(GradientExchange):
             sd[names[id(p)]] = m.view_as(p).to(p.device)
         return sd
 
-    def _fetch_state(self) -> tuple[dict[int, dict[str, torch.Tensor]], list[torch.Tensor]]:
-        """Every server's momentum (SGD's state format; {} without any) and master parameters, by parameter."""
-        MPI, lay = self.MPI, self.layout
-        totals = [sum(lay.segment_numel(b, s) for b in range(len(lay.buckets))) for s in range(lay.num_servers)]
-        inbox = [message(2 * n) for n in totals]
-        reqs = []
-        for s, dest in enumerate(self.server_ranks):
-            reqs.append(self.pull.Irecv([inbox[s][0], MPI.BYTE], source=dest, tag=TAG_STATE))
-            reqs.append(self.push.Isend([np.zeros(0, np.uint8), MPI.BYTE], dest=dest, tag=TAG_STATE))
-        self._poll(lambda: MPI.Request.Testall(reqs), "the servers' optimizer state")  # communication
-        bufs = [torch.zeros_like(f) for f in self._flat]
-        master = [torch.zeros_like(f) for f in self._flat]
-        for s in range(lay.num_servers):
-            data, half = inbox[s][2], totals[s]
-            ranges = [r for b in range(len(lay.buckets)) for r in lay.segments.get((b, s), ())]
-            unpack(data[:half], [bufs[p][lo:hi] for p, lo, hi in ranges])  # momentum, then the master parameters
-            unpack(data[half:], [master[p][lo:hi] for p, lo, hi in ranges])
-        if not any(m[1][0] for m in inbox):
-            return {}, master  # no momentum (momentum 0, or no step taken yet)
-        return (
-            {
-                i: {"momentum_buffer": buf.view_as(self.params[i]).to(self.params[i].device)}
-                for i, buf in enumerate(bufs)
-            },
-            master,
-        )
+    def _ask_servers(self, what: bytes) -> list[Any]:
+        """Every server's pickled answer to a ``TAG_STATE`` request, by server index."""
+        MPI = self.MPI
+        request = np.frombuffer(what, dtype=np.uint8).copy()
+        # communication: one request to each server; each answers with one message of a size it picks
+        sends = [self.push.Isend([request, MPI.BYTE], dest=dest, tag=TAG_STATE) for dest in self.server_ranks]
+        recvs: list[Any] = [None] * len(self.server_ranks)
+        bufs: list[np.ndarray] = [request] * len(self.server_ranks)
+        status = MPI.Status()
+
+        def arrived() -> bool:
+            for s, src in enumerate(self.server_ranks):
+                if recvs[s] is None:
+                    msg = self.pull.improbe(src, TAG_STATE, status)
+                    if msg is not None:
+                        bufs[s] = np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8)
+                        recvs[s] = msg.Irecv([bufs[s], MPI.BYTE])
+            return all(r is not None for r in recvs) and MPI.Request.Testall(recvs + sends)
+
+        self._poll(arrived, "the servers' optimizer state")
+        return [pickle.loads(buf.tobytes()) for buf in bufs]
+
+    def _fetch_state(self) -> tuple[list[dict[str, Any]], list[torch.Tensor]]:
+        """Every server's optimizer state (see :meth:`fetch_state`) and master parameters (flat, CPU), by parameter."""
+        lay, sizes = self.layout, self.layout.sizes
+        master = [torch.zeros(n) for n in sizes]
+        parts: list[list[tuple[tuple[int, int], torch.Size, dict[str, Any]]]] = [[] for _ in sizes]
+        for s, answer in enumerate(self._ask_servers(STATE_FULL)):
+            for b, (flat, states) in answer.items():
+                off = 0
+                for (p, lo, hi), st in zip(lay.segments[(b, s)], states, strict=True):
+                    master[p][lo:hi] = flat[off : off + hi - lo]
+                    off += hi - lo
+                    shape = self.params[p].shape if whole((p, lo, hi), sizes) else torch.Size([hi - lo])
+                    parts[p].append(((lo, hi), shape, st))
+        return [self._assemble(i, sorted(pieces, key=lambda x: x[0])) for i, pieces in enumerate(parts)], master
+
+    def _assemble(self, i: int, pieces: list[tuple[tuple[int, int], torch.Size, dict[str, Any]]]) -> dict[str, Any]:
+        """Parameter ``i``'s state from its segments' (sorted by position): per-element tensors joined
+        in the parameter's shape, the rest (``step``) from the first segment."""
+        p = self.params[i]
+        if not pieces or any(set(st) != set(pieces[0][2]) for _, _, st in pieces) or not pieces[0][2]:
+            return {}  # none yet (an asynchronous fetch can fall between two servers' first steps)
+        out: dict[str, Any] = {}
+        for key, first in pieces[0][2].items():
+            if per_element(first, pieces[0][1]):
+                full = torch.empty(p.numel(), dtype=first.dtype)
+                for (lo, hi), _, st in pieces:
+                    full[lo:hi] = st[key].reshape(-1)
+                out[key] = full.view_as(p).to(p.device)
+            else:
+                out[key] = first
+        return out
+
+    def _server_bytes(self) -> list[tuple[int, int]]:
+        """(parameter bytes, optimizer-state bytes) held by each server."""
+        return [tuple(a) for a in self._ask_servers(STATE_BYTES)]
 
     # ------------------------------------------------------------ collectives for the trainer
     def sum_over_workers(self, values: torch.Tensor) -> torch.Tensor:
@@ -381,6 +469,10 @@ class ParameterServer(GradientExchange):
         if self._started:
             out["ps_buckets"] = len(self.layout.buckets)
             out["ps_server_bytes"] = [ELEM * n for n in self.layout.server_numel()]
+        if self._started and self.is_main and not self._closed:
+            out["ps_optimizer"] = self._user_class.__qualname__
+            # communication: each server's figure (the state an optimizer creates at its first step)
+            out["ps_server_state_bytes"] = [state for _, state in self._server_bytes()]
         if self._started and self.is_worker:
             out["bytes_pushed_per_step"], out["bytes_pulled_per_step"] = self._step_bytes
             out["staleness_mean"] = self._stale_sum / max(1, self._stale_n)
@@ -422,27 +514,45 @@ class ParameterServer(GradientExchange):
         abort(code, self.world)  # servers waiting for this worker, workers for this server: all end
 
 
-class ServerSideSGD(torch.optim.SGD):
-    """The optimizer the trainer holds on a worker: the same hyperparameters and the LR schedule
-    (the trainer sets ``param_groups[0]["lr"]`` each step and it travels with every push), while
-    the state (momentum) lives on the servers and is fetched for checkpoints."""
+class _ServerSide(torch.optim.Optimizer):
+    """What :func:`server_side` adds to the user's optimizer class on a worker."""
 
-    def __init__(self, exchange: ParameterServer, params, group: dict[str, Any]) -> None:
-        super().__init__(
-            params,
-            lr=group["lr"],
-            momentum=group["momentum"],
-            dampening=group["dampening"],
-            weight_decay=group["weight_decay"],
-            nesterov=group["nesterov"],
-            maximize=group["maximize"],
-        )
-        self._exchange = exchange
+    _exchange: ParameterServer
 
     def step(self, closure=None):
         raise RuntimeError("with --strategy ps the servers update the parameters (the exchange's apply())")
 
     def state_dict(self) -> dict[str, Any]:
-        sd = super().state_dict()
-        sd["state"] = self._exchange.fetch_momentum()  # communication: from every server
-        return sd
+        """The class's own ``state_dict``, with the state every server holds for its segments."""
+        ex = self._exchange
+        held = self.state
+        self.state = defaultdict(dict)
+        for p, st in zip(ex.params, ex.fetch_state(), strict=True):  # communication: from every server
+            if st:
+                self.state[p] = st
+        try:
+            return super().state_dict()
+        finally:
+            self.state = held  # a worker holds none: it lives on the servers
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        raise RuntimeError(
+            "with --strategy ps the optimizer's state lives on the servers: load it into the optimizer "
+            "before the exchange's prepare() (Communicator.distributed_optimizer()), which sends it there"
+        )
+
+
+def server_side(optimizer: torch.optim.Optimizer, exchange: ParameterServer) -> torch.optim.Optimizer:
+    """The optimizer a worker holds: an instance of a subclass of ``optimizer``'s class (as Horovod's
+    ``DistributedOptimizer`` subclasses the user's class), with its parameter groups, so that
+    ``isinstance`` checks, torch's LR schedulers and clipping utilities work on it. Its ``step()``
+    raises (the servers update); its ``state_dict()`` fetches every server's state, in the class's
+    own format over this worker's parameters (``torch.optim.AdamW(...).load_state_dict`` takes it)."""
+    cls = type(optimizer)
+    name = {"__module__": __name__, "__qualname__": f"server_side.{cls.__name__}"}
+    sub: type[_ServerSide] = type(cls.__name__, (_ServerSide, cls), name)
+    out = object.__new__(sub)  # the user's constructor is not run again: its groups, defaults and hooks are copied
+    out.__dict__.update(optimizer.__dict__)
+    out.state = defaultdict(dict)
+    out._exchange = exchange
+    return out

@@ -1,42 +1,77 @@
 """The server side of the parameter server, and the wire format both sides speak.
 
-A :class:`Server` holds one server's shard: its parameter elements and SGD momentum per bucket
-(:mod:`.sharding` says which). Dedicated server ranks run its :meth:`Server.progress` in a loop;
-colocated ranks run it whenever their worker part waits (:mod:`.exchange`). A message is one
-contiguous buffer: a 16-byte header (two float64) and the payload of a (bucket, server) segment.
+A :class:`Server` holds one server's shard: its parameter elements per bucket (:mod:`.sharding`
+says which) as float32 master copies, and per bucket an instance of the user's optimizer class
+over them, whose state (SGD's momentum, Adam's two moments) therefore lives here, sharded.
+Dedicated server ranks run its :meth:`Server.progress` in a loop; colocated ranks run it whenever
+their worker part waits (:mod:`.exchange`). A gradient or parameter message is one contiguous
+buffer: a header of float64 slots and the payload of a (bucket, server) segment.
 """
 
 from __future__ import annotations
 
+import copy
+import pickle
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..buffers import element_size, pack
+from ...errors import UserError
+from ..buffers import element_size
 from ..mpi import poll
-from .sharding import Layout
+from .sharding import Layout, Range
 
-HEADER_BYTES = 16  # two float64. Push: (lr, server version the gradient was computed from); reply: (version, staleness)
+SLOT = 8  # bytes per header slot (a float64)
+HEADER_BYTES = 2 * SLOT  # a reply's header: (server version, staleness)
 TAG_DONE = 32766  # worker -> server: this worker has finished
-TAG_STATE = 32765  # worker -> server: send me your optimizer state (checkpoint); the reply uses the same tag
-ELEM = 4  # bytes per float32 element: the servers' parameters and momentum (ps_server_bytes)
+# worker -> server: send me your state (one byte: STATE_FULL or STATE_BYTES); the pickled reply uses the same tag
+TAG_STATE = 32765
+STATE_FULL, STATE_BYTES = b"S", b"B"  # every bucket's optimizer state and master parameters; only their sizes
+ELEM = 4  # bytes per float32 element: the servers' master parameters (ps_server_bytes)
 
 
-def message(numel: int, dtype: torch.dtype = torch.float32) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
-    """One contiguous buffer for MPI: the raw bytes, the 2-float64 header, the payload (float32, or the
-    16-bit wire dtype of ``--compression``)."""
-    raw = np.zeros(HEADER_BYTES + element_size(dtype) * numel, dtype=np.uint8)
-    return raw, raw[:HEADER_BYTES].view(np.float64), torch.from_numpy(raw[HEADER_BYTES:]).view(dtype)
+def push_slots(groups: int) -> int:
+    """A push's header: the server version the gradient was computed from, then each parameter
+    group's LR of the step (the trainer's or a torch LR scheduler's, set on the worker)."""
+    return max(2, 1 + groups)
+
+
+def message(
+    numel: int, dtype: torch.dtype = torch.float32, slots: int = 2
+) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
+    """One contiguous buffer for MPI: the raw bytes, the header (``slots`` float64), the payload
+    (float32, or the 16-bit wire dtype of ``--compression``)."""
+    head = slots * SLOT
+    raw = np.zeros(head + element_size(dtype) * numel, dtype=np.uint8)
+    return raw, raw[:head].view(np.float64), torch.from_numpy(raw[head:]).view(dtype)
+
+
+def whole(r: Range, sizes: list[int]) -> bool:
+    """Whether a segment is its parameter entire (it then keeps the parameter's shape)."""
+    p, lo, hi = r
+    return lo == 0 and hi == sizes[p]
+
+
+def per_element(value: Any, shape: torch.Size) -> bool:
+    """Whether a piece of optimizer state has one entry per element of its parameter (Adam's
+    moments, SGD's momentum: sliced and reassembled by segment) rather than being one value for the
+    whole tensor (``step``: copied to every segment)."""
+    return isinstance(value, torch.Tensor) and value.shape == shape
+
+
+# How a step runs, not what it computes: the servers run on CPU, whatever device the workers use.
+PLACE_KEYS = {"foreach": None, "fused": None, "capturable": False}
 
 
 class Server:
-    """One server's shard: its parameter elements and momentum per bucket, and the message handling.
+    """One server's shard: its parameter elements and an optimizer per bucket, and the message handling.
 
     Dedicated server ranks run :meth:`progress` in a loop; colocated ranks run it whenever their
     worker part waits. ``workers`` are global ranks; messages arrive on ``push`` and replies leave
     on ``pull`` (separate communicators, so a server can probe for any message on ``push`` without
-    taking a reply meant for the worker part of the same rank).
+    taking a reply meant for the worker part of the same rank). ``payload``: the main worker's
+    parameters and optimizer (:meth:`.exchange.ParameterServer.prepare` says what it holds).
     """
 
     def __init__(
@@ -59,34 +94,33 @@ class Server:
         # Sync clipping: the averaged gradients of a step wait here until the servers have summed
         # their squared norms (clip_comm: the servers that own something).
         self.clip, self.clip_comm = clip, clip_comm
-        self.averaged: dict[int, tuple[torch.Tensor, float]] = {}
+        self.averaged: dict[int, tuple[torch.Tensor, list[float]]] = {}
         self.norm = np.zeros(1)
         self.norm_req = None
-        self.hyper = payload["hyper"]
         self.buckets = [b for b in range(len(layout.buckets)) if (b, index) in layout.segments]
         self.segments = {b: layout.segments[(b, index)] for b in self.buckets}
-        flat = [p.reshape(-1) for p in payload["params"]]
-        momentum = payload["momentum"]
-
-        def gather(tensors):
-            return {
-                b: torch.cat([tensors[p][lo:hi] for p, lo, hi in segs]).float().clone()
-                for b, segs in self.segments.items()
-            }
-
-        self.param = gather(flat)
-        # A resumed run brings momentum buffers; SGD's first step otherwise creates them. A missing
-        # buffer next to present ones (never the case with the trainer) is zero, which with
-        # dampening 0 gives the same update as SGD creating it.
-        self.momentum: dict[int, torch.Tensor | None] = (
-            gather([momentum[i].reshape(-1) if i in momentum else torch.zeros_like(f) for i, f in enumerate(flat)])
-            if momentum
-            else dict.fromkeys(self.buckets)
-        )
+        params = payload["params"]
+        self.param = {
+            b: torch.cat([params[p].reshape(-1)[lo:hi] for p, lo, hi in segs]).float().clone()
+            for b, segs in self.segments.items()
+        }
+        # Each segment as a tensor of its own for the optimizer: a view of the bucket's flat master
+        # copy, so that step() updates what the replies send (no copy either way).
+        self.leaves = {
+            b: [
+                piece.view(params[p].shape) if whole((p, lo, hi), layout.sizes) else piece
+                for (p, lo, hi), piece in zip(self.segments[b], self._pieces(self.param[b], b), strict=True)
+            ]
+            for b in self.buckets
+        }
+        opt = payload["optimizer"]
+        self.groups = len(opt["groups"])
+        self.optimizers = {b: self._optimizer(b, opt, layout.sizes, params) for b in self.buckets}
         self.version = dict.fromkeys(self.buckets, 0)  # updates applied to each bucket
         # Pushes and pulls travel in the wire dtype (16-bit with --compression); the parameters and
-        # momentum here stay float32 (master weights), and so does the checkpoint's state message.
-        self.inbox = {(b, w): message(len(self.param[b]), wire) for b in self.buckets for w in workers}
+        # optimizer state here stay float32 (master weights), and so does the checkpoint's state message.
+        slots = push_slots(self.groups)
+        self.inbox = {(b, w): message(len(self.param[b]), wire, slots) for b in self.buckets for w in workers}
         self.arrived: dict[int, set[int]] = {b: set() for b in self.buckets}
         self.outbox = (
             {b: message(len(self.param[b]), wire) for b in self.buckets}
@@ -94,11 +128,54 @@ class Server:
             else {(b, w): message(len(self.param[b]), wire) for b in self.buckets for w in workers}
         )
         self.out_reqs: dict[Any, list] = {}  # outbox key -> its sends in flight
-        self.state_out = message(2 * sum(len(p) for p in self.param.values()))  # momentum, then parameters
+        self.state_out: dict[int, np.ndarray] = {}  # worker -> the pickled state being sent to it
         self.receiving: list[tuple[Any, int, int]] = []
         self.done: set[int] = set()
         self.status = MPI.Status()
         self.empty = np.zeros(0, dtype=np.uint8)
+        self.request = np.zeros(1, dtype=np.uint8)
+
+    def _pieces(self, flat: torch.Tensor, b: int) -> list[torch.Tensor]:
+        """Bucket ``b``'s segments as 1-D views of ``flat`` (its master parameters or a gradient)."""
+        out, off = [], 0
+        for _, lo, hi in self.segments[b]:
+            out.append(flat[off : off + hi - lo])
+            off += hi - lo
+        return out
+
+    def _optimizer(
+        self, b: int, opt: dict[str, Any], sizes: list[int], params: list[torch.Tensor]
+    ) -> tuple[torch.optim.Optimizer, list[int]] | None:
+        """The user's optimizer class over bucket ``b``'s segments, with the groups of their parameters,
+        and the user's group index of each of its groups (None: no segment is in the optimizer)."""
+        cls, groups, group_of, state = opt["cls"], opt["groups"], opt["group_of"], opt["state"]
+        members: dict[int, list[torch.Tensor]] = {}
+        for (p, _, _), leaf in zip(self.segments[b], self.leaves[b], strict=True):
+            if group_of[p] is not None:  # a parameter the optimizer does not hold stays as it is
+                members.setdefault(group_of[p], []).append(leaf)
+        if not members:
+            return None
+        order = sorted(members)
+        hyper = [{**groups[g], **{k: v for k, v in PLACE_KEYS.items() if k in groups[g]}} for g in order]
+        try:
+            # as Horovod's DistributedOptimizer builds its subclass: the class over param groups alone
+            optimizer = cls([{**h, "params": members[g]} for h, g in zip(hyper, order, strict=True)])
+        except TypeError as e:
+            raise UserError(
+                f"--strategy ps builds {cls.__qualname__} on the servers from its parameter groups alone "
+                f"({cls.__qualname__}(param_groups)), which failed: {e}; give its constructor's other "
+                "arguments defaults"
+            ) from None
+        for (p, lo, hi), leaf in zip(self.segments[b], self.leaves[b], strict=True):
+            if p in state:  # fresh or loaded from a checkpoint: this segment's slice
+                full = whole((p, lo, hi), sizes)
+                optimizer.state[leaf] = {
+                    k: (v.clone() if full else v.reshape(-1)[lo:hi].clone())
+                    if per_element(v, params[p].shape)
+                    else copy.deepcopy(v)  # one for each segment: step() increments it in place
+                    for k, v in state[p].items()
+                }
+        return optimizer, order
 
     @property
     def finished(self) -> bool:
@@ -117,8 +194,8 @@ class Server:
                 msg.Recv([self.empty, MPI.BYTE])
                 self.done.add(src)
             elif tag == TAG_STATE:
-                msg.Recv([self.empty, MPI.BYTE])
-                self._send_state(src)
+                msg.Recv([self.request, MPI.BYTE])
+                self._send_state(src, self.request.tobytes())
             else:
                 raw = self.inbox[(tag, src)][0]
                 if self.status.Get_count(MPI.BYTE) != raw.nbytes:
@@ -144,12 +221,12 @@ class Server:
 
     def _on_push(self, b: int, src: int) -> None:
         _, head, grad = self.inbox[(b, src)]
-        lr = float(head[0])
         if self.sync:
             self.arrived[b].add(src)
             if len(self.arrived[b]) < len(self.workers):
                 return
             self.arrived[b].clear()
+            lrs = self._lrs(self.inbox[(b, self.workers[0])][1])  # every worker sends the same
             # Sum in worker order, not arrival order: the result does not depend on timing. In float32:
             # 16-bit pushes are widened here (a copy; float32 ones are summed in the first inbox).
             total = self.inbox[(b, self.workers[0])][2].float()
@@ -157,44 +234,43 @@ class Server:
                 total.add_(self.inbox[(b, w)][2])
             total.div_(len(self.workers))
             if self.clip:
-                self.averaged[b] = (total, lr)
+                self.averaged[b] = (total, lrs)
                 if len(self.averaged) == len(self.buckets):
                     self.norm[0] = sum(float(g.double().pow(2).sum()) for g, _ in self.averaged.values())
                     # communication: the global norm of the averaged gradient, over the servers
                     self.norm_req = self.clip_comm.Iallreduce(self.MPI.IN_PLACE, self.norm, op=self.MPI.SUM)
                 return
-            self._sgd(b, total, lr)
+            self._step(b, total, lrs)
             self._reply(b, b, self.workers, staleness=0)
         else:
-            staleness = self.version[b] - int(head[1])  # updates this gradient did not see
-            self._sgd(b, grad.float().div_(len(self.workers)), lr)
+            staleness = self.version[b] - int(head[0])  # updates this gradient did not see
+            self._step(b, grad.float().div_(len(self.workers)), self._lrs(head))
             self._reply(b, (b, src), [src], staleness)
+
+    def _lrs(self, head: np.ndarray) -> list[float]:
+        return [float(lr) for lr in head[1 : 1 + self.groups]]
 
     def _clipped_step(self) -> None:
         """torch.nn.utils.clip_grad_norm_ on the averaged gradient, then the update, every bucket."""
         coef = self.clip / (float(np.sqrt(self.norm[0])) + 1e-6)
-        for b, (grad, lr) in sorted(self.averaged.items()):
+        for b, (grad, lrs) in sorted(self.averaged.items()):
             if coef < 1.0:
                 grad.mul_(coef)
-            self._sgd(b, grad, lr)
+            self._step(b, grad, lrs)
             self._reply(b, b, self.workers, staleness=0)
         self.averaged.clear()
 
-    def _sgd(self, b: int, grad: torch.Tensor, lr: float) -> None:
-        """torch.optim.SGD's update, element for element (``grad`` is scratch and may be changed)."""
-        h, p = self.hyper, self.param[b]
-        if h["maximize"]:
-            grad.neg_()
-        if h["weight_decay"]:
-            grad = grad.add(p, alpha=h["weight_decay"])
-        if h["momentum"]:
-            buf = self.momentum[b]
-            if buf is None:
-                buf = self.momentum[b] = grad.clone()
-            else:
-                buf.mul_(h["momentum"]).add_(grad, alpha=1 - h["dampening"])
-            grad = grad.add(buf, alpha=h["momentum"]) if h["nesterov"] else buf
-        p.add_(grad, alpha=-lr)
+    def _step(self, b: int, grad: torch.Tensor, lrs: list[float]) -> None:
+        """The optimizer's step on bucket ``b``'s segments, with this push's LR for each group
+        (``grad``: the bucket's flat gradient, which the segments' ``.grad`` view)."""
+        built = self.optimizers[b]
+        if built is not None:
+            optimizer, order = built
+            for group, g in zip(optimizer.param_groups, order, strict=True):
+                group["lr"] = lrs[g]
+            for leaf, piece in zip(self.leaves[b], self._pieces(grad, b), strict=True):
+                leaf.grad = piece.view_as(leaf)
+            optimizer.step()
         self.version[b] += 1
 
     def _wait_sends(self, key) -> None:
@@ -208,14 +284,36 @@ class Server:
         data.copy_(self.param[b])
         self.out_reqs[key] = [self.pull.Isend([raw, self.MPI.BYTE], dest=w, tag=b) for w in dests]
 
-    def _send_state(self, dest: int) -> None:
-        self._wait_sends("state")
-        raw, head, data = self.state_out
-        half, sizes = len(data) // 2, [len(self.param[b]) for b in self.buckets]
-        pack([self.momentum[b] for b in self.buckets], data[:half], sizes)  # no momentum yet: zeros
-        pack([self.param[b] for b in self.buckets], data[half:])
-        head[0] = float(any(self.momentum[b] is not None for b in self.buckets))
-        self.out_reqs["state"] = [self.pull.Isend([raw, self.MPI.BYTE], dest=dest, tag=TAG_STATE)]
+    def state(self) -> dict[int, tuple[torch.Tensor, list[dict[str, Any]]]]:
+        """Per bucket: the master parameters (flat) and each segment's optimizer state, in the order
+        of the layout's segments ({} for a segment without any: no step yet, or not optimized)."""
+        out = {}
+        for b in self.buckets:
+            built = self.optimizers[b]
+            states = [dict(built[0].state.get(leaf, {})) if built else {} for leaf in self.leaves[b]]
+            out[b] = (self.param[b], states)
+        return out
+
+    def held_bytes(self) -> tuple[int, int]:
+        """(parameter bytes, optimizer-state bytes) this server holds: its float32 master copy and
+        every tensor of its optimizers' state."""
+        params = sum(ELEM * len(p) for p in self.param.values())
+        state = sum(
+            v.numel() * v.element_size()
+            for built in self.optimizers.values()
+            if built is not None
+            for st in built[0].state.values()
+            for v in st.values()
+            if isinstance(v, torch.Tensor)
+        )
+        return params, state
+
+    def _send_state(self, dest: int, what: bytes) -> None:
+        key = ("state", dest)
+        self._wait_sends(key)  # the previous answer to this worker has left
+        answer = self.state() if what == STATE_FULL else self.held_bytes()
+        data = self.state_out[dest] = np.frombuffer(pickle.dumps(answer), dtype=np.uint8).copy()
+        self.out_reqs[key] = [self.pull.Isend([data, self.MPI.BYTE], dest=dest, tag=TAG_STATE)]
 
     def flush(self) -> None:
         for key in list(self.out_reqs):
