@@ -75,13 +75,21 @@ def _reference(obj: Any) -> str:
 
 
 def fit(
-    model: Any = None, data: Any = None, *, task: Any = None, argv: list[str] | None = None, **settings: Any
+    model: Any = None,
+    data: Any = None,
+    *,
+    task: Any = None,
+    optimizer: Any = None,
+    argv: list[str] | None = None,
+    **settings: Any,
 ) -> dict[str, Any] | None:
     """Train with the trainer's own loop; every rank of the job calls it alike.
 
     ``model``: an ``nn.Module`` or a callable returning one; ``data``: ``(train, eval)`` map-style
     datasets of (input, target) pairs, or a callable returning them -- classification by
-    cross-entropy. Or ``task``: an :class:`allreduce_train.Task` for anything else. ``argv``: the
+    cross-entropy. Or ``task``: an :class:`allreduce_train.Task` for anything else. ``optimizer``: a
+    name (``"adamw"``, as ``--optimizer``) or a callable taking the model's parameter groups and
+    returning a ``torch.optim.Optimizer`` (the task's own ``optimizer()`` wins). ``argv``: the
     trainer's flags (``sys.argv[1:]``); ``settings``: the same by name (``epochs=2``).
 
     Returns the run's result (metrics.json's content) on the main rank (global rank 0), None on
@@ -94,15 +102,22 @@ def fit(
     from .memory import keep_freed_memory
     from .usertask import Task
 
+    if isinstance(optimizer, str):
+        settings = {"optimizer": optimizer, **settings}
+        optimizer = None
+    elif optimizer is not None and not callable(optimizer):
+        raise TypeError(f"fit(optimizer=...): got a {type(optimizer).__name__}; pass a name or a callable(groups)")
     if task is None:
         if model is None or data is None:
             raise TypeError("fit(): pass model= and data=, or task=")
-        task = Task(model=model, data=data)
+        task = Task(model=model, data=data, optimizer=optimizer)
         label = _reference(model)
     elif not isinstance(task, Task):
         raise TypeError(f"fit(task=...): got a {type(task).__name__}; pass an allreduce_train.Task")
     else:
         label = _reference(type(task))
+        if optimizer is not None:
+            task._optimizer = optimizer  # read when the trainer builds the optimizer (usertask.TaskAdapter)
     preempt.install()  # a stop signal: finish the step, checkpoint, exit 75
     try:
         keep_freed_memory()
@@ -115,22 +130,41 @@ def fit(
     return result if result is not None and result.get("is_main") else None
 
 
-class DistributedOptimizer:
+class DistributedOptimizer(torch.optim.Optimizer):
     """An optimizer whose ``step()`` first waits for this step's gradients averaged over the workers
     (started from the gradient hooks during backward), then updates: Horovod's
     ``DistributedOptimizer``. Made by :meth:`Communicator.distributed_optimizer`.
 
+    Like Horovod's, the object is an instance of a subclass of *your* optimizer's class sharing its
+    parameter groups and state, so ``isinstance(opt, torch.optim.AdamW)``, torch's
+    ``lr_scheduler`` classes and ``torch.nn.utils.clip_grad_norm_`` work on it as on the original.
+
     Call :meth:`zero_grad` before each backward, as usual: it also tells the exchange whether the
     coming step's gradients travel (local SGD, DiLoCo and PowerSGD decide that per step)."""
 
-    def __init__(self, schedule: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        self._schedule, self._model, self.optimizer = schedule, model, optimizer
-        self.steps = 0  # updates applied so far
-        self._begun = self._synced = False
+    _schedule: Any
+    _model: torch.nn.Module
+    optimizer: torch.optim.Optimizer  # the engine's optimizer that applies the update
+    steps: int  # updates applied so far
+    _begun: bool
+    _synced: bool
 
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return self.optimizer.param_groups
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("DistributedOptimizer: made by Communicator.distributed_optimizer(model, optimizer)")
+
+    @classmethod
+    def wrap(cls, schedule: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> DistributedOptimizer:
+        """``optimizer``'s class with this one's methods first; the new object shares the parameter
+        groups, the state and the defaults with ``optimizer`` (a shallow copy of its attributes), so
+        an LR scheduler's changes to ``param_groups`` reach the update."""
+        base = type(optimizer)
+        made: Any = type(f"Distributed{base.__name__}", (cls, base), {})
+        opt = made.__new__(made)
+        opt.__dict__.update(optimizer.__dict__)
+        opt._schedule, opt._model, opt.optimizer = schedule, model, optimizer
+        opt.steps = 0
+        opt._begun = opt._synced = False
+        return opt
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
@@ -142,7 +176,9 @@ class DistributedOptimizer:
         self._schedule.synchronize()  # communication: this step's gradients, averaged over the workers
         self._synced = True
 
-    def step(self) -> None:
+    def step(self, closure: Any = None) -> Any:
+        if closure is not None:
+            raise ValueError("DistributedOptimizer.step(): a closure would re-run backward without the exchange")
         if not self._begun:
             raise RuntimeError("DistributedOptimizer: call zero_grad() before each backward (it starts the step)")
         if not self._synced:
@@ -150,12 +186,13 @@ class DistributedOptimizer:
         self.steps += 1
         self._schedule.apply(self.optimizer, self._model, self.steps)  # local SGD, DiLoCo: and the period's average
         self._begun = self._synced = False
+        return None
 
     def state_dict(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
+        return self.optimizer.state_dict()  # the parameter server's: fetched from the servers
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state)
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state_dict)
 
 
 class Communicator:
@@ -202,7 +239,7 @@ class Communicator:
         that its ``step()`` applies the gradient averaged over the workers. Call it once, after the
         model is on its device and before the first backward."""
         # communication: rank 0's parameters and optimizer state to every worker; the exchange's hooks
-        return DistributedOptimizer(self._schedule, model, self._schedule.prepare(model, optimizer))
+        return DistributedOptimizer.wrap(self._schedule, model, self._schedule.prepare(model, optimizer))
 
     def shard(self, dataset: Any, batch_size: int, seed: int = 0, data_workers: int = 0):
         """This worker's batches of a map-style dataset (``.batches(epoch)`` yields collated batches,

@@ -166,31 +166,91 @@ class DataConfig:
         _check(self.synthetic_samples >= 1, "synthetic_samples", "must be >= 1", self.synthetic_samples)
 
 
+OPTIMIZERS = ("sgd", "adam", "adamw")  # or MODULE:CALLABLE (allreduce_train/optim.py builds each)
+LR_SCHEDULES = ("constant", "step", "cosine", "linear")  # or MODULE:CALLABLE (step -> factor)
+PRECISIONS = ("32", "bf16-mixed", "16-mixed")  # Lightning's names (allreduce_train/precision.py)
+
+
 @dataclass
 class OptimConfig:
-    """SGD with momentum; the learning rate is given for one worker and scaled by the worker count."""
+    """The optimizer and its learning-rate schedule; the LR is given for one worker and scaled by the
+    worker count (docs/training.md, "the recipe")."""
 
+    optimizer: str = _f(
+        "sgd",
+        "sgd (with --momentum), adam, adamw (decoupled --weight-decay), or MODULE:CALLABLE taking the "
+        "model's parameter groups and returning a torch.optim.Optimizer (docs/own_model.md)",
+    )
+    optimizer_arg: list = _f([], "KEY=VALUE keyword argument for --optimizer's callable (repeatable)")
     lr: float = _f(0.01, "learning rate for one worker (multiplied by the worker count unless --no-scale-lr)")
     momentum: float = _f(0.9, "SGD momentum")
-    weight_decay: float = _f(0.0, "L2 weight decay")
+    betas: str = _f("0.9,0.999", "adam, adamw: the moving averages' coefficients B1,B2")
+    eps: float = _f(1e-8, "adam, adamw: added to the denominator")
+    weight_decay: float = _f(0.0, "weight decay: L2 in the gradient for sgd and adam, decoupled for adamw")
+    decay_norm_bias: bool = _f(
+        True,
+        "weight decay on every parameter; --no-decay-norm-bias puts biases and norm weights (every "
+        "parameter of fewer than 2 dimensions) in a group without decay, as GPT-style recipes do",
+    )
     scale_lr: bool = _f(True, "multiply the LR by the number of workers (Goyal et al. 2017)")
-    warmup_steps: int = _f(100, "linear LR warm-up from lr/workers to the scaled LR over this many steps")
+    lr_schedule: str = _f(
+        "step",
+        "step = constant after the warm-up, times --lr-decay per epoch past --lr-decay-after; constant; "
+        "cosine or linear decay to --min-lr over the run after the warm-up; or MODULE:CALLABLE: "
+        "step -> factor of the peak LR (its own warm-up included)",
+    )
+    warmup_steps: int = _f(
+        100,
+        "linear LR warm-up over this many steps: step schedule from lr/workers to the scaled LR "
+        "(Goyal et al.), constant/cosine/linear from 0 to the peak",
+    )
+    min_lr: float = _f(0.0, "cosine, linear: the LR the decay ends at (for one worker, scaled like --lr)")
     grad_clip: float = _f(0.0, "clip the averaged gradient to this global L2 norm (0 = off)")
     lr_decay: float = _f(
         1.0,
-        "multiply the LR by this after every epoch past --lr-decay-after (Zaremba et al.'s "
-        "schedule for the LSTMs; 1 = constant)",
+        "step schedule: multiply the LR by this after every epoch past --lr-decay-after (Zaremba "
+        "et al.'s schedule for the LSTMs; 1 = constant)",
     )
     lr_decay_after: int = _f(0, "epochs at the full LR before --lr-decay applies")
 
     def __post_init__(self) -> None:
+        from .usercode import check_reference, is_reference, parse_kwargs
+
+        for name, known in (("optimizer", OPTIMIZERS), ("lr_schedule", LR_SCHEDULES)):
+            value = getattr(self, name)
+            if is_reference(value):
+                check_reference(flag(name), value)
+            elif value not in known:
+                raise ConfigError(
+                    f"{flag(name)}: unknown value {value!r}; choose one of: {', '.join(known)}, "
+                    "or name your own as MODULE:CALLABLE (docs/own_model.md)"
+                )
+        if self.optimizer_arg and not is_reference(self.optimizer):
+            raise ConfigError(
+                "--optimizer-arg is for your own --optimizer MODULE:CALLABLE; drop it with "
+                f"--optimizer {self.optimizer}"
+            )
+        parse_kwargs("--optimizer-arg", self.optimizer_arg)
+        self.beta_pair()
         _check(self.lr > 0, "lr", "must be > 0", self.lr)
         _check(0 <= self.momentum < 1, "momentum", "must be in [0, 1)", self.momentum)
+        _check(self.eps > 0, "eps", "must be > 0", self.eps)
         _check(self.weight_decay >= 0, "weight_decay", "must be >= 0", self.weight_decay)
         _check(self.warmup_steps >= 0, "warmup_steps", "must be >= 0", self.warmup_steps)
+        _check(0 <= self.min_lr <= self.lr, "min_lr", "must be in [0, --lr]", self.min_lr)
         _check(self.grad_clip >= 0, "grad_clip", "must be >= 0", self.grad_clip)
         _check(0 < self.lr_decay <= 1, "lr_decay", "must be in (0, 1]", self.lr_decay)
         _check(self.lr_decay_after >= 0, "lr_decay_after", "must be >= 0", self.lr_decay_after)
+
+    def beta_pair(self) -> tuple[float, float]:
+        """``--betas 0.9,0.95`` -> (0.9, 0.95)."""
+        try:
+            b1, b2 = (float(x) for x in self.betas.split(","))
+        except ValueError:
+            b1 = b2 = -1.0
+        if not (0 <= b1 < 1 and 0 <= b2 < 1):
+            raise ConfigError(f"--betas {self.betas!r}: write B1,B2 with both in [0, 1), e.g. 0.9,0.95")
+        return b1, b2
 
 
 @dataclass
@@ -474,6 +534,13 @@ class TrainConfig:
         "(docs/performance.md)",
     )
     device: str = _f("auto", "auto = CUDA pinned to the local rank when present, else CPU", ("auto", "cpu", "cuda"))
+    precision: str = _f(
+        "32",
+        "compute: 32 = float32; bf16-mixed = torch.autocast to bfloat16 (CPU and CUDA); 16-mixed = "
+        "autocast to float16 with a loss scaler (CUDA). Parameters, gradients, optimizer state and "
+        "the wire stay float32 (--compression sets the wire) (docs/training.md)",
+        PRECISIONS,
+    )
     target: str = _f(
         "",
         "stop once an evaluation reaches this, e.g. eval/accuracy>=0.89 or eval/perplexity<=150; "
@@ -585,6 +652,12 @@ class Config:
 
     def __post_init__(self) -> None:
         check_combination(self.exchange, self.mpi.algorithm)  # the table's rows that read the engine's section
+        if self.train.precision == "16-mixed" and self.exchange.strategy == "ps":
+            raise ConfigError(
+                "--precision 16-mixed with --strategy ps: the servers apply each gradient as it arrives, "
+                "before a worker could unscale it and skip an inf/NaN step; use --precision bf16-mixed (no "
+                "loss scaler) or --strategy allreduce"
+            )
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)
@@ -681,6 +754,9 @@ def build_config(args: argparse.Namespace) -> Config:
             section, name = dest.split(".", 1)
             values[section][name] = v
     _apply_model_defaults(values)
+    if values["exchange"].get("diloco_every"):
+        # DiLoCo's inner optimizer is AdamW in Douillard et al. 2023 (outer: Nesterov SGD, its own flags)
+        values["optim"].setdefault("optimizer", "adamw")
     sections = {}
     for section, cls in _sections().items():
         hints = get_type_hints(cls)

@@ -29,6 +29,8 @@ from .distributed import make_schedule
 from .distributed.base import GradientExchange
 from .errors import ConfigError, Diverged, Preempted
 from .metrics import Throughput, TimeToTarget
+from .optim import LRSchedule, build_optimizer
+from .precision import Precision
 from .run_logger import NullLogger
 from .stragglers import StragglerRule, window_median_ms
 from .tasks import Batches, make_task
@@ -48,15 +50,9 @@ def local_cores() -> int:
         return os.cpu_count() or 1
 
 
-def lr_at(step: int, cfg: Config, workers: int, steps_per_epoch: int) -> float:
-    """Linear warm-up from the one-worker LR to the scaled LR (Goyal et al. 2017), then constant
-    until epoch ``--lr-decay-after``, then multiplied by ``--lr-decay`` after every epoch."""
-    base = cfg.optim.lr
-    target = base * workers if cfg.optim.scale_lr else base
-    if cfg.optim.warmup_steps and step < cfg.optim.warmup_steps:
-        return base + (target - base) * step / cfg.optim.warmup_steps
-    epoch = step // steps_per_epoch  # 0-based: epochs 0 .. after-1 run at the full LR (TensorFlow's PTB tutorial)
-    return target * cfg.optim.lr_decay ** max(0, epoch + 1 - cfg.optim.lr_decay_after)
+def lr_at(step: int, cfg: Config, workers: int, steps_per_epoch: int, total_steps: int = 0) -> float:
+    """The LR of ``--lr`` (the first group's) for the update after ``step`` steps (:class:`.optim.LRSchedule`)."""
+    return LRSchedule.make(cfg.optim, workers, total_steps, steps_per_epoch).lr(step, cfg.optim.lr)
 
 
 @dataclass
@@ -71,6 +67,7 @@ class Setup:
     total_steps: int
     start_step: int
     worker_states: list[dict[str, Any]] | None = None  # from the checkpoint (rank 0), one per worker
+    precision_state: dict[str, Any] | None = None  # from the checkpoint (rank 0): the loss scaler's
 
 
 class Trainer:
@@ -87,6 +84,9 @@ class Trainer:
         self.slow_factor = slow[1] if slow[0] == exchange.rank else 1.0  # --debug-slow-rank on this rank
         # the schedule (synchronous, local SGD, DiLoCo) with its wire format, over the engine: wraps every step
         self.schedule = make_schedule(cfg.exchange, exchange)
+        self.precision = Precision("32", torch.device("cpu"))  # build() sets --precision on the run's device
+        self.lr_schedule: LRSchedule  # made in build(), which knows the run's length
+        self.optimizer_name = ""
 
     # ---------------------------------------------------------------- set-up
     def build(self) -> Setup:
@@ -124,13 +124,12 @@ class Trainer:
             check(model, x.to(device), y.to(device))
         # Identical parameters came from the common seed; dropout masks must differ between workers.
         torch.manual_seed(cfg.train.seed + 1_000_003 * (ex.worker_index + 1))
-        optimizer = torch.optim.SGD(
-            model.parameters(),
-            lr=lr_at(0, cfg, ex.num_workers, batches.steps_per_epoch),
-            momentum=cfg.optim.momentum,
-            weight_decay=cfg.optim.weight_decay,
-        )
-        start, workers = 0, None
+        self.precision = Precision(cfg.train.precision, device)  # 16-mixed without CUDA: one line here
+        optimizer = build_optimizer(cfg.optim, model, self.task)  # --optimizer, or the task's own
+        self.optimizer_name = type(optimizer).__name__
+        self.lr_schedule = LRSchedule.make(cfg.optim, ex.num_workers, total, batches.steps_per_epoch)
+        self.lr_schedule.set(optimizer, 0)
+        start, workers, precision_state = 0, None, None
         path = os.path.join(self.run_dir, checkpoint.CHECKPOINT_NAME) if cfg.run.resume == "auto" else cfg.run.resume
         # --resume auto with nothing saved yet starts fresh: the same command line serves the first
         # run and every restart after a preemption
@@ -145,10 +144,21 @@ class Trainer:
                         f"this run {getattr(getattr(cfg, section), key)!r}; run with the same value"
                     )
             model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
+            initial = [g["initial_lr"] for g in optimizer.param_groups]
+            try:
+                optimizer.load_state_dict(state["optimizer"])
+            except (ValueError, KeyError) as e:
+                raise ConfigError(
+                    f"--resume {path}: the checkpoint's optimizer state does not fit this run's optimizer "
+                    f"({type(optimizer).__name__}, {len(optimizer.param_groups)} group(s)): {e}; resume with the "
+                    "saved run's --optimizer and --decay-norm-bias setting"
+                ) from None
+            for group, lr in zip(optimizer.param_groups, initial, strict=True):
+                group["initial_lr"] = lr  # this run's --lr (the schedule scales it), not the saved run's
             start = int(state["step"])
             workers = state.get("workers")
-        return Setup(device, model, optimizer, batches, eval_set, total, start, workers)
+            precision_state = state.get("precision")
+        return Setup(device, model, optimizer, batches, eval_set, total, start, workers, precision_state)
 
     # ---------------------------------------------------------------- one step
     def train_step(
@@ -167,9 +177,13 @@ class Trainer:
         optimizer.zero_grad()
         rows = len(inputs) // k
         loss_sum: torch.Tensor | None = None
+        precision = self.precision
         for j in range(k):
             part = slice(j * rows, (j + 1) * rows)
-            loss = self.task.loss(model, inputs[part] if k > 1 else inputs, targets[part] if k > 1 else targets, part)
+            with precision.forward_context():  # --precision: autocast (bf16-mixed, 16-mixed) or nothing
+                loss = self.task.loss(
+                    model, inputs[part] if k > 1 else inputs, targets[part] if k > 1 else targets, part
+                )
             if k > 1:
                 loss = loss / k  # the mean over the micro-batches (dividing by 1 would only add an op)
             loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
@@ -182,7 +196,7 @@ class Trainer:
                 self.ex.start_vote(
                     torch.tensor([float(bool(preempt.requested())), loss_sum.item()], dtype=torch.float64)
                 )
-            loss.backward()  # the allreduce of each gradient starts from its hook, overlapping backward
+            precision.backward(loss)  # the allreduce of each gradient starts from its hook, overlapping backward
         if self.slow_factor > 1:  # --debug-slow-rank: a straggler on purpose (tests)
             time.sleep((self.slow_factor - 1) * (time.perf_counter() - began))
         if after_backward is not None:
@@ -194,6 +208,8 @@ class Trainer:
         wait = time.perf_counter() - t0
         if not math.isfinite(losses):
             raise Diverged(step, "the training loss (mean over workers)", losses / self.ex.num_workers)
+        if precision.scaler is not None:  # 16-mixed: unscaled before clipping; inf/NaN skips the step everywhere
+            precision.unscale(list(model.parameters()), vote=self.ex.sum_over_workers)
         if self.cfg.optim.grad_clip > 0:
             # after the exchange: the norm of the averaged gradient, identical on every worker
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.cfg.optim.grad_clip)
@@ -208,7 +224,8 @@ class Trainer:
         """Figures over the whole evaluation set: each worker scores its share, the sums are reduced
         (loss and accuracy; for a language model, token-weighted loss and perplexity)."""
         model.eval()
-        totals = self.task.eval_sums(model, eval_set, device, self.cfg.data.eval_batch_size)
+        with self.precision.forward_context():
+            totals = self.task.eval_sums(model, eval_set, device, self.cfg.data.eval_batch_size)
         model.train()
         return self.task.eval_metrics(self.ex.sum_over_workers(totals))  # communication: global sums
 
@@ -237,6 +254,8 @@ class Trainer:
                 "step": step,
                 "config": self.cfg.to_dict(),
                 "workers": workers,
+                "lr_schedule": self.lr_schedule.describe(),  # the LR follows from it and the step
+                "precision": self.precision.state_dict(),  # 16-mixed: the loss scaler's scale
             }
             checkpoint.save(os.path.join(self.run_dir, checkpoint.CHECKPOINT_NAME), state)
 
@@ -261,6 +280,8 @@ class Trainer:
         optimizer = self.schedule.prepare(model, s.optimizer)  # communication: rank 0's state to every worker
         step = ex.broadcast_object(s.start_step)  # communication: the resumed step, from rank 0
         resumed = ex.broadcast_object(s.worker_states)  # communication: each worker's saved RNG and task state
+        if self.precision.scaler is not None:
+            self.precision.load_state_dict(ex.broadcast_object(s.precision_state))  # communication: the scale
         task_state = None
         if resumed and len(resumed) == ex.num_workers:
             mine = WorkerState.from_dict(resumed[ex.worker_index], cfg.run.resume)
@@ -272,13 +293,16 @@ class Trainer:
                 self.schedule.load_state_dict(mine.schedule[self.schedule.state_key], model, optimizer)
             self.schedule.wire.load_state_dict(mine.exchange)
         elif resumed:  # another worker count (an elastic restart): per-worker state does not carry over
-            old, new, spe = len(resumed), ex.num_workers, s.batches.steps_per_epoch
+            old, new = len(resumed), ex.num_workers
+
+            def lr_of(workers: int) -> float:
+                return self.lr_schedule.lr(step, cfg.optim.lr, workers)
+
             log.message(
                 f"elastic: resumed with {new} workers from a checkpoint of {old}: global batch "
                 f"{old * cfg.data.batch_size * cfg.exchange.backward_passes_per_step} -> "
                 f"{new * cfg.data.batch_size * cfg.exchange.backward_passes_per_step}, LR "
-                f"{lr_at(step, cfg, old, spe):g} -> {lr_at(step, cfg, new, spe):g}; RNG and task state "
-                "start afresh"
+                f"{lr_of(old):g} -> {lr_of(new):g}; RNG and task state start afresh"
             )
         k = cfg.exchange.backward_passes_per_step
         workers, per_step = ex.num_workers, cfg.data.batch_size * k
@@ -319,9 +343,7 @@ class Trainer:
             while ahead[0] is not None:
                 inputs, targets = ahead[0]
                 started = time.perf_counter()
-                lr = lr_at(step, cfg, workers, spe)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
+                lr = self.lr_schedule.set(optimizer, step)  # every group's LR for this update
                 watchdog.note(step + 1, watchdog.COMPUTING)
                 inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
                 # the next batch is gathered while this step's last gradients travel (the same batches in
@@ -431,6 +453,9 @@ class Trainer:
             "final": {"train_loss": train_loss, **{key.replace("/", "_"): v for key, v in last_eval.items()}},
             **ex.describe(),
             **self.schedule.describe(),
+            "optimizer": self.optimizer_name,
+            **self.lr_schedule.describe(),
+            **self.precision.describe(),
         }
 
     def report(self, result: dict[str, Any], log: NullLogger) -> None:

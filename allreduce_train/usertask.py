@@ -39,8 +39,10 @@ class Task:
     words_per_sample: int = 0  #: tokens per sample, for a words/s figure (language models); 0 = none
     note: str = ""  #: a line for the run's log and TensorBoard about the data
 
-    def __init__(self, model: Any = None, data: Any = None) -> None:
-        self._model, self._data = model, data
+    def __init__(self, model: Any = None, data: Any = None, optimizer: Any = None) -> None:
+        """``optimizer``: a callable taking the model's parameter groups and returning a
+        ``torch.optim.Optimizer`` (e.g. ``lambda groups: torch.optim.AdamW(groups, lr=3e-4)``)."""
+        self._model, self._data, self._optimizer = model, data, optimizer
 
     def build_model(self) -> torch.nn.Module:
         """The model, built on every rank (the trainer seeds torch first)."""
@@ -71,6 +73,13 @@ class Task:
     def eval_metrics(self, sums: dict[str, float]) -> dict[str, float]:
         """The figures (logged as ``eval/<name>``; ``--target eval/<name>>=X`` stops on one) from the sums."""
         return {"loss": sums["loss"] / sums["count"], "accuracy": sums["correct"] / sums["count"]}
+
+    def optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer | None:
+        """This task's own optimizer over ``model``'s parameters, or None for the one the flags name
+        (``--optimizer``, ``--lr``, ``--weight-decay``, ...; or ``Task(optimizer=...)``'s callable).
+        Every concept runs it: the parameter server's servers run the same class on their shard. The
+        LR schedule scales each group's LR every step."""
+        return None
 
     def start_epoch(self, epoch: int) -> None:
         """Called on every worker before the first step of each epoch (and of a resumed epoch)."""
@@ -158,6 +167,21 @@ class TaskAdapter:
                 f"{self.flag}: the loss is {_shape(loss)}; return a scalar floating-point tensor "
                 "(the mean over the batch)"
             )
+
+    def optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer | None:
+        """The task's own optimizer, checked (a callable that raises or returns no Optimizer: one line)."""
+        from .optim import check_optimizer
+
+        made = self._call("optimizer()", self.task.optimizer, model)
+        if made is not None:
+            return check_optimizer(f"{self.flag}: optimizer()", made, model)
+        make = getattr(self.task, "_optimizer", None)  # Task(optimizer=fn), fit(optimizer=fn)
+        if make is None:
+            return None
+        from .optim import callable_groups
+
+        made = self._call("optimizer=", make, callable_groups(self.cfg.optim, model))
+        return check_optimizer(f"{self.flag}: optimizer=", made, model)
 
     def start_epoch(self, epoch: int) -> None:
         self.task.start_epoch(epoch)

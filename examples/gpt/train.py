@@ -25,8 +25,24 @@ def main(argv: list[str]) -> None:
     p.add_argument("--max-chars", type=int, default=0, help="read only this much of the text (0 = all)")
     mine, trainer_flags = p.parse_known_args(argv)
     task = CharGPT(path=mine.path, block=mine.block, layers=mine.layers, max_chars=mine.max_chars)
-    # keyword settings are this script's defaults; the command line's trainer flags override them
-    result = allreduce_train.fit(task=task, argv=trainer_flags, lr=0.1, warmup_steps=10, batch_size=16)
+    # keyword settings are this script's defaults, the transformer recipe (examples/gpt/recipe.toml's):
+    # AdamW with decay on the matrices only, a cosine after a short warm-up, bf16 autocast. The command
+    # line's trainer flags override them (--optimizer sgd --lr-schedule step --precision 32: the 2014 recipe).
+    result = allreduce_train.fit(
+        task=task,
+        argv=trainer_flags,
+        optimizer="adamw",
+        lr=0.002,
+        betas="0.9,0.95",
+        weight_decay=0.1,
+        decay_norm_bias=False,
+        lr_schedule="cosine",
+        warmup_steps=10,
+        min_lr=0.0002,
+        grad_clip=1.0,
+        precision="bf16-mixed",
+        batch_size=16,
+    )
     if result is not None:  # the main rank's result; the other ranks get None
         print(f"eval loss {result['final']['eval_loss']:.3f} after {result['steps']} steps -> {result['run_dir']}")
 

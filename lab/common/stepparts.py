@@ -104,12 +104,12 @@ def instrument_trainer(meter: Meter, warmup: int, steps: int) -> None:
     step ``warmup + steps`` (the step meter's record of each)."""
     import torch
 
-    from allreduce_train import preempt, run_logger, trainer, watchdog
+    from allreduce_train import optim, preempt, run_logger, trainer, watchdog
 
     patch(meter, torch.Tensor, "backward", "backward")
     patch(meter, watchdog, "note", "watchdog notes")
     patch(meter, preempt, "requested", "preempt check")
-    patch(meter, trainer, "lr_at", "lr schedule")
+    patch(meter, optim.LRSchedule, "set", "lr schedule")
     for cls in (run_logger.NullLogger, run_logger.RunLogger):
         patch(meter, cls, "progress", "progress bar")
         patch(meter, cls, "scalars", "log step: figures+TensorBoard")
