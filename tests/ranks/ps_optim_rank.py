@@ -5,7 +5,7 @@ The model has a tensor of 4,800 elements (split across servers with a small ``--
 a LayerNorm and biases; ``adamw`` is torch's AdamW with two groups (weight decay 0.1 on the
 matrices, none on biases and norm weights), ``own`` an Optimizer subclass of this file
 (:class:`SignMomentum`: per-element state, a tensor and a plain int). ``StepLR`` halves the LR every
-4 steps on the optimizer the exchange returns. Every worker dumps its parameters
+4 steps on the optimizer :meth:`Communicator.distributed_optimizer` returns. Every worker dumps its parameters
 (``--dump-params``, ``{rank}``); the main worker saves ``{"optimizer": state_dict(), "scheduler":
 ..., "model": ...}`` to ``--state`` after ``--stop-at`` steps (default: ``--steps``), and a run
 given ``--resume FILE`` loads such a file into a fresh model and optimizer before the exchange
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import warnings
 
 import torch
 import torch.nn.functional as F
@@ -76,31 +75,28 @@ def main(argv: list[str]) -> None:
         model.load_state_dict(saved["model"])
         opt.load_state_dict(saved["optimizer"])  # before the exchange starts: it sends the state to the servers
     dist = comm.distributed_optimizer(model, opt)
-    sched = torch.optim.lr_scheduler.StepLR(dist.optimizer, step_size=4, gamma=0.5)
+    sched = torch.optim.lr_scheduler.StepLR(dist, step_size=4, gamma=0.5)
     if saved:
         sched.load_state_dict(saved["scheduler"])
     step = skip = sched.last_epoch
     stop = mine.stop_at or cfg.train.steps
-    with warnings.catch_warnings():
-        # the servers step, not the worker's optimizer: the scheduler does not see the step it expects
-        warnings.simplefilter("ignore", UserWarning)
-        epoch = 0
-        while step < stop:
-            for inputs, targets in data.batches(epoch):
-                if skip:  # resumed: the batches the first run consumed
-                    skip -= 1
-                    continue
-                dist.zero_grad()
-                F.mse_loss(model(inputs), targets).backward()
-                dist.step()
-                sched.step()
-                step += 1
-                if step == stop:
-                    break
-            epoch += 1
+    epoch = 0
+    while step < stop:
+        for inputs, targets in data.batches(epoch):
+            if skip:  # resumed: the batches the first run consumed
+                skip -= 1
+                continue
+            dist.zero_grad()
+            F.mse_loss(model(inputs), targets).backward()
+            dist.step()
+            sched.step()
+            step += 1
+            if step == stop:
+                break
+        epoch += 1
     if comm.is_main:
         cls = SignMomentum if mine.optimizer == "own" else torch.optim.AdamW
-        print(f"lr {dist.param_groups[0]['lr']:g}, a {cls.__name__}: {isinstance(dist.optimizer, cls)}", flush=True)
+        print(f"lr {dist.param_groups[0]['lr']:g}, a {cls.__name__}: {isinstance(dist, cls)}", flush=True)
         if mine.state:  # communication: every server's optimizer state
             torch.save(
                 {"model": model.state_dict(), "optimizer": dist.state_dict(), "scheduler": sched.state_dict()},

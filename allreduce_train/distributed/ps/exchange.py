@@ -259,7 +259,6 @@ class ParameterServer(GradientExchange):
         for b, members in enumerate(lay.buckets):
             for i in members:
                 self._hooks.append(params[i].register_post_accumulate_grad_hook(lambda _p, b=b: self._grad_ready(b)))
-        self._user_class = type(optimizer)
         self._optimizer = server_side(optimizer, self)
         return self._optimizer
 
@@ -470,7 +469,6 @@ class ParameterServer(GradientExchange):
             out["ps_buckets"] = len(self.layout.buckets)
             out["ps_server_bytes"] = [ELEM * n for n in self.layout.server_numel()]
         if self._started and self.is_main and not self._closed:
-            out["ps_optimizer"] = self._user_class.__qualname__
             # communication: each server's figure (the state an optimizer creates at its first step)
             out["ps_server_state_bytes"] = [state for _, state in self._server_bytes()]
         if self._started and self.is_worker:
