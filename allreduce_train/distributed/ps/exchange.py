@@ -48,7 +48,6 @@ workers to hold the parameters, are refused by config's table.
 from __future__ import annotations
 
 import pickle
-from collections import defaultdict
 from typing import Any
 
 import numpy as np
@@ -70,7 +69,8 @@ from ..mpi import (
     start_sum,
     sum_now,
 )
-from .server import ELEM, STATE_BYTES, STATE_FULL, TAG_DONE, TAG_STATE, Server, message, per_element, push_slots, whole
+from .optimizer import assemble, describe, server_side
+from .server import ELEM, STATE_BYTES, STATE_FULL, TAG_DONE, TAG_STATE, Server, message, push_slots
 from .sharding import plan
 
 
@@ -203,34 +203,21 @@ class ParameterServer(GradientExchange):
         code), each group's hyperparameters, the group of each parameter and its state (fresh, or
         loaded from a checkpoint); each server builds the class over its segments of each bucket
         (:class:`.server.Server`). Returns the workers' optimizer: an instance of a subclass of the
-        user's class (see :func:`server_side`) whose ``param_groups[g]["lr"]`` travels with every
+        user's class (see :func:`.optimizer.server_side`) whose ``param_groups[g]["lr"]`` travels with every
         push; the other hyperparameters are the servers' from here on (a schedule of weight decay
         or momentum set on the worker does not reach them).
         """
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise UserError(
-                f"--strategy ps runs a torch.optim.Optimizer on the servers; got a {type(optimizer).__name__}"
-            )
         params = list(model.parameters())
         for p in params:
             if p.dtype != torch.float32 or not p.is_contiguous():
                 raise UserError(f"--strategy ps moves contiguous float32 parameters; got {p.dtype} {tuple(p.shape)}")
-        group_of = self._groups_of(params, optimizer)
+        described = describe(optimizer, params)  # checked on every worker alike
         payload = None
         if self.is_main:  # fresh, or as loaded from a checkpoint
             payload = {
                 "params": [p.detach().cpu() for p in params],
                 "buffers": {n: b.detach().cpu() for n, b in model.named_buffers()},
-                "optimizer": {
-                    "cls": type(optimizer),
-                    "groups": [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups],
-                    "group_of": group_of,
-                    "state": {
-                        i: {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in st.items()}
-                        for i, p in enumerate(params)
-                        if (st := optimizer.state.get(p))
-                    },
-                },
+                "optimizer": described,
             }
         # communication: to every rank, dedicated servers included (they receive it in serve()).
         payload = self._bcast(self.world, payload, self.main_rank, "the main worker's parameters")
@@ -259,34 +246,8 @@ class ParameterServer(GradientExchange):
         for b, members in enumerate(lay.buckets):
             for i in members:
                 self._hooks.append(params[i].register_post_accumulate_grad_hook(lambda _p, b=b: self._grad_ready(b)))
-        self._optimizer = server_side(optimizer, self)
+        self._optimizer = server_side(optimizer, params, self.fetch_state)
         return self._optimizer
-
-    @staticmethod
-    def _groups_of(params: list[torch.Tensor], optimizer: torch.optim.Optimizer) -> list[int | None]:
-        """Each parameter's group index in ``optimizer`` (None: not in it; the servers leave it as it
-        is), after the checks every worker makes alike, before any message."""
-        index = {id(p): i for i, p in enumerate(params)}
-        group_of: list[int | None] = [None] * len(params)
-        for g, group in enumerate(optimizer.param_groups):
-            for p in group["params"]:
-                if id(p) not in index:
-                    raise UserError(
-                        f"--strategy ps: the optimizer's group {g} holds a {tuple(p.shape)} tensor that is not "
-                        "one of the model's parameters; build the optimizer over model.parameters()"
-                    )
-                group_of[index[id(p)]] = g
-        cls = type(optimizer)
-        try:
-            importable = pickle.loads(pickle.dumps(cls)) is cls
-        except Exception:  # pickle's errors for a class it cannot name are of several types
-            importable = False
-        if not importable:
-            raise UserError(
-                f"--strategy ps sends the optimizer's class to the servers by name, and "
-                f"{cls.__module__}.{cls.__qualname__} cannot be imported by name; define it at a module's top level"
-            )
-        return group_of
 
     # ------------------------------------------------------------ one step
     def _reset_step(self) -> None:
@@ -390,35 +351,7 @@ class ParameterServer(GradientExchange):
 
     def _fetch_state(self) -> tuple[list[dict[str, Any]], list[torch.Tensor]]:
         """Every server's optimizer state (see :meth:`fetch_state`) and master parameters (flat, CPU), by parameter."""
-        lay, sizes = self.layout, self.layout.sizes
-        master = [torch.zeros(n) for n in sizes]
-        parts: list[list[tuple[tuple[int, int], torch.Size, dict[str, Any]]]] = [[] for _ in sizes]
-        for s, answer in enumerate(self._ask_servers(STATE_FULL)):
-            for b, (flat, states) in answer.items():
-                off = 0
-                for (p, lo, hi), st in zip(lay.segments[(b, s)], states, strict=True):
-                    master[p][lo:hi] = flat[off : off + hi - lo]
-                    off += hi - lo
-                    shape = self.params[p].shape if whole((p, lo, hi), sizes) else torch.Size([hi - lo])
-                    parts[p].append(((lo, hi), shape, st))
-        return [self._assemble(i, sorted(pieces, key=lambda x: x[0])) for i, pieces in enumerate(parts)], master
-
-    def _assemble(self, i: int, pieces: list[tuple[tuple[int, int], torch.Size, dict[str, Any]]]) -> dict[str, Any]:
-        """Parameter ``i``'s state from its segments' (sorted by position): per-element tensors joined
-        in the parameter's shape, the rest (``step``) from the first segment."""
-        p = self.params[i]
-        if not pieces or any(set(st) != set(pieces[0][2]) for _, _, st in pieces) or not pieces[0][2]:
-            return {}  # none yet (an asynchronous fetch can fall between two servers' first steps)
-        out: dict[str, Any] = {}
-        for key, first in pieces[0][2].items():
-            if per_element(first, pieces[0][1]):
-                full = torch.empty(p.numel(), dtype=first.dtype)
-                for (lo, hi), _, st in pieces:
-                    full[lo:hi] = st[key].reshape(-1)
-                out[key] = full.view_as(p).to(p.device)
-            else:
-                out[key] = first
-        return out
+        return assemble(self.layout, self.params, self._ask_servers(STATE_FULL))
 
     def _server_bytes(self) -> list[tuple[int, int]]:
         """(parameter bytes, optimizer-state bytes) held by each server."""
@@ -510,47 +443,3 @@ class ParameterServer(GradientExchange):
 
     def abort(self, code: int) -> None:
         abort(code, self.world)  # servers waiting for this worker, workers for this server: all end
-
-
-class _ServerSide(torch.optim.Optimizer):
-    """What :func:`server_side` adds to the user's optimizer class on a worker."""
-
-    _exchange: ParameterServer
-
-    def step(self, closure=None):
-        raise RuntimeError("with --strategy ps the servers update the parameters (the exchange's apply())")
-
-    def state_dict(self) -> dict[str, Any]:
-        """The class's own ``state_dict``, with the state every server holds for its segments."""
-        ex = self._exchange
-        held = self.state
-        self.state = defaultdict(dict)
-        for p, st in zip(ex.params, ex.fetch_state(), strict=True):  # communication: from every server
-            if st:
-                self.state[p] = st
-        try:
-            return super().state_dict()
-        finally:
-            self.state = held  # a worker holds none: it lives on the servers
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        raise RuntimeError(
-            "with --strategy ps the optimizer's state lives on the servers: load it into the optimizer "
-            "before the exchange's prepare() (Communicator.distributed_optimizer()), which sends it there"
-        )
-
-
-def server_side(optimizer: torch.optim.Optimizer, exchange: ParameterServer) -> torch.optim.Optimizer:
-    """The optimizer a worker holds: an instance of a subclass of ``optimizer``'s class (as Horovod's
-    ``DistributedOptimizer`` subclasses the user's class), with its parameter groups, so that
-    ``isinstance`` checks, torch's LR schedulers and clipping utilities work on it. Its ``step()``
-    raises (the servers update); its ``state_dict()`` fetches every server's state, in the class's
-    own format over this worker's parameters (``torch.optim.AdamW(...).load_state_dict`` takes it)."""
-    cls = type(optimizer)
-    name = {"__module__": __name__, "__qualname__": f"server_side.{cls.__name__}"}
-    sub: type[_ServerSide] = type(cls.__name__, (_ServerSide, cls), name)
-    out = object.__new__(sub)  # the user's constructor is not run again: its groups, defaults and hooks are copied
-    out.__dict__.update(optimizer.__dict__)
-    out.state = defaultdict(dict)
-    out._exchange = exchange
-    return out

@@ -271,6 +271,8 @@ class Server:
             for leaf, piece in zip(self.leaves[b], self._pieces(grad, b), strict=True):
                 leaf.grad = piece.view_as(leaf)
             optimizer.step()
+            for leaf in self.leaves[b]:
+                leaf.grad = None  # scratch: kept, a widened 16-bit gradient would hold a float32 copy of the bucket
         self.version[b] += 1
 
     def _wait_sends(self, key) -> None:
