@@ -10,6 +10,9 @@ matrices, none on biases and norm weights), ``own`` an Optimizer subclass of thi
 ..., "model": ...}`` to ``--state`` after ``--stop-at`` steps (default: ``--steps``), and a run
 given ``--resume FILE`` loads such a file into a fresh model and optimizer before the exchange
 starts (which sends the optimizer's state to the servers), and continues from its step.
+
+Also the trainer's ``--optimizer ps_optim_rank:needy`` and ``ps_optim_rank:unnamed``: optimizers the
+parameter server refuses.
 """
 
 from __future__ import annotations
@@ -41,6 +44,28 @@ class SignMomentum(torch.optim.Optimizer):
                 m.mul_(group["beta"]).add_(p.grad, alpha=1 - group["beta"])
                 state["updates"] = state.get("updates", 0) + 1
                 p.add_(m.sign(), alpha=-group["lr"])
+
+
+class Needy(torch.optim.SGD):
+    """An optimizer whose constructor needs an argument its parameter groups do not hold."""
+
+    def __init__(self, params, lr: float, special: int) -> None:
+        super().__init__(params, lr=lr)
+        self.special = special
+
+
+def needy(groups):
+    """``--optimizer ps_optim_rank:needy``: refused on the PS (the servers build the class from its groups)."""
+    return Needy(groups, lr=0.1, special=3)
+
+
+def unnamed(groups):
+    """``--optimizer ps_optim_rank:unnamed``: a class that pickle cannot name, refused on the PS."""
+
+    class Local(torch.optim.SGD):
+        pass
+
+    return Local(groups, lr=0.1)
 
 
 def build(kind: str, lr: float):

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ...errors import UserError
-from .server import per_element, whole
+from .server import build, per_element, whole
 from .sharding import Layout
 
 Pieces = list[tuple[tuple[int, int], torch.Size, dict[str, Any]]]  # a parameter's segments: (lo, hi), shape, state
@@ -50,6 +50,7 @@ def describe(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> di
             f"--strategy ps sends the optimizer's class to the servers by name, and "
             f"{cls.__module__}.{cls.__qualname__} cannot be imported by name; define it at a module's top level"
         )
+    build(cls, optimizer.param_groups)  # what each server will do, here where it fails before any message
     return {
         "cls": cls,
         "groups": [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups],

@@ -64,6 +64,20 @@ def per_element(value: Any, shape: torch.Size) -> bool:
 PLACE_KEYS = {"foreach": None, "fused": None, "capturable": False}
 
 
+def build(cls: type, groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
+    """``cls`` over parameter groups (``params`` and every hyperparameter), as Horovod's
+    DistributedOptimizer builds its subclass: from the groups alone, with :data:`PLACE_KEYS` at
+    their CPU defaults. A constructor that needs more is refused with one line."""
+    try:
+        return cls([{**g, **{k: v for k, v in PLACE_KEYS.items() if k in g}} for g in groups])
+    except TypeError as e:
+        raise UserError(
+            f"--strategy ps builds {cls.__qualname__} on the servers from its parameter groups alone "
+            f"({cls.__qualname__}(param_groups)), which failed: {e}; give its constructor's other "
+            "arguments defaults"
+        ) from None
+
+
 class Server:
     """One server's shard: its parameter elements and an optimizer per bucket, and the message handling.
 
@@ -156,16 +170,7 @@ class Server:
         if not members:
             return None
         order = sorted(members)
-        hyper = [{**groups[g], **{k: v for k, v in PLACE_KEYS.items() if k in groups[g]}} for g in order]
-        try:
-            # as Horovod's DistributedOptimizer builds its subclass: the class over param groups alone
-            optimizer = cls([{**h, "params": members[g]} for h, g in zip(hyper, order, strict=True)])
-        except TypeError as e:
-            raise UserError(
-                f"--strategy ps builds {cls.__qualname__} on the servers from its parameter groups alone "
-                f"({cls.__qualname__}(param_groups)), which failed: {e}; give its constructor's other "
-                "arguments defaults"
-            ) from None
+        optimizer = build(cls, [{**groups[g], "params": members[g]} for g in order])
         for (p, lo, hi), leaf in zip(self.segments[b], self.leaves[b], strict=True):
             if p in state:  # fresh or loaded from a checkpoint: this segment's slice
                 full = whole((p, lo, hi), sizes)
