@@ -172,7 +172,7 @@ class Server:
         order = sorted(members)
         optimizer = build(cls, [{**groups[g], "params": members[g]} for g in order])
         for (p, lo, hi), leaf in zip(self.segments[b], self.leaves[b], strict=True):
-            if p in state:  # fresh or loaded from a checkpoint: this segment's slice
+            if p in state and group_of[p] is not None:  # fresh or loaded from a checkpoint: this segment's slice
                 full = whole((p, lo, hi), sizes)
                 optimizer.state[leaf] = {
                     k: (v.clone() if full else v.reshape(-1)[lo:hi].clone())
@@ -277,7 +277,7 @@ class Server:
                 leaf.grad = piece.view_as(leaf)
             optimizer.step()
             for leaf in self.leaves[b]:
-                leaf.grad = None  # scratch: kept, a widened 16-bit gradient would hold a float32 copy of the bucket
+                leaf.grad = None  # scratch: kept to the next step, a widened 16-bit one would be a float32 bucket more
         self.version[b] += 1
 
     def _wait_sends(self, key) -> None:
