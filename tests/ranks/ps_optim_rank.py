@@ -11,8 +11,7 @@ matrices, none on biases and norm weights), ``own`` an Optimizer subclass of thi
 given ``--resume FILE`` loads such a file into a fresh model and optimizer before the exchange
 starts (which sends the optimizer's state to the servers), and continues from its step.
 
-Also the trainer's ``--optimizer ps_optim_rank:needy`` and ``ps_optim_rank:unnamed``: optimizers the
-parameter server refuses.
+Also the trainer's ``--optimizer ps_optim_rank:needy``: an optimizer the parameter server refuses.
 """
 
 from __future__ import annotations
@@ -57,15 +56,6 @@ class Needy(torch.optim.SGD):
 def needy(groups):
     """``--optimizer ps_optim_rank:needy``: refused on the PS (the servers build the class from its groups)."""
     return Needy(groups, lr=0.1, special=3)
-
-
-def unnamed(groups):
-    """``--optimizer ps_optim_rank:unnamed``: a class that pickle cannot name, refused on the PS."""
-
-    class Local(torch.optim.SGD):
-        pass
-
-    return Local(groups, lr=0.1)
 
 
 def build(kind: str, lr: float):
