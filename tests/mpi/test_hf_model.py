@@ -146,10 +146,12 @@ def test_hf_gpt2_checkpoint_loads_into_a_plain_gpt2_and_evaluates_to_the_runs_fi
     assert total / count == pytest.approx(metrics["horovod"]["final"]["eval_loss"], abs=1e-4)
 
 
-def test_hf_gpt2_trains_the_recipe_on_the_parameter_server(ps_runs, chance):
-    """Synchronous, colocated and dedicated: the workers end identical. Asynchronous: it trains (each
-    worker's last pull may differ: the other's pushes land in between)."""
+def test_hf_gpt2_trains_the_recipe_on_the_parameter_server(ps_runs, ring_runs, chance):
+    """Synchronous, colocated and dedicated: the workers end identical, and equal to the mpi ring's (the
+    servers run AdamW on their shards of the same averaged gradient: elementwise, the same bits).
+    Asynchronous: it trains (each worker's last pull may differ: the other's pushes land in between)."""
     d, metrics = ps_runs
+    ring = workers_params(ring_runs[0], "mpi", 2)[0]
     for name, (np, _) in PS.items():
         ranks = workers_params(d, name, np)
         assert_trained(name, metrics[name], chance)
@@ -157,3 +159,5 @@ def test_hf_gpt2_trains_the_recipe_on_the_parameter_server(ps_runs, chance):
         assert metrics[name]["ps_mode"] == mode
         if mode == "sync":
             assert_identical(name, ranks)
+            for k in ring:
+                assert torch.equal(ranks[0][k], ring[k]), f"{name}: {k} differs from the mpi ring's"
