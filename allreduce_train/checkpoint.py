@@ -77,7 +77,7 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {lines[0] if lines else ''}"
 
 
-def _write_atomically(path: str, write: Callable[[IO[bytes]], None]) -> None:
+def _write_atomically(path: str, write: Callable[[IO[bytes]], object]) -> None:
     """``write`` the file's bytes to a temporary file in ``path``'s directory, flush them to disk, and
     only then rename it over ``path``: a crash at any moment leaves either the previous file or the
     new one, never a torn one."""
