@@ -83,7 +83,10 @@ def _write_atomically(path: str, write: Callable[[IO[bytes]], object]) -> None:
     new one, never a torn one."""
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".checkpoint-", suffix=".tmp", dir=directory)
+    mask = os.umask(0)
+    os.umask(mask)
     try:
+        os.fchmod(fd, 0o666 & ~mask)  # mkstemp's is 0600: give the file the mode open() would (weights to share)
         with os.fdopen(fd, "wb") as fh:
             write(fh)
             fh.flush()

@@ -1,4 +1,5 @@
 import os
+import sys
 
 import pytest
 import torch
@@ -136,6 +137,9 @@ def test_export_writes_a_plain_state_dict_that_torch_loads_strictly_with_tied_we
     assert list(sd) == list(model.state_dict())  # torch's own names and order, both names of the tied matrix
     assert sd["embed.weight"].data_ptr() == sd["head.weight"].data_ptr()  # one tensor on disk, as in the model
     assert all(t.device.type == "cpu" and t.is_contiguous() for t in sd.values())
+    mask = os.umask(0)
+    os.umask(mask)
+    assert (tmp_path / "w.pt").stat().st_mode & 0o777 == 0o666 & ~mask  # as any file written with open()
     fresh = Tied()
     fresh.load_state_dict(sd)  # strict: every name, no other
     assert fresh.head.weight is fresh.embed.weight  # still tied after loading
@@ -206,13 +210,9 @@ def test_safetensors_export_writes_tied_weights_under_both_names_and_init_from_r
     assert torch.equal(other.head.weight, model.embed.weight)
 
 
-def test_safetensors_without_the_package_is_one_line(tmp_path, capsys):
-    try:
-        import safetensors  # noqa: F401
-
-        pytest.skip("the safetensors package is installed: the test above runs instead")
-    except ImportError:
-        pass
+def test_safetensors_without_the_package_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "safetensors", None)  # as if not installed: importing it raises ImportError
+    monkeypatch.setitem(sys.modules, "safetensors.torch", None)
     run = a_checkpoint(tmp_path, trained())
     code, _, err = export_cli(capsys, run, "--out", tmp_path / "w.safetensors")
     assert code == 2 and "needs the safetensors package (pip install safetensors)" in err
