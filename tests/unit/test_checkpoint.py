@@ -329,3 +329,27 @@ def test_the_best_so_far_comes_back_from_the_checkpoint_or_the_best_file_whichev
     other = checkpoint.Kept(str(tmp_path), keep=0, target="eval/accuracy>=0.9")  # another metric: forgotten
     other.load_state_dict(checkpoint.load(str(tmp_path / "checkpoint.pt")))
     assert other.best is None
+
+
+def test_a_hugging_face_gpt2_exports_to_both_formats_and_its_own_safetensors_file_starts_a_run(tmp_path, capsys):
+    """A model from a widely used library, with tied input and output embeddings: our export loads strictly into
+    a fresh GPT2LMHeadModel (.pt and .safetensors) and gives the same logits; the file transformers itself writes
+    (save_pretrained, which drops the tied lm_head.weight) is accepted by --init-from."""
+    transformers = pytest.importorskip("transformers")
+    st = pytest.importorskip("safetensors.torch")
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=50, n_positions=16)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    run = a_checkpoint(tmp_path, model)
+    x = torch.randint(0, 50, (2, 5))
+    for out, load in (("w.pt", lambda p: torch.load(p, weights_only=True)), ("w.safetensors", st.load_file)):
+        assert export_cli(capsys, run, "--out", tmp_path / out)[0] == 0
+        fresh = transformers.GPT2LMHeadModel(config).eval()
+        fresh.load_state_dict(load(str(tmp_path / out)))
+        assert fresh.lm_head.weight is fresh.transformer.wte.weight
+        assert torch.equal(fresh(x).logits, model(x).logits), out
+    model.save_pretrained(str(tmp_path / "hf"), safe_serialization=True)
+    assert "lm_head.weight" not in st.load_file(str(tmp_path / "hf" / "model.safetensors"))
+    fresh = transformers.GPT2LMHeadModel(config).eval()
+    checkpoint.init_weights(fresh, str(tmp_path / "hf" / "model.safetensors"))
+    assert torch.equal(fresh(x).logits, model(x).logits)
