@@ -120,8 +120,11 @@ def test_init_from_a_checkpoint_takes_its_weights_only(fine_tuned):
 
 @pytest.mark.parametrize(
     "concept, workers",
-    [(["--strategy", "none"], (0, 1)), (["--strategy", "ps"], (1,))],  # ps: rank 0 serves, rank 1 trains
-    ids=["none", "ps-dedicated"],
+    [
+        pytest.param(["--strategy", "none"], (0, 1), id="none"),
+        # rank 0 serves, rank 1 trains; make test-long (the property is make test's under the two others)
+        pytest.param(["--strategy", "ps"], (1,), id="ps-dedicated", marks=pytest.mark.long),
+    ],
 )
 def test_init_from_reaches_every_worker_under_other_exchanges(exported, tmp_path, concept, workers):
     """Only the main worker reads the file; every worker starts from it (a step at a vanishing LR barely moves
