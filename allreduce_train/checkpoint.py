@@ -139,8 +139,9 @@ def step_file(step: int) -> str:
 class Kept:
     """The checkpoints a run writes (on the main rank) and keeps: ``checkpoint.pt``, the latest, always;
     with ``keep`` > 0 also the last ``keep`` step checkpoints (``checkpoints/step-NNNNNN.pt``; the latest
-    is a hard link to the newest, no second copy); with a ``--target``, the best evaluation by its metric
-    (``checkpoint-best.pt``, the direction from ``>=`` or ``<=``). Each is a whole checkpoint: it resumes,
+    is a hard link to the newest, no second copy); with a ``target`` (``--target``'s, given under
+    ``--keep-best``), the best evaluation by its metric (``checkpoint-best.pt``, the direction from ``>=``
+    or ``<=``). Each is a whole checkpoint: it resumes,
     exports and starts a fine-tuning run alike. The best value so far travels in every checkpoint
     (``best``), so a resumed run replaces ``checkpoint-best.pt`` only with a better one."""
 
