@@ -618,6 +618,23 @@ class RunConfig:
     name: str = _f("", "run directory name under --run-dir (default: <model>-<strategy>-np<N>-<time>)")
     checkpoint_every: int = _f(0, "checkpoint every N steps (0 = at the end of every epoch)")
     resume: str = _f("", "checkpoint file to continue from, or 'auto' for <run dir>/checkpoint.pt")
+    init_from: str = _f(
+        "",
+        "start from these weights only (fine-tuning): a state_dict .pt (what `export` writes), a .safetensors "
+        "file or a checkpoint; the optimizer, LR schedule and step start afresh. With --resume auto and a "
+        "checkpoint in the run directory, --resume wins: a restarted job continues",
+    )
+    keep_checkpoints: int = _f(
+        0,
+        "besides checkpoint.pt (the latest, what --resume auto reads) keep the last N step checkpoints as "
+        "checkpoints/step-NNNNNN.pt (0 = only the latest)",
+    )
+    keep_best: bool = _f(
+        False,
+        "keep the best evaluation by --target's metric (higher for >=, lower for <=) as checkpoint-best.pt, "
+        "rewritten whenever an evaluation beats it (give a target the run will not reach to keep the best "
+        "without stopping, e.g. eval/loss<=0)",
+    )
     tensorboard: bool = _f(True, "write TensorBoard event files (global rank 0)")
     progress: bool = _f(True, "show a progress bar (global rank 0)")
     dump_params: str = _f(
@@ -631,6 +648,12 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         _check(self.checkpoint_every >= 0, "checkpoint_every", "must be >= 0", self.checkpoint_every)
+        _check(self.keep_checkpoints >= 0, "keep_checkpoints", "must be >= 0", self.keep_checkpoints)
+        if self.init_from and self.resume and self.resume != "auto":
+            raise ConfigError(
+                f"--init-from with --resume {self.resume}: a resumed run continues with its checkpoint's weights; "
+                "drop one (--resume auto beside --init-from lets a restarted fine-tuning continue)"
+            )
         _check(self.expect_hosts >= 0, "expect_hosts", "must be >= 0", self.expect_hosts)
         _check("/" not in self.name, "name", "must be a plain directory name", self.name)
 
@@ -658,6 +681,8 @@ class Config:
                 "before a worker could unscale it and skip an inf/NaN step; use --precision bf16-mixed (no "
                 "loss scaler) or --strategy allreduce"
             )
+        if self.run.keep_best and not self.train.target:
+            raise ConfigError("--keep-best keeps the best by --target's metric: give --target, e.g. eval/loss<=0")
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)

@@ -87,6 +87,8 @@ class Trainer:
         self.precision = Precision("32", torch.device("cpu"))  # build() sets --precision on the run's device
         self.lr_schedule: LRSchedule  # made in build(), which knows the run's length
         self.optimizer_name = ""
+        # the checkpoints kept besides the latest: step checkpoints, the best evaluation
+        self.kept = checkpoint.Kept(run_dir, cfg.run.keep_checkpoints, cfg.train.target if cfg.run.keep_best else "")
 
     # ---------------------------------------------------------------- set-up
     def build(self) -> Setup:
@@ -158,6 +160,9 @@ class Trainer:
             start = int(state["step"])
             workers = state.get("workers")
             precision_state = state.get("precision")
+            self.kept.load_state_dict(state)
+        elif cfg.run.init_from and ex.is_main:  # weights only (fine-tuning): prepare() gives them to every rank
+            checkpoint.init_weights(model, cfg.run.init_from)
         return Setup(device, model, optimizer, batches, eval_set, total, start, workers, precision_state)
 
     # ---------------------------------------------------------------- one step
@@ -229,7 +234,9 @@ class Trainer:
         model.train()
         return self.task.eval_metrics(self.ex.sum_over_workers(totals))  # communication: global sums
 
-    def save_checkpoint(self, model, optimizer, step: int) -> None:
+    def save_checkpoint(self, model, optimizer, step: int, latest: bool = True, best: bool = False) -> None:
+        """Write the checkpoint of step ``step`` (collective over the workers; the main rank writes) as
+        the latest and/or as the best evaluation so far (:class:`checkpoint.Kept`)."""
         # Every worker checks its own copy (identical parameters, so all decide alike): a diverged
         # model never replaces the last good checkpoint.
         for name, p in model.named_parameters():
@@ -257,7 +264,7 @@ class Trainer:
                 "lr_schedule": self.lr_schedule.describe(),  # the LR follows from it and the step
                 "precision": self.precision.state_dict(),  # 16-mixed: the loss scaler's scale
             }
-            checkpoint.save(os.path.join(self.run_dir, checkpoint.CHECKPOINT_NAME), state)
+            self.kept.write(state, latest, best)
 
     def log_figures(self, loss_sum: torch.Tensor, steps: int, meter: Throughput) -> tuple[float, torch.Tensor]:
         """The training loss of the last ``steps`` steps averaged over workers (not rank 0's share),
@@ -282,6 +289,7 @@ class Trainer:
         resumed = ex.broadcast_object(s.worker_states)  # communication: each worker's saved RNG and task state
         if self.precision.scaler is not None:
             self.precision.load_state_dict(ex.broadcast_object(s.precision_state))  # communication: the scale
+        self.kept.best = ex.broadcast_object(self.kept.best)  # communication: a resumed run's best evaluation
         task_state = None
         if resumed and len(resumed) == ex.num_workers:
             mine = WorkerState.from_dict(resumed[ex.worker_index], cfg.run.resume)
@@ -379,8 +387,10 @@ class Trainer:
                     log.progress(0, loss=f"{train_loss:.4f}")
                     loss_sum.zero_()
                     since_log = 0
+                improved = False
                 if step % eval_every == 0 or step == s.total_steps:
                     last_eval = self.evaluate(model, s.eval_set, device)
+                    improved = self.kept.record(step, last_eval)  # --keep-best: the same figures on every worker
                     log.scalars(step, last_eval)
                     log.message(
                         f"step {step}: " + ", ".join(f"{key.replace('/', ' ')} {v:.4f}" for key, v in last_eval.items())
@@ -392,8 +402,9 @@ class Trainer:
                             f"after {seconds:.1f} s"
                         )
                         stop_at = step  # every rank evaluated the same global figures: all stop here
-                if step % ckpt_every == 0 or step == stop_at or stop:
-                    self.save_checkpoint(model, optimizer, step)
+                latest = step % ckpt_every == 0 or step == stop_at or stop
+                if latest or improved:
+                    self.save_checkpoint(model, optimizer, step, latest, improved)
                 if stop:  # every worker saw the same vote: all stop after this step
                     raise Preempted(step, preempt.requested() or "a signal to another rank")
                 if step >= stop_at:
