@@ -698,28 +698,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     seen: set[str] = set()
     for section, cls in _sections().items():
         group = parser.add_argument_group(section, cls.__doc__)
-        hints = get_type_hints(cls)
         for f in dataclasses.fields(cls):
             name = key(cls, f.name)
             assert name not in seen, f"config field {name} appears in two sections"
             seen.add(name)
-            typ = hints[f.name]
-            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            kwargs: dict[str, Any] = {
-                "dest": f"{section}.{f.name}",
-                "default": None,
-                "help": f"{f.metadata['help']} (default: {default!r})",
-            }
-            if typ is list:
-                group.add_argument(flag(name), action="append", metavar="KEY=VALUE", **kwargs)
-            elif typ is bool:
-                group.add_argument(flag(name), action=argparse.BooleanOptionalAction, **kwargs)
-            else:
-                metavar = name.upper()
-                if "choices" in f.metadata:  # shown in --help as {a,b}
-                    kwargs["choices"] = f.metadata["choices"]
-                    metavar = "{" + ",".join(f.metadata["choices"]) + "}"
-                group.add_argument(flag(name), type=typ, metavar=metavar, **kwargs)
+            add_field_argument(group, section, cls, f)
+
+
+def add_field_argument(group: Any, section: str, cls: type, f: dataclasses.Field) -> None:
+    """One config field's flag on ``group`` (a parser or an argument group), its help and default read from the
+    field: the value lands in ``args.<section>.<field>`` (None when not given) for :func:`build_config`. The
+    lab's experiments add the recipe's fields with it (lab/common/recipe.py)."""
+    name, typ = key(cls, f.name), get_type_hints(cls)[f.name]
+    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    kwargs: dict[str, Any] = {
+        "dest": f"{section}.{f.name}",
+        "default": None,
+        "help": f"{f.metadata['help']} (default: {default!r})",
+    }
+    if typ is list:
+        group.add_argument(flag(name), action="append", metavar="KEY=VALUE", **kwargs)
+    elif typ is bool:
+        group.add_argument(flag(name), action=argparse.BooleanOptionalAction, **kwargs)
+    else:
+        metavar = name.upper()
+        if "choices" in f.metadata:  # shown in --help as {a,b}
+            kwargs["choices"] = f.metadata["choices"]
+            metavar = "{" + ",".join(f.metadata["choices"]) + "}"
+        group.add_argument(flag(name), type=typ, metavar=metavar, **kwargs)
 
 
 def _owners() -> dict[str, tuple[str, str]]:

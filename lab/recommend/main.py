@@ -3,6 +3,8 @@
     python -m lab recommend --task examples.gpt.task:build --model-arg max_chars=40000 \\
         --target 'eval/loss<=2.5' --workers 8,64,512 --link 10gbit,100gbit --latency 50us
     python -m lab recommend --model mypkg.net:build --dataset mypkg.data:load --target 'eval/accuracy>=0.9'
+    python -m lab recommend --task examples.gpt.task:build --target 'eval/loss<=2.5' \\
+        --optimizer adamw --lr 3e-4 --lr-schedule cosine --warmup-steps 20 --precision bf16-mixed
 
 Time to the target = steps to the target x time per step. The cost model (lab/common/costmodel.py, validated on
 emulated hosts) predicts the time per step of each concept (float32, 16-bit, PowerSGD, local SGD on a ring
@@ -11,9 +13,15 @@ steps to the target over synchronous float32's, measured here on 2 emulated host
 time-to-accuracy grid (``python -m lab time-to-accuracy``, run as a job: experiments do not import each other).
 Measured here:
 
-* compute per step: one worker, one thread, the trainer's first batch, forward + backward + SGD (median);
+* compute per step: one worker, one thread, the trainer's first batch, forward + backward + the recipe's
+  optimizer step (median);
 * the gradient: the model's trainable parameters' shapes (PowerSGD's bytes depend on which are matrices);
 * the steps ratio of each concept to float32 at 2 workers (``--steps-from DIR`` reuses a finished grid's).
+
+All of it under the user's recipe: the trainer's recipe flags (lab/common/recipe.py: ``--optimizer``, its
+arguments, ``--lr-schedule``, ``--precision``) reach the compute measurement and every job of the steps grid, so
+the recommendation is made for the optimizer the user trains with (AdamW changes how local SGD and PowerSGD
+compare with float32); a grid given with ``--steps-from`` must have run under the same recipe flags.
 
 Given: workers, link rates and the latency (assumed: nothing here measures your cluster). Modelled: each
 concept's bytes, messages and extra compute (costmodel.method_cost). The steps ratio is measured at 2 workers
@@ -37,7 +45,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..common import costmodel, trust, usermodel
+from ..common import costmodel, recipe, trust, usermodel
 
 DEFAULT_METHODS = ("fp32", "fp16", "powersgd-r4", "localsgd-h4", "localsgd-h16")
 MEASURED_WORKERS = 2  # the emulated hosts the steps ratios are measured on
@@ -61,6 +69,7 @@ class Inputs:
     ratio_workers: int = MEASURED_WORKERS
     sources: dict[str, str] = field(default_factory=dict)
     host: costmodel.Host = costmodel.HOST
+    recipe: str = ""  # the recipe asked for (lab/common/recipe.py describe)
 
     @property
     def grad_bytes(self) -> int:
@@ -177,6 +186,7 @@ def summary(
         f"[{src.get('shapes', 'measured here')}]",
         f"  steps to target / float32's, at {inp.ratio_workers} workers: {ratios}  [{src.get('steps', 'given')}]",
         f"  latency           {1e6 * inp.latency_s:g} us per message  [assumed: --latency]",
+        f"  recipe            {inp.recipe or recipe.describe([])}  [{src.get('recipe', 'given')}]",
         "  bytes, messages, extra compute per concept  [modelled: costmodel.method_cost; host "
         f"{inp.host.mem_bw / 1e9:g} GB/s, {inp.host.flops / 1e9:g} GFLOP/s assumed]",
         "",
@@ -224,21 +234,31 @@ def check_line(check: dict[str, Any]) -> str:
 # ------------------------------------------------------------------------- measurements
 
 
-def measure_compute(w: usermodel.Workload, batch: int, steps: int = 12, warmup: int = 3) -> float:
-    """Median seconds of one training step (forward, backward, SGD) of one worker with one thread."""
+def measure_compute(
+    w: usermodel.Workload, batch: int, flags: list[str] | tuple[str, ...] = (), steps: int = 12, warmup: int = 3
+) -> float:
+    """Median seconds of one training step of one worker with one thread under the recipe ``flags``: forward
+    and loss under the trainer's autocast, backward, the trainer's optimizer (the task's own when it has one)."""
     import torch
+
+    from allreduce_train.optim import build_optimizer
+    from allreduce_train.precision import Precision
 
     torch.set_num_threads(1)
     task, x, y = usermodel.first_batch(w, batch, 0, 1)
+    cfg = usermodel.config(w, flags)
     torch.manual_seed(42)
     model = task.build_model()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    opt = build_optimizer(cfg.optim, model, task)
+    precision = Precision(cfg.train.precision, torch.device("cpu"))  # 16-mixed: one line (CUDA only)
     rows = slice(0, batch)
     times = []
     for i in range(warmup + steps):
         t0 = time.perf_counter()
         opt.zero_grad()
-        task.loss(model, x, y, rows).backward()
+        with precision.forward_context():
+            loss = task.loss(model, x, y, rows)
+        loss.backward()
         opt.step()
         if i >= warmup:
             times.append(time.perf_counter() - t0)
@@ -268,6 +288,15 @@ def steps_from(results_path: str, model: str, methods: list[str]) -> tuple[dict[
     return ratios, n, by
 
 
+def grid_recipe(results_path: str) -> list[str]:
+    """The recipe flags a time-to-accuracy grid ran under (none recorded: the trainer's defaults)."""
+    try:
+        with open(results_path) as fh:
+            return list(json.load(fh).get("config", {}).get("recipe", []))
+    except (OSError, ValueError, AttributeError) as e:
+        raise RecommendError(f"--steps-from: {results_path} is not a time-to-accuracy results.json ({e})") from None
+
+
 def emulated_check(by: dict[str, dict], inp: Inputs, methods: list[str]) -> dict[str, Any] | None:
     """The model's time to the target over float32's for the emulated jobs (their own compute, their link, no
     latency) against the measured one."""
@@ -290,7 +319,7 @@ def emulated_check(by: dict[str, dict], inp: Inputs, methods: list[str]) -> dict
     return out
 
 
-def run_steps_grid(
+def steps_grid_argv(
     w: usermodel.Workload,
     target: str,
     methods: list[str],
@@ -300,10 +329,9 @@ def run_steps_grid(
     evals_per_epoch: int,
     extra: list[str],
     batch: int,
-) -> str:
-    """The time-to-accuracy grid at 2 emulated hosts for this model; returns its results.json."""
-    from ..common.jobs import run
-
+    flags: list[str],
+) -> list[str]:
+    """The command of the time-to-accuracy grid at 2 emulated hosts for this model, under the recipe ``flags``."""
     argv = [
         sys.executable,
         "-m",
@@ -325,6 +353,7 @@ def run_steps_grid(
         str(evals_per_epoch),
         "--out-dir",
         out,
+        *flags,  # the recipe, for every job of the grid
     ]
     argv += ["--task", w.task] if w.task else ["--model", w.model] if w.own else ["--models", w.model]
     for a in w.model_args:
@@ -335,11 +364,15 @@ def run_steps_grid(
         argv += ["--dataset-arg", a]
     for e in ["--batch-size", str(batch), *extra]:  # the batch whose compute was measured
         argv.append(f"--extra={e}")
-    print(
-        f"measuring the steps to {target} on {MEASURED_WORKERS} emulated hosts at {rate}: "
-        f"{len(methods)} training jobs -> {out}",
-        flush=True,
-    )
+    return argv
+
+
+def run_steps_grid(argv: list[str], out: str, what: str) -> str:
+    """Run the grid of :func:`steps_grid_argv` into ``out`` (``what``: the line that says so); returns its
+    results.json."""
+    from ..common.jobs import run
+
+    print(what, flush=True)
     res = run(argv, timeout=24 * 3600, log_path=os.path.join(out + ".log"))
     path = os.path.join(out, "results.json")
     if not os.path.exists(path):
@@ -499,6 +532,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="an extra trainer argument for the measurement's jobs, e.g. --extra=--lr --extra=0.003",
     )
     p.add_argument("--out", default="", help="output directory (default: runs/recommend/<time>)")
+    recipe.add_arguments(p)
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -544,15 +578,26 @@ def recommend(args: argparse.Namespace) -> dict[str, Any]:
         args.model, task=args.task, dataset=args.dataset, model_args=args.model_arg, dataset_args=args.dataset_arg
     )
     out = args.out or os.path.join("runs", "recommend", time.strftime("%Y%m%d-%H%M%S"))
+    flags = recipe.argv(args)
+    if args.steps_from:
+        ran_under = grid_recipe(os.path.join(args.steps_from, "results.json"))
+        if ran_under != flags:
+            raise RecommendError(
+                f"--steps-from {args.steps_from}: its grid ran under {recipe.describe(ran_under)}; this "
+                f"recommendation asks for {recipe.describe(flags)}: give the same recipe flags, or leave out "
+                "--steps-from to measure the steps under yours"
+            )
     try:
+        if flags:
+            recipe.check(w, [*flags, *args.extra])
         shapes = [tuple(s) for s in usermodel.shapes(w)]
-        compute = args.compute_ms / 1e3 if args.compute_ms else measure_compute(w, args.batch_size)
+        compute = args.compute_ms / 1e3 if args.compute_ms else measure_compute(w, args.batch_size, flags)
     except UserError as e:
         raise RecommendError(str(e)) from None
     sources = {
         "compute": "given: --compute-ms"
         if args.compute_ms
-        else "measured here: 1 worker, 1 thread, median of 12 steps",
+        else "measured here: 1 worker, 1 thread, median of 12 steps of the recipe",
         "shapes": "measured here: the model's trainable parameters",
     }
     os.makedirs(out, exist_ok=True)
@@ -565,20 +610,31 @@ def recommend(args: argparse.Namespace) -> dict[str, Any]:
         reason = unavailable_reason()
         if reason:
             raise RecommendError(f"measuring the steps needs emulated hosts: {reason}; or give --steps-from DIR")
-        results = run_steps_grid(
+        grid = os.path.join(out, "steps")
+        argv = steps_grid_argv(
             w,
             args.target,
             methods,
             args.measure_rate,
-            os.path.join(out, "steps"),
+            grid,
             args.max_epochs,
             args.evals_per_epoch,
             args.extra,
             args.batch_size,
+            flags,
         )
+        what = (
+            f"measuring the steps to {args.target} on {MEASURED_WORKERS} emulated hosts at {args.measure_rate}: "
+            f"{len(methods)} training jobs -> {grid}"
+        )
+        results = run_steps_grid(argv, grid, what)
         sources["steps"] = f"measured here: {MEASURED_WORKERS} emulated hosts at {args.measure_rate}, {results}"
     ratios, n_measured, jobs = steps_from(results, w.name, methods)
-    inp = Inputs(w.name, shapes, compute, args.batch_size, latency, ratios, n_measured, sources)
+    ran = recipe.ran_lines(jobs.values(), "method")
+    sources["recipe"] = "the steps grid ran: " + ("; ".join(ran) if ran else "not recorded")
+    inp = Inputs(
+        w.name, shapes, compute, args.batch_size, latency, ratios, n_measured, sources, recipe=recipe.describe(flags)
+    )
     cells = plan(inp, workers, links, methods)
     check = emulated_check(jobs, inp, methods)
     text = summary(inp, cells, methods, check, out)
