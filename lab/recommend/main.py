@@ -60,6 +60,7 @@ class Inputs:
     steps_ratio: dict[str, float | None]  # concept label -> its steps to the target / float32's (None: not reached)
     ratio_workers: int = MEASURED_WORKERS
     sources: dict[str, str] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)  # concept label -> its job's error line (a crash, not slow)
     host: costmodel.Host = costmodel.HOST
 
     @property
@@ -150,7 +151,8 @@ def predict_cell(
         "in_region": trust.in_region(base_ex, compute),
         "decided": runner is None or trust.decisive(rel[best], rel[runner], base_ex, compute),
         "ratio_measured_here": n == inp.ratio_workers,
-        "not_reached": [m for m in methods if m != "fp32" and inp.steps_ratio.get(m) is None],
+        "not_reached": [m for m in methods if m != "fp32" and inp.steps_ratio.get(m) is None and m not in inp.failed],
+        "failed": {m: inp.failed[m] for m in methods if m in inp.failed},
     }
 
 
@@ -166,7 +168,11 @@ def summary(
     lines = [f"Which concept reaches the target fastest for {inp.model}", ""]
     src = inp.sources
     ratios = ", ".join(
-        f"{m} {inp.steps_ratio[m]:.2f}" if inp.steps_ratio.get(m) is not None else f"{m} not reached"
+        f"{m} {inp.steps_ratio[m]:.2f}"
+        if inp.steps_ratio.get(m) is not None
+        else f"{m} failed"
+        if m in inp.failed
+        else f"{m} not reached"
         for m in methods
         if m != "fp32"
     )
@@ -206,6 +212,8 @@ def summary(
     missed = sorted({m for c in cells for m in c["not_reached"]})
     if missed:
         lines.append(f"not ranked (did not reach the target in the measurement): {', '.join(missed)}")
+    for m, line in inp.failed.items():  # a crash is a failure of that concept's job, never a slow concept
+        lines.append(f"not ranked, {m} failed: {line}")
     if check:
         lines.append(check_line(check))
     if out:
@@ -245,27 +253,43 @@ def measure_compute(w: usermodel.Workload, batch: int, steps: int = 12, warmup: 
     return statistics.median(times)
 
 
-def steps_from(results_path: str, model: str, methods: list[str]) -> tuple[dict[str, float | None], int, dict]:
-    """(steps ratios, the worker count, the float32 and concept jobs) from a time-to-accuracy results.json."""
+def steps_from(
+    results_path: str, model: str, methods: list[str]
+) -> tuple[dict[str, float | None], int, dict, dict[str, str]]:
+    """(steps ratios, the worker count, the float32 and concept jobs, the failed concepts' error lines) from a
+    time-to-accuracy results.json. A job that failed (its record's ``ok`` false, its ``error`` the job's one
+    line: lab/tta/main.py from lab/common/jobs.py's ``error_line``) is named as failed, not as slow."""
     try:
         with open(results_path) as fh:
             res = json.load(fh)
-        jobs = [j for j in res["jobs"] if j["model"] == model and j.get("ok")]
+        mine = [j for j in res["jobs"] if j["model"] == model]
+        jobs = [j for j in mine if j.get("ok")]
+        crashed = [j for j in mine if not j.get("ok")]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise RecommendError(f"--steps-from: {results_path} is not a time-to-accuracy results.json ({e})") from None
     base = [j for j in jobs if j["method"] == tta_method("fp32") and j.get("reached")]
     if not base:
+        bad = next((j for j in crashed if j["method"] == tta_method("fp32")), None)
+        if bad is not None:
+            raise RecommendError(
+                f"--steps-from {results_path}: float32 ({tta_method('fp32')}) failed for {model}: "
+                f"{bad.get('error', 'no error line recorded')} (see its log: {bad.get('log', 'the grid')})"
+            )
         raise RecommendError(
             f"--steps-from {results_path}: float32 ({tta_method('fp32')}) did not reach the target "
             f"for {model}: no ratio to take (a lower target, or more --max-epochs)"
         )
     n = base[0]["workers"]
     by = {j["method"]: j for j in jobs if j["workers"] == n}
+    errors = {j["method"]: j.get("error", "no error line recorded") for j in crashed if j["workers"] == n}
     ratios: dict[str, float | None] = {}
+    failed: dict[str, str] = {}
     for m in methods:
         j = by.get(tta_method(m))
         ratios[m] = j["steps_to_target"] / by[tta_method("fp32")]["steps_to_target"] if j and j.get("reached") else None
-    return ratios, n, by
+        if j is None and tta_method(m) in errors:
+            failed[m] = errors[tta_method(m)]
+    return ratios, n, by, failed
 
 
 def emulated_check(by: dict[str, dict], inp: Inputs, methods: list[str]) -> dict[str, Any] | None:
@@ -577,8 +601,8 @@ def recommend(args: argparse.Namespace) -> dict[str, Any]:
             args.batch_size,
         )
         sources["steps"] = f"measured here: {MEASURED_WORKERS} emulated hosts at {args.measure_rate}, {results}"
-    ratios, n_measured, jobs = steps_from(results, w.name, methods)
-    inp = Inputs(w.name, shapes, compute, args.batch_size, latency, ratios, n_measured, sources)
+    ratios, n_measured, jobs, failed = steps_from(results, w.name, methods)
+    inp = Inputs(w.name, shapes, compute, args.batch_size, latency, ratios, n_measured, sources, failed)
     cells = plan(inp, workers, links, methods)
     check = emulated_check(jobs, inp, methods)
     text = summary(inp, cells, methods, check, out)

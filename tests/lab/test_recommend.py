@@ -109,7 +109,11 @@ def test_parsers_name_their_flag():
         parse_links("fast")
 
 
-def grid(tmp_path, reached=True):
+# What lab/tta/main.py records for a job that failed (ok false, the job's one error line from lab/common/jobs.py)
+CRASH = "allreduce_train: error on rank 0: IndexError: list index out of range"
+
+
+def grid(tmp_path, reached=True, failed=()):
     jobs = [
         {
             "model": "userpkg.net:build",
@@ -124,6 +128,11 @@ def grid(tmp_path, reached=True):
             "comm_wait_ms": 10.0,
         }
         for m, s, t in (("ring-mpi", 100, 10.0), ("ring-mpi-fp16", 100, 9.0), ("ring-mpi-localsgd-h4", 180, 14.0))
+        if m not in failed
+    ]
+    jobs += [
+        {"model": "userpkg.net:build", "method": m, "workers": 2, "ok": False, "error": CRASH, "log": f"logs/{m}.log"}
+        for m in failed
     ]
     d = tmp_path / "grid"
     d.mkdir(parents=True)
@@ -132,10 +141,28 @@ def grid(tmp_path, reached=True):
 
 
 def test_steps_ratios_come_from_a_finished_grid(tmp_path):
-    ratios, n, _ = steps_from(str(grid(tmp_path) / "results.json"), "userpkg.net:build", METHODS)
-    assert n == 2 and ratios == {"fp32": 1.0, "fp16": 1.0, "localsgd-h4": pytest.approx(1.8)}
+    ratios, n, _, failed = steps_from(str(grid(tmp_path) / "results.json"), "userpkg.net:build", METHODS)
+    assert n == 2 and ratios == {"fp32": 1.0, "fp16": 1.0, "localsgd-h4": pytest.approx(1.8)} and failed == {}
     with pytest.raises(RecommendError, match=r"float32 .* did not reach the target"):
         steps_from(str(grid(tmp_path / "b", reached=False) / "results.json"), "userpkg.net:build", METHODS)
+
+
+def test_a_crashed_job_is_reported_as_failed_with_its_error_line_not_as_slow(tmp_path):
+    d = grid(tmp_path, failed=("ring-mpi-localsgd-h4",))
+    ratios, _, _, failed = steps_from(str(d / "results.json"), "userpkg.net:build", METHODS)
+    assert ratios["localsgd-h4"] is None and failed == {"localsgd-h4": CRASH}
+    inp = Inputs("userpkg.net:build", LINEAR, 0.010, 64, 0.0, ratios, failed=failed)
+    cells = plan(inp, [2, 8], [("1gbit", 1e9 / 8)], METHODS)
+    assert all(c["failed"] == {"localsgd-h4": CRASH} and c["not_reached"] == [] for c in cells)
+    text = summary(inp, cells, METHODS, None)
+    assert f"not ranked, localsgd-h4 failed: {CRASH}" in text and "fp16 1.00, localsgd-h4 failed  [" in text
+    assert "did not reach" not in text and "not reached" not in text
+
+
+def test_a_crashed_float32_job_stops_the_recommendation_with_its_error_line(tmp_path):
+    d = grid(tmp_path, failed=("ring-mpi",))
+    with pytest.raises(RecommendError, match=r"float32 \(ring-mpi\) failed .*IndexError: list index out of range"):
+        steps_from(str(d / "results.json"), "userpkg.net:build", METHODS)
 
 
 PACKAGE = {
@@ -146,6 +173,35 @@ PACKAGE = {
 
     def build(hidden=16):
         return nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+    """),
+    # a model that crashes at its first training step under local SGD only (it reads the trainer's command
+    # line): a concept's job failing as PowerSGD's did on a small MLP before it was fixed (issue 40)
+    "picky.py": textwrap.dedent("""
+    import sys
+
+    import torch.nn as nn
+
+
+    class Picky(nn.Sequential):
+        def forward(self, x):
+            if self.training and "--average-every" in sys.argv:
+                raise RuntimeError("this model does not train under local SGD")
+            return super().forward(x)
+
+
+    def build():
+        return Picky(nn.Flatten(), nn.Linear(28 * 28, 10))
+    """),
+    "data.py": textwrap.dedent("""
+    import torch
+    from torch.utils.data import TensorDataset
+
+
+    def build():
+        g = torch.Generator().manual_seed(0)
+        y = torch.randint(0, 10, (256,), generator=g)
+        x = torch.randn(256, 1, 28, 28, generator=g) + y.view(-1, 1, 1, 1).float()
+        return TensorDataset(x[:192], y[:192]), TensorDataset(x[192:], y[192:])
     """),
 }
 
@@ -207,6 +263,31 @@ def test_recommend_prints_a_time_to_accuracy_answer_for_a_users_model(tmp_path):
     }
     assert res["check"]["methods"]["fp16"]["measured"] == pytest.approx(0.9)
     assert (out / "recommend.png").stat().st_size > 10_000
+
+
+@pytest.mark.long  # a time-to-accuracy grid of 2 jobs, then recommend (~40 s): make test-long, .ci/run
+def test_recommend_names_a_concept_whose_real_job_crashed_as_failed_with_its_error_line(tmp_path):
+    env, grid_dir = user_env(tmp_path), tmp_path / "grid"
+    own = ["--model", "userpkg.picky:build", "--dataset", "userpkg.data:build"]
+    proc = lab(
+        ["time-to-accuracy", *own, "--workers", "2", "--emulate-from", "0", "--target", "eval/accuracy>=0.0"]
+        + ["--methods", "ring-mpi,ring-mpi-localsgd-h4", "--max-epochs", "1", "--evals-per-epoch", "2"]
+        + ["--extra=--batch-size", "--extra=16", "--out-dir", str(grid_dir)],
+        env,
+        timeout=600,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # the grid ran, one of its jobs failed
+    failed = [j for j in json.loads((grid_dir / "results.json").read_text())["jobs"] if not j["ok"]]
+    assert [j["method"] for j in failed] == ["ring-mpi-localsgd-h4"]
+    assert "this model does not train under local SGD" in failed[0]["error"]
+    proc = lab(
+        ["recommend", *own, "--target", "eval/accuracy>=0.0", "--steps-from", str(grid_dir), "--compute-ms", "1"]
+        + ["--workers", "2,8", "--link", "1gbit", "--methods", "localsgd-h4", "--out", str(tmp_path / "out")],
+        env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f"not ranked, localsgd-h4 failed: {failed[0]['error']}" in proc.stdout
+    assert "did not reach" not in proc.stdout and "at 2 workers: localsgd-h4 failed  [measured" in proc.stdout
 
 
 @pytest.mark.parametrize(
