@@ -18,7 +18,8 @@ Measured here:
 Given: workers, link rates and the latency (assumed: nothing here measures your cluster). Modelled: each
 concept's bytes, messages and extra compute (costmodel.method_cost). The steps ratio is measured at 2 workers
 only: for other worker counts it is used as it is and every such answer says so. Where the model is known to
-miss (lab/common/trust.py), an answer whose margin is within the miss says "not decided".
+miss (lab/common/trust.py), an answer whose margin is within the miss says "not decided"; so does one that rests on
+a concept whose check on the emulated hosts missed the model's prediction by more than that factor.
 
 Output (``--out``, default runs/recommend/<time>): the summary on stdout (one screen), report.md,
 recommend.json (every input with its source, every cell) and recommend.png (the map: the fastest concept to the
@@ -139,6 +140,7 @@ def predict_cell(
     ).exchange_s
     best = order[0]
     runner = order[1] if len(order) > 1 else None
+    margin = runner is None or trust.decisive(rel[best], rel[runner], base_ex, compute)
     return {
         "workers": n,
         "bandwidth": bandwidth,
@@ -149,16 +151,40 @@ def predict_cell(
         "fp32_exchange_s": base_ex,
         "compute_s": compute,
         "in_region": trust.in_region(base_ex, compute),
-        "decided": runner is None or trust.decisive(rel[best], rel[runner], base_ex, compute),
+        "decided": margin,
+        "margin_decided": margin,  # by the untrusted region's rule alone (judge() may undecide it on the check)
         "ratio_measured_here": n == inp.ratio_workers,
         "not_reached": [m for m in methods if m != "fp32" and inp.steps_ratio.get(m) is None and m not in inp.failed],
         "failed": {m: inp.failed[m] for m in methods if m in inp.failed},
     }
 
 
-def plan(inp: Inputs, workers: list[int], links: list[tuple[str, float]], methods: list[str]) -> list[dict[str, Any]]:
-    """Every asked (workers, link) cell."""
-    return [{**predict_cell(inp, n, bw, methods), "link": name} for n in workers for name, bw in links]
+def judge(cell: dict[str, Any], check: dict[str, Any] | None) -> dict[str, Any]:
+    """``cell`` with the check on emulated hosts applied: where a concept's measured time missed the model's by
+    more than the trust factor (trust.check_holds), the cell is not decided if that concept is its pick (the
+    model's figure for it is not what the jobs measured) or is ranked and measured faster than predicted (it
+    may be the real pick). ``check_missed`` names those concepts with both figures: the reason shown."""
+    missed = {m: c for m, c in (check or {}).get("methods", {}).items() if not c.get("within_trust", True)}
+    if not missed:
+        return cell
+    against = {
+        m: c
+        for m, c in missed.items()
+        if m == cell["winner"] or (m in cell["time_vs_fp32"] and c["measured"] < c["predicted"])
+    }
+    why = {m: f"predicted {c['predicted']:.2f}, measured {c['measured']:.2f}" for m, c in against.items()}
+    return {**cell, "decided": cell["decided"] and not against, "check_missed": why}
+
+
+def plan(
+    inp: Inputs,
+    workers: list[int],
+    links: list[tuple[str, float]],
+    methods: list[str],
+    check: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Every asked (workers, link) cell, judged against the check on emulated hosts (None: no check)."""
+    return [judge({**predict_cell(inp, n, bw, methods), "link": name}, check) for n in workers for name, bw in links]
 
 
 def summary(
@@ -195,10 +221,11 @@ def summary(
         for link in links:
             c = next(c for c in cells if c["workers"] == n and c["link"] == link)
             t = c["time_vs_fp32"][c["winner"]]
-            txt = f"**{c['winner']}** {t:.2f}"
+            txt = f"**{c['winner']}** {t:.2f}" if c["decided"] else f"{c['winner']} {t:.2f}"  # bold: a pick
             if c["runner_up"]:
                 txt += f" ({c['runner_up']} {c['time_vs_fp32'][c['runner_up']]:.2f})"
-            marks = ("" if c["decided"] else " not decided*") + ("" if c["ratio_measured_here"] else " +")
+            why = ("" if c["margin_decided"] else "*") + ("†" if c.get("check_missed") else "")
+            marks = ("" if c["decided"] else f" not decided{why}") + ("" if c["ratio_measured_here"] else " +")
             row.append(txt + marks)
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", "cells: the fastest concept's time to the target over float32's (the runner-up's)"]
@@ -207,8 +234,14 @@ def summary(
             f"+ steps ratio measured at {inp.ratio_workers} workers, not at this N: used as it is, not "
             "extrapolated (local SGD's and PowerSGD's steps usually grow with N: check at your N)"
         )
-    if any(not c["decided"] for c in cells):
+    if any(not c["margin_decided"] for c in cells):
         lines.append("* " + trust.note())
+    against = sorted({m for c in cells for m in c.get("check_missed", {})})
+    if against:
+        lines.append(
+            f"† the check below missed by more than {trust.MISS:.2f}x (lab/common/trust.py) for {', '.join(against)}, "
+            "which these picks rest on: the model lacks a cost those jobs paid, so they are not decided"
+        )
     missed = sorted({m for c in cells for m in c["not_reached"]})
     if missed:
         lines.append(f"not ranked (did not reach the target in the measurement): {', '.join(missed)}")
@@ -222,7 +255,10 @@ def summary(
 
 
 def check_line(check: dict[str, Any]) -> str:
-    parts = [f"{m} {c['predicted']:.2f} / {c['measured']:.2f}" for m, c in check["methods"].items()]
+    parts = [
+        f"{m} {c['predicted']:.2f} / {c['measured']:.2f}" + ("" if c.get("within_trust", True) else " missed†")
+        for m, c in check["methods"].items()
+    ]
     return (
         f"check, {MEASURED_WORKERS} emulated hosts at {check['rate']} (time to target / float32's, predicted / "
         f"measured): " + ", ".join(parts)
@@ -294,7 +330,7 @@ def steps_from(
 
 def emulated_check(by: dict[str, dict], inp: Inputs, methods: list[str]) -> dict[str, Any] | None:
     """The model's time to the target over float32's for the emulated jobs (their own compute, their link, no
-    latency) against the measured one."""
+    latency) against the measured one, and whether the two agree within the trust factor (trust.check_holds)."""
     from ..common.links import link_network
 
     base = by.get(tta_method("fp32"))
@@ -307,9 +343,11 @@ def emulated_check(by: dict[str, dict], inp: Inputs, methods: list[str]) -> dict
     for m in methods:
         j = by.get(tta_method(m))
         if m != "fp32" and j and j.get("reached") and m in cell["time_vs_fp32"]:
+            predicted, measured = cell["time_vs_fp32"][m], j["seconds_to_target"] / base["seconds_to_target"]
             out["methods"][m] = {
-                "predicted": cell["time_vs_fp32"][m],
-                "measured": j["seconds_to_target"] / base["seconds_to_target"],
+                "predicted": predicted,
+                "measured": measured,
+                "within_trust": trust.check_holds(predicted, measured),
             }
     return out
 
@@ -392,9 +430,11 @@ def colour(label: str) -> str:
     )
 
 
-def plot(path: str, inp: Inputs, cells: list[dict[str, Any]], methods: list[str]) -> None:
+def plot(
+    path: str, inp: Inputs, cells: list[dict[str, Any]], methods: list[str], check: dict[str, Any] | None = None
+) -> None:
     """The fastest concept to the target by link rate (x) and workers (y), the asked cells circled, the cells the
-    model does not decide hatched."""
+    model does not decide (its untrusted region, or a check that missed) hatched."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -407,7 +447,7 @@ def plot(path: str, inp: Inputs, cells: list[dict[str, Any]], methods: list[str]
     seen = set()
     for i, n in enumerate(ns):
         for j, g in enumerate(bws):
-            c = predict_cell(inp, max(2, round(n)), g * 1e9 / 8, methods)
+            c = judge(predict_cell(inp, max(2, round(n)), g * 1e9 / 8, methods), check)
             x0, x1 = (bws[j - 1] * g) ** 0.5 if j else g, (g * bws[j + 1]) ** 0.5 if j + 1 < len(bws) else g
             y0, y1 = (ns[i - 1] * n) ** 0.5 if i else n, (n * ns[i + 1]) ** 0.5 if i + 1 < len(ns) else n
             ax.fill_between(
@@ -603,10 +643,10 @@ def recommend(args: argparse.Namespace) -> dict[str, Any]:
         sources["steps"] = f"measured here: {MEASURED_WORKERS} emulated hosts at {args.measure_rate}, {results}"
     ratios, n_measured, jobs, failed = steps_from(results, w.name, methods)
     inp = Inputs(w.name, shapes, compute, args.batch_size, latency, ratios, n_measured, sources, failed)
-    cells = plan(inp, workers, links, methods)
     check = emulated_check(jobs, inp, methods)
+    cells = plan(inp, workers, links, methods, check)
     text = summary(inp, cells, methods, check, out)
-    plot(os.path.join(out, "recommend.png"), inp, cells, methods)
+    plot(os.path.join(out, "recommend.png"), inp, cells, methods, check)
     res = {
         "command": ["python", "-m", "lab", *sys.argv[1:]],
         "inputs": asdict(inp),

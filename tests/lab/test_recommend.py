@@ -15,12 +15,15 @@ from lab.common import costmodel, trust
 from lab.recommend.main import (
     Inputs,
     RecommendError,
+    emulated_check,
+    judge,
     parse_latency,
     parse_links,
     plan,
     predict_cell,
     steps_from,
     summary,
+    tta_method,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -163,6 +166,62 @@ def test_a_crashed_float32_job_stops_the_recommendation_with_its_error_line(tmp_
     d = grid(tmp_path, failed=("ring-mpi",))
     with pytest.raises(RecommendError, match=r"float32 \(ring-mpi\) failed .*IndexError: list index out of range"):
         steps_from(str(d / "results.json"), "userpkg.net:build", METHODS)
+
+
+# The MLP 8-32-3 of issue 40: compute 0.4 ms, 2 KB of gradient, and its check on 2 emulated hosts at 1 Gbit/s
+MLP = [(32, 8), (32,), (3, 32), (3,)]
+MLP_METHODS = ["fp32", "fp16", "localsgd-h4", "localsgd-h16"]
+
+
+def mlp_check_jobs(measured):
+    """The grid's jobs at 2 emulated hosts as tta records them: float32's step 1.0 ms of which 0.6 ms waited
+    (0.4 ms compute), each concept's time to the target ``measured`` times float32's, the same steps."""
+    return {
+        tta_method(m): {
+            "method": tta_method(m),
+            "workers": 2,
+            "ok": True,
+            "reached": True,
+            "link_rate": "1gbit",
+            "step_ms": 1.0,
+            "comm_wait_ms": 0.6,
+            "steps_to_target": 100,
+            "seconds_to_target": 10.0 * measured.get(m, 1.0),
+        }
+        for m in MLP_METHODS
+    }
+
+
+def test_a_pick_whose_check_missed_by_more_than_the_trust_factor_is_not_decided_and_says_why():
+    inp = Inputs("userpkg.mlp:build", MLP, 0.0004, 64, 50e-6, {"fp16": 1.0, "localsgd-h4": 1.0, "localsgd-h16": 1.0})
+    check = emulated_check(mlp_check_jobs({"fp16": 1.25, "localsgd-h4": 1.78, "localsgd-h16": 1.86}), inp, MLP_METHODS)
+    got = check["methods"]
+    predicted = got["localsgd-h16"]["predicted"]
+    assert predicted == pytest.approx(1.0, abs=0.05)  # the model has no per-step cost here: ~float32's time
+    assert got["fp16"]["within_trust"] and not got["localsgd-h4"]["within_trust"]
+    assert not got["localsgd-h16"]["within_trust"]
+    links = [("10gbit", 10e9 / 8)]
+    # unchecked, the model's answer for 8 workers is issue 40's: local SGD H = 16 well under float32, decided
+    (bare,) = plan(inp, [8], links, MLP_METHODS)
+    assert bare["winner"] == "localsgd-h16" and bare["time_vs_fp32"]["localsgd-h16"] < 0.6 and bare["decided"]
+    (cell,) = plan(inp, [8], links, MLP_METHODS, check)
+    assert cell["winner"] == "localsgd-h16" and not cell["decided"] and cell["margin_decided"]
+    assert cell["check_missed"] == {"localsgd-h16": f"predicted {predicted:.2f}, measured 1.86"}
+    text = summary(inp, [cell], MLP_METHODS, check)
+    assert "**localsgd-h16**" not in text and "localsgd-h16 0." in text and "not decided†" in text
+    assert f"missed by more than {trust.MISS:.2f}x" in text and f"localsgd-h16 {predicted:.2f} / 1.86 missed†" in text
+    assert f"fp16 {got['fp16']['predicted']:.2f} / 1.25," in text  # within the factor: no mark
+
+
+def test_a_concept_measured_faster_than_predicted_by_more_than_the_factor_unsettles_the_pick_it_lost_to():
+    cell = predict_cell(inputs(ratios={"fp16": 1.0, "localsgd-h4": 1.0}), 8, 100e6 / 8, METHODS)
+    assert cell["winner"] == "localsgd-h4" and cell["decided"]
+    slower = {"methods": {"fp16": {"predicted": 0.6, "measured": 1.2, "within_trust": False}}}
+    assert judge(cell, slower)["decided"]  # the runner-up is even slower than predicted: the pick stands
+    faster = {"methods": {"fp16": {"predicted": 1.2, "measured": 0.6, "within_trust": False}}}
+    assert not judge(cell, faster)["decided"] and list(judge(cell, faster)["check_missed"]) == ["fp16"]
+    assert trust.check_holds(1.0, trust.MISS) and not trust.check_holds(1.0, trust.MISS * 1.01)
+    assert not trust.check_holds(trust.MISS * 1.01, 1.0)
 
 
 PACKAGE = {
