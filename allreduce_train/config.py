@@ -293,7 +293,12 @@ class ExchangeConfig:
     )
     diloco_outer_lr: float = _f(0.7, "DiLoCo: the outer optimizer's learning rate (1 with momentum 0 = averaging)")
     diloco_outer_momentum: float = _f(0.9, "DiLoCo: the outer optimizer's Nesterov momentum")
-    reduce_op: str = _f("average", "allreduce reduction", ("average", "adasum"))
+    reduce_op: str = _f(
+        "average",
+        "allreduce reduction: average the gradients, or adasum = Horovod's Adasum of each worker's own update "
+        "(power-of-2 ranks, no --grad-clip; docs/engines.md)",
+        ("average", "adasum"),
+    )
     stall_timeout: float = _f(
         120.0,
         "seconds without progress after which every live rank ends the job, naming the "
@@ -334,29 +339,29 @@ class ExchangeConfig:
 # these rows are every combination that does not exist, each with the one line a user gets,
 # checked before any process group forms (every rank fails alike). First match wins.
 # A row: (refused when, the line; both functions of the exchange section and, for the rows that
-# need it, --mpi-algorithm, which is None while the exchange section alone is checked).
+# read other sections, the whole Config, which is None while the exchange section alone is checked).
 SIXTEEN_BIT = ("fp16", "bf16")
 COMBINATIONS: tuple[tuple[Any, Any], ...] = (
     (
-        lambda x, alg: x.average_every and x.strategy == "ps",
+        lambda x, c: x.average_every and x.strategy == "ps",
         lambda x: (
             "--average-every is local SGD over an allreduce (workers average parameters with each other); "
             "--strategy ps keeps one copy on the servers: use --strategy allreduce"
         ),
     ),
     (
-        lambda x, alg: x.diloco_every and x.strategy == "ps",
+        lambda x, c: x.diloco_every and x.strategy == "ps",
         lambda x: (
             "--diloco-every is DiLoCo over an allreduce (workers average parameter deltas with each other); "
             "--strategy ps keeps one copy on the servers: use --strategy allreduce"
         ),
     ),
     (
-        lambda x, alg: x.average_every and x.reduce_op != "average",
+        lambda x, c: x.average_every and x.reduce_op != "average",
         lambda x: "--average-every with --reduce-op adasum: local SGD averages; use --reduce-op average",
     ),
     (
-        lambda x, alg: (
+        lambda x, c: (
             x.compression == "powersgd" and (x.strategy == "ps" or x.average_every or x.reduce_op != "average")
         ),
         lambda x: (
@@ -365,50 +370,84 @@ COMBINATIONS: tuple[tuple[Any, Any], ...] = (
         ),
     ),
     (
-        lambda x, alg: x.strategy == "none" and (x.average_every or x.diloco_every or x.compression != "none"),
+        lambda x, c: x.strategy == "none" and (x.average_every or x.diloco_every or x.compression != "none"),
         lambda x: (
             "--strategy none exchanges nothing: drop --average-every and --compression, or use --strategy allreduce"
         ),
     ),
     (
-        lambda x, alg: x.average_warmup_steps and not x.average_every,
+        lambda x, c: x.average_warmup_steps and not x.average_every,
         lambda x: "--average-warmup-steps without --average-every: set --average-every H (local SGD)",
     ),
     (
-        lambda x, alg: x.diloco_every and x.average_every,
+        lambda x, c: x.diloco_every and x.average_every,
         lambda x: "--diloco-every with --average-every: DiLoCo is local SGD with an outer optimizer; choose one",
     ),
     (
-        lambda x, alg: x.diloco_every and x.compression != "none",
+        lambda x, c: x.diloco_every and x.compression != "none",
         lambda x: (
             f"--diloco-every with --compression {x.compression}: DiLoCo sends no gradients, only float32 "
             "parameter deltas; drop --compression"
         ),
     ),
     (
-        lambda x, alg: x.diloco_every and x.reduce_op != "average",
+        lambda x, c: x.diloco_every and x.reduce_op != "average",
         lambda x: "--diloco-every with --reduce-op adasum: DiLoCo averages; use --reduce-op average",
     ),
     (
-        lambda x, alg: x.engine == "horovod" and x.compression == "bf16",
+        lambda x, c: x.engine == "horovod" and x.compression == "bf16",
         lambda x: (
             "--compression bf16: Horovod 0.28.1's PyTorch binding has no bfloat16 allreduce; use "
             "--allreduce-engine mpi (it sums bfloat16 itself) or --compression fp16"
         ),
     ),
     (
-        lambda x, alg: x.engine in ("mpi", "torch") and x.reduce_op != "average",
+        lambda x, c: x.engine in ("mpi", "torch") and x.reduce_op != "average",
         lambda x: (
             f"--reduce-op adasum is Horovod's; --allreduce-engine {x.engine} averages (use --reduce-op average, "
             "or --allreduce-engine horovod)"
         ),
     ),
     (
-        lambda x, alg: x.engine == "ps" and x.reduce_op != "average",
+        lambda x, c: x.engine == "ps" and x.reduce_op != "average",
         lambda x: "--reduce-op adasum is an allreduce option; --strategy ps averages (use --reduce-op average)",
     ),
     (
-        lambda x, alg: x.engine == "mpi" and alg == "iallreduce" and x.compression in SIXTEEN_BIT,
+        lambda x, c: x.engine == "none" and x.reduce_op != "average",
+        lambda x: "--reduce-op adasum with --strategy none: nothing is reduced; use --strategy allreduce",
+    ),
+    (
+        # Horovod's Adasum optimizer steps each parameter inside its backward hook and combines the updates
+        # (horovod/torch/optimizer.py, _DistributedAdasumOptimizer): no averaged gradient exists to clip
+        lambda x, c: x.reduce_op == "adasum" and c is not None and c.optim.grad_clip > 0,
+        lambda x: (
+            "--grad-clip with --reduce-op adasum: Horovod's Adasum combines each parameter's update, made in "
+            "backward, so there is no averaged gradient to clip; set --grad-clip 0 or use --reduce-op average"
+        ),
+    ),
+    (
+        lambda x, c: x.reduce_op == "adasum" and c is not None and c.horovod.backend == "gloo",
+        lambda x: "--reduce-op adasum: Horovod 0.28.1 runs Adasum over MPI only; use --horovod-backend mpi",
+    ),
+    (
+        lambda x, c: c is not None and c.train.precision == "16-mixed" and x.strategy == "ps",
+        lambda x: (
+            "--precision 16-mixed with --strategy ps: the servers apply each gradient as it arrives, before a "
+            "worker could unscale it and skip an inf/NaN step; use --precision bf16-mixed (no loss scaler) or "
+            "--strategy allreduce"
+        ),
+    ),
+    (
+        lambda x, c: c is not None and c.train.precision == "16-mixed" and x.reduce_op == "adasum",
+        lambda x: (
+            "--precision 16-mixed with --reduce-op adasum: Horovod's Adasum steps each worker's own (scaled) "
+            "gradient inside backward, before the loss scaler could unscale it; use --precision bf16-mixed"
+        ),
+    ),
+    (
+        lambda x, c: (
+            x.engine == "mpi" and c is not None and c.mpi.algorithm == "iallreduce" and x.compression in SIXTEEN_BIT
+        ),
         lambda x: (
             f"--compression {x.compression} with --mpi-algorithm iallreduce: MPI has no 16-bit float sum; use "
             "--mpi-algorithm ring (it sums 16-bit floats itself) or --compression none"
@@ -417,10 +456,11 @@ COMBINATIONS: tuple[tuple[Any, Any], ...] = (
 )
 
 
-def check_combination(x: ExchangeConfig, mpi_algorithm: str | None = None) -> None:
-    """Refuse what :data:`COMBINATIONS` refuses, with its line (:class:`ConfigError`)."""
+def check_combination(x: ExchangeConfig, whole: Any = None) -> None:
+    """Refuse what :data:`COMBINATIONS` refuses, with its line (:class:`ConfigError`); ``whole``: the
+    :class:`Config` (None: the exchange section's rows only)."""
     for refused, line in COMBINATIONS:
-        if refused(x, mpi_algorithm):
+        if refused(x, whole):
             raise ConfigError(line(x))
 
 
@@ -674,13 +714,7 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
 
     def __post_init__(self) -> None:
-        check_combination(self.exchange, self.mpi.algorithm)  # the table's rows that read the engine's section
-        if self.train.precision == "16-mixed" and self.exchange.strategy == "ps":
-            raise ConfigError(
-                "--precision 16-mixed with --strategy ps: the servers apply each gradient as it arrives, "
-                "before a worker could unscale it and skip an inf/NaN step; use --precision bf16-mixed (no "
-                "loss scaler) or --strategy allreduce"
-            )
+        check_combination(self.exchange, self)  # the table's rows that read other sections
         if self.run.keep_best and not self.train.target:
             raise ConfigError("--keep-best keeps the best by --target's metric: give --target, e.g. eval/loss<=0")
 
