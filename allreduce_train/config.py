@@ -234,6 +234,18 @@ class ExchangeConfig:
     diloco_outer_lr: float = _f(0.7, "DiLoCo: the outer optimizer's learning rate (1 with momentum 0 = averaging)")
     diloco_outer_momentum: float = _f(0.9, "DiLoCo: the outer optimizer's Nesterov momentum")
     reduce_op: str = _f("average", "allreduce reduction", ("average", "adasum"))
+    average_buffers: bool = _f(
+        True,
+        "average floating-point buffers (BatchNorm's running statistics) over the workers before every "
+        "evaluation and checkpoint and at the end, so every rank evaluates and saves the same model; "
+        "--no-average-buffers: each worker keeps its own, the checkpoint rank 0's (docs/training.md)",
+    )
+    sync_batchnorm: bool = _f(
+        False,
+        "BatchNorm with the global batch's statistics in every training forward pass (Horovod's "
+        "SyncBatchNorm; torch's with --allreduce-engine torch, CUDA only): workers x batch B train as "
+        "one process with the global batch (docs/training.md)",
+    )
     stall_timeout: float = _f(
         120.0,
         "seconds without progress after which every live rank ends the job, naming the "
@@ -276,6 +288,11 @@ class ExchangeConfig:
 # A row: (refused when, the line; both functions of the exchange section and, for the rows that
 # need it, --mpi-algorithm, which is None while the exchange section alone is checked).
 SIXTEEN_BIT = ("fp16", "bf16")
+SYNC_BATCHNORM_REFUSED = {  # --sync-batchnorm: why an engine has none, and what has one
+    "mpi": ("the mpi engine has no SyncBatchNorm", "--allreduce-engine horovod (or torch on CUDA)"),
+    "ps": ("the parameter servers sum gradients only", "--strategy allreduce"),
+    "none": ("--strategy none exchanges nothing", "--strategy allreduce"),
+}
 COMBINATIONS: tuple[tuple[Any, Any], ...] = (
     (
         lambda x, alg: x.average_every and x.strategy == "ps",
@@ -346,6 +363,13 @@ COMBINATIONS: tuple[tuple[Any, Any], ...] = (
     (
         lambda x, alg: x.engine == "ps" and x.reduce_op != "average",
         lambda x: "--reduce-op adasum is an allreduce option; --strategy ps averages (use --reduce-op average)",
+    ),
+    (
+        lambda x, alg: x.sync_batchnorm and x.engine in SYNC_BATCHNORM_REFUSED,
+        lambda x: (
+            "--sync-batchnorm: {}; use {}, or drop the flag (the running statistics are then averaged over "
+            "the workers before every evaluation and checkpoint)".format(*SYNC_BATCHNORM_REFUSED[x.engine])
+        ),
     ),
     (
         lambda x, alg: x.engine == "mpi" and alg == "iallreduce" and x.compression in SIXTEEN_BIT,
