@@ -185,3 +185,19 @@ def test_the_torch_engine_refuses_sync_batchnorm_on_cpu():
     cfg = parse(["--sync-batchnorm", "--allreduce-engine", "torch"])  # the device is known only at build
     with pytest.raises(ConfigError, match=r"--sync-batchnorm with --allreduce-engine torch needs CUDA"):
         sync_batchnorm(bn_net(), cfg.exchange.engine, Workers(1).worker(0), torch.device("cpu"))
+
+
+@pytest.mark.parametrize("engine", ["horovod", "torch"])
+def test_on_cuda_the_layers_become_the_engines_own_sync_batchnorm(engine):
+    """The classes only (no GPU here to run them): Horovod's SyncBatchNorm and torch's, holding the layers'
+    own tensors; a layer without running statistics stays ours under Horovod (Horovod's would synchronise
+    in evaluation too, where the workers' passes differ in number)."""
+    import horovod.torch as hvd
+
+    net = bn_net()
+    net[4] = torch.nn.BatchNorm1d(5, track_running_stats=False)
+    weight = net[1].weight
+    net, swapped = sync_batchnorm(net, engine, Workers(1).worker(0), torch.device("cuda"))
+    want = hvd.SyncBatchNorm if engine == "horovod" else torch.nn.SyncBatchNorm
+    assert swapped == 2 and type(net[1]) is want and net[1].weight is weight
+    assert type(net[4]) is (GlobalBatchNorm if engine == "horovod" else torch.nn.SyncBatchNorm)
