@@ -242,9 +242,9 @@ class ExchangeConfig:
     )
     sync_batchnorm: bool = _f(
         False,
-        "BatchNorm with the global batch's statistics in every training forward pass (Horovod's "
-        "SyncBatchNorm; torch's with --allreduce-engine torch, CUDA only): workers x batch B train as "
-        "one process with the global batch (docs/training.md)",
+        "BatchNorm with the global batch's statistics in every training forward pass (Horovod: its "
+        "SyncBatchNorm on CUDA, the same sums through Horovod on CPU; torch's with --allreduce-engine torch, "
+        "CUDA only): workers x batch B train as one process with the global batch (docs/training.md)",
     )
     stall_timeout: float = _f(
         120.0,
