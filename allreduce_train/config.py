@@ -299,6 +299,18 @@ class ExchangeConfig:
         "(power-of-2 ranks, no --grad-clip; docs/engines.md)",
         ("average", "adasum"),
     )
+    average_buffers: bool = _f(
+        True,
+        "average floating-point buffers (BatchNorm's running statistics) over the workers before every "
+        "evaluation and checkpoint and at the end, so every rank evaluates and saves the same model; "
+        "--no-average-buffers: each worker keeps its own, the checkpoint rank 0's (docs/training.md)",
+    )
+    sync_batchnorm: bool = _f(
+        False,
+        "BatchNorm with the global batch's statistics in every training forward pass (Horovod: its "
+        "SyncBatchNorm on CUDA, the same sums through Horovod on CPU; torch's with --allreduce-engine torch, "
+        "CUDA only): workers x batch B train as one process with the global batch (docs/training.md)",
+    )
     stall_timeout: float = _f(
         120.0,
         "seconds without progress after which every live rank ends the job, naming the "
@@ -341,6 +353,11 @@ class ExchangeConfig:
 # A row: (refused when, the line; both functions of the exchange section and, for the rows that
 # read other sections, the whole Config, which is None while the exchange section alone is checked).
 SIXTEEN_BIT = ("fp16", "bf16")
+SYNC_BATCHNORM_REFUSED = {  # --sync-batchnorm: why an engine has none, and what has one
+    "mpi": ("the mpi engine has no SyncBatchNorm", "--allreduce-engine horovod (or torch on CUDA)"),
+    "ps": ("the parameter servers sum gradients only", "--strategy allreduce"),
+    "none": ("--strategy none exchanges nothing", "--strategy allreduce"),
+}
 COMBINATIONS: tuple[tuple[Any, Any], ...] = (
     (
         lambda x, c: x.average_every and x.strategy == "ps",
@@ -442,6 +459,13 @@ COMBINATIONS: tuple[tuple[Any, Any], ...] = (
         lambda x: (
             "--precision 16-mixed with --reduce-op adasum: Horovod's Adasum steps each worker's own (scaled) "
             "gradient inside backward, before the loss scaler could unscale it; use --precision bf16-mixed"
+        ),
+    ),
+    (
+        lambda x, c: x.sync_batchnorm and x.engine in SYNC_BATCHNORM_REFUSED,
+        lambda x: (
+            "--sync-batchnorm: {}; use {}, or drop the flag (the running statistics are then averaged over "
+            "the workers before every evaluation and checkpoint)".format(*SYNC_BATCHNORM_REFUSED[x.engine])
         ),
     ),
     (

@@ -27,6 +27,7 @@ from .config import Config, parse_slow_rank
 from .devices import pick_device
 from .distributed import make_schedule
 from .distributed.base import GradientExchange
+from .distributed.batchnorm import average_buffers, sync_batchnorm
 from .errors import ConfigError, Diverged, Preempted
 from .metrics import Throughput, TimeToTarget
 from .optim import LRSchedule, build_optimizer
@@ -124,6 +125,10 @@ class Trainer:
         if check is not None:  # your own model and loss: one batch through both before any rank trains
             x, y = batches.sample_batch()
             check(model, x.to(device), y.to(device))
+        if cfg.exchange.sync_batchnorm:  # before the optimizer takes the parameters and prepare() broadcasts them
+            model, swapped = sync_batchnorm(model, cfg.exchange.engine, ex, device)
+            if not swapped and ex.is_main:
+                print("--sync-batchnorm: the model has no BatchNorm layer; the flag changes nothing", flush=True)
         # Identical parameters came from the common seed; dropout masks must differ between workers.
         torch.manual_seed(cfg.train.seed + 1_000_003 * (ex.worker_index + 1))
         self.precision = Precision(cfg.train.precision, device)  # 16-mixed without CUDA: one line here
@@ -228,6 +233,7 @@ class Trainer:
     def evaluate(self, model, eval_set, device) -> dict[str, float]:
         """Figures over the whole evaluation set: each worker scores its share, the sums are reduced
         (loss and accuracy; for a language model, token-weighted loss and perplexity)."""
+        self.agree_buffers(model)
         model.eval()
         with self.precision.forward_context():
             totals = self.task.eval_sums(model, eval_set, device, self.cfg.data.eval_batch_size)
@@ -242,6 +248,7 @@ class Trainer:
         for name, p in model.named_parameters():
             if not torch.isfinite(p).all():
                 raise Diverged(step, f"parameter {name}", p[~torch.isfinite(p)].flatten()[0].item())
+        self.agree_buffers(model)
         # communication: every worker's RNG and task state (an LSTM's hidden state), so that a resumed
         # run continues bit-exactly mid-epoch (dropout masks, the text's state)
         sch = self.schedule
@@ -265,6 +272,12 @@ class Trainer:
                 "precision": self.precision.state_dict(),  # 16-mixed: the loss scaler's scale
             }
             self.kept.write(state, latest, best)
+
+    def agree_buffers(self, model) -> None:
+        """BatchNorm's running statistics (every floating-point buffer) averaged over the workers, unless
+        --no-average-buffers: the model evaluated, saved and returned is then the same on every rank."""
+        if self.cfg.exchange.average_buffers:
+            average_buffers(model, self.ex)  # communication: two grouped sums of the buffers
 
     def log_figures(self, loss_sum: torch.Tensor, steps: int, meter: Throughput) -> tuple[float, torch.Tensor]:
         """The training loss of the last ``steps`` steps averaged over workers (not rank 0's share),
@@ -410,6 +423,7 @@ class Trainer:
                 if step >= stop_at:
                     break
 
+        self.agree_buffers(model)  # the model every rank dumps and returns
         if not last_eval:
             last_eval = self.evaluate(model, s.eval_set, device)
             log.scalars(step, last_eval)

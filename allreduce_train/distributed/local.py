@@ -65,6 +65,7 @@ class NoExchange(LocalExchange):
     """
 
     name = "none"
+    one_model = False  # each rank's model is its own: its BatchNorm statistics too
 
     def __init__(self, timeout: float = 0.0) -> None:
         env = os.environ
