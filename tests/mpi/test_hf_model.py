@@ -121,16 +121,22 @@ def test_hf_gpt2_trains_the_recipe_under_every_ring_concept_with_ranks_bit_ident
     assert torch.equal(hvd["lm_head.weight"], hvd["transformer.wte.weight"])
 
 
-def test_hf_gpt2_checkpoint_loads_into_a_plain_gpt2_and_evaluates_to_the_runs_figure(ring_runs):
-    """The checkpoint's ``model`` is a plain ``state_dict``: a freshly built ``GPT2LMHeadModel`` takes it
-    (strictly) and, evaluated as the workers did (two halves of the evaluation text, bf16 autocast), gives
-    the run's final evaluation loss."""
+def test_hf_gpt2_checkpoint_exports_and_loads_into_a_plain_gpt2_evaluating_to_the_runs_figure(ring_runs, tmp_path):
+    """``python -m allreduce_train export RUN_DIR`` writes a plain ``state_dict``: a freshly built
+    ``GPT2LMHeadModel`` takes it (strictly) and, evaluated as the workers did (two halves of the evaluation
+    text, bf16 autocast), gives the run's final evaluation loss."""
+    import subprocess
+    import sys
+
     import torch.nn.functional as F
     from transformers import GPT2LMHeadModel
 
     d, metrics = ring_runs
     task = hf_task()
-    saved = torch.load(d / "horovod" / "checkpoint.pt", weights_only=True)["model"]
+    out = tmp_path / "gpt2.pt"
+    cmd = [sys.executable, "-m", "allreduce_train", "export", str(d / "horovod"), "--out", str(out)]
+    check(subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120))
+    saved = torch.load(out, weights_only=True)
     model = GPT2LMHeadModel(task.config)
     model.load_state_dict(saved)
     model.eval()
