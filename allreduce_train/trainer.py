@@ -24,36 +24,18 @@ import torch
 from . import checkpoint, preempt, watchdog
 from .checkpoint import WorkerState
 from .config import Config, parse_slow_rank
-from .devices import pick_device
+from .devices import local_cores, pick_device
 from .distributed import make_schedule
 from .distributed.base import GradientExchange
 from .distributed.batchnorm import average_buffers, sync_batchnorm
 from .errors import ConfigError, Diverged, Preempted
+from .memory import peak_rss_mib
 from .metrics import Throughput, TimeToTarget
 from .optim import LRSchedule, build_optimizer
 from .precision import Precision
 from .run_logger import NullLogger
 from .stragglers import StragglerRule, window_median_ms
 from .tasks import Batches, make_task
-
-
-def peak_rss_mib() -> float:
-    """This process's peak resident memory so far, MiB (Linux reports KiB)."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def local_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def lr_at(step: int, cfg: Config, workers: int, steps_per_epoch: int, total_steps: int = 0) -> float:
-    """The LR of ``--lr`` (the first group's) for the update after ``step`` steps (:class:`.optim.LRSchedule`)."""
-    return LRSchedule.make(cfg.optim, workers, total_steps, steps_per_epoch).lr(step, cfg.optim.lr)
 
 
 @dataclass
