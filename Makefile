@@ -8,7 +8,7 @@ NP      ?= 2
 ARGS    ?=
 INSTALL_INPUTS := pyproject.toml tools/install.sh tools/torch_pip.py tools/build_horovod.sh $(wildcard tools/patches/*.patch)
 
-.PHONY: portability install install-gpu check-gpu-build gpu-check train train-ptb test test-fast test-cluster test-long lint tensorboard tb-check clean help scaling commbench scaling-netns train-ps train-ps-colocated bench bench-tuning slurm-train time-to-accuracy commbench-netns concept-map paper image bench-own recommend
+.PHONY: portability install install-gpu check-gpu-build gpu-check train train-ptb test test-fast test-cluster test-long lint tensorboard tb-check clean help scaling commbench scaling-netns train-ps train-ps-colocated bench bench-tuning slurm-train time-to-accuracy commbench-netns concept-map paper image bench-own bench-precision recommend
 
 help:
 	@echo "make install      Debian packages, .venv, torch (CPU; TORCH_VARIANT=cuda), patched Horovod (cached wheel); LAB=0: no Chromium/Slurm"
@@ -36,6 +36,7 @@ help:
 	@echo "make commbench-netns the exchange alone on 2 and 4 emulated hosts at 1gbit and 100mbit vs the cost model (root)"
 	@echo "make time-to-accuracy wall time/steps/epochs to test accuracy 0.89 (LeNet-5) and a perplexity (LSTM) per method, 1/2/4 workers (~30 min)"
 	@echo "make concept-map  the cost model's map: fastest concept to the quality target (measured steps x predicted step; ARGS=\"--view step\": per step) by model, link, N=4..256 -> runs/concept-map/<time>/ (MEASURED=<scaling-netns results.json>, IMAGES=docs/img)"
+	@echo "make bench-precision the trainer at --precision 32 vs bf16-mixed, LeNet-5 and ResNet-18, 2 ranks, alternating rounds"
 	@echo "make bench-own    bench with LeNet-5 given as a user model (models.lenet:LeNet5) beside the registered lenet5, same data, same run"
 	@echo "make recommend    which concept for your model: MODEL=pkg.mod:fn or TASK=pkg.mod:fn, TARGET='eval/accuracy>=0.9', WORKERS, LINK (root: 2 emulated hosts)"
 	@echo "make commbench    gradient exchange alone: Horovod, raw MPI, PS, $(NP) workers -> runs/commbench/<time>/"
@@ -122,6 +123,12 @@ time-to-accuracy: install
 # Your own model in bench (docs/own_model.md): the registered LeNet-5 (trainer) and the same class given as a user
 # model (own), paired in every round on the same data, beside bare Horovod and the bound: the extension point's
 # cost per step (docs/performance.md). `python -m lab bench --model PKG.MOD:FN` times your own.
+# docs/performance.md's compute-precision table: the trainer at --precision 32 and bf16-mixed, alternating rounds.
+PRECISION_MODELS ?= lenet5,resnet18
+bench-precision: install
+	$(PY) -m lab bench --models $(PRECISION_MODELS) --np 2 --repeats 3 --impls trainer,bf16 \
+	    --variant "bf16=trainer --precision bf16-mixed" $(ARGS)
+
 bench-own: install
 	$(PY) -m lab bench --models lenet5 --dataset fashion-mnist --impls trainer,own,horovod,bound \
 	    --variant "own=trainer --model models.lenet:LeNet5" --repeats 3 $(ARGS)

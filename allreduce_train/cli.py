@@ -1,4 +1,4 @@
-"""Command line: ``python -m allreduce_train train ...`` (also the ``allreduce-train`` script).
+"""Command line: ``python -m allreduce_train train|models|export ...`` (also the ``allreduce-train`` script).
 
 Parse -> build -> run -> close. Bad input ends every rank with one error line and exit code 2:
 configuration is checked before any process group forms (every rank parses the same argv, so
@@ -105,8 +105,10 @@ def run_job(cfg, task=None) -> tuple[int, dict | None]:
             run_dir = os.path.join(cfg.run.run_dir, name)
             trainer = Trainer(cfg, ex, run_dir, task)
             err = None
+            made = False  # by this job: a set-up error leaves no empty run directory behind
             try:
                 if ex.is_main:
+                    made = not os.path.isdir(run_dir)
                     os.makedirs(run_dir, exist_ok=True)
                 setup = trainer.build()
             except UserError as e:
@@ -127,6 +129,8 @@ def run_job(cfg, task=None) -> tuple[int, dict | None]:
             if errors:
                 if ex.is_main:
                     fail(errors[0])
+                    if made:
+                        _remove_empty(run_dir)
                 return EXIT_USAGE, None
 
             if cfg.exchange.stall_timeout:
@@ -211,6 +215,13 @@ def _gather_setup(ex, err: str | None) -> tuple[list[str], list[str]]:
     return [e for e, _ in gathered if e], [host for _, host in gathered]
 
 
+def _remove_empty(directory: str) -> None:
+    try:
+        os.rmdir(directory)  # only when empty: nothing anyone wrote is removed
+    except OSError:
+        pass
+
+
 def _as_flag(name: str, value) -> str:
     """A config value as the command line would give it: ``--grad-clip 0.25``, ``--no-scale-lr``."""
     flag = name.replace("_", "-")
@@ -226,6 +237,18 @@ def cmd_models(args: argparse.Namespace) -> int:
         print(f"{name:20s} {count_parameters(spec.build()):>12,d} params  input {spec.input_shape}  {spec.description}")
         if spec.defaults:  # what --model NAME sets unless told otherwise
             print(f"{'':20s} defaults: " + " ".join(_as_flag(k, v) for k, v in spec.defaults.items()))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .checkpoint import export
+
+    try:
+        done = export(args.source, args.out)
+    except UserError as e:
+        return fail(str(e))
+    step = f", step {done['step']}" if done["step"] is not None else ""
+    print(f"{args.out}: {done['tensors']} tensors, {done['bytes'] / 2**20:.2f} MiB, from {done['path']}{step}")
     return 0
 
 
@@ -255,6 +278,17 @@ def make_parser() -> _Parser:
     train.set_defaults(func=cmd_train)
     models = sub.add_parser("models", help="list the registered models")
     models.set_defaults(func=cmd_models)
+    export = sub.add_parser(
+        "export",
+        help="write a run's model weights as a plain state_dict for PyTorch (or safetensors)",
+        description="Write the model weights of a run directory (its checkpoint.pt) or a checkpoint file as a "
+        "plain state_dict: model.load_state_dict(torch.load(FILE, weights_only=True)) takes it without this "
+        "project (docs/own_model.md). Tensors on the CPU, contiguous; tied weights under each name as torch's "
+        "state_dict has them. FILE.safetensors is written in that format (needs the safetensors package).",
+    )
+    export.add_argument("source", metavar="RUN_DIR|CHECKPOINT", help="a run directory or a checkpoint file")
+    export.add_argument("--out", required=True, metavar="FILE", help="FILE.pt (or .pth, ...) or FILE.safetensors")
+    export.set_defaults(func=cmd_export)
     return parser
 
 

@@ -293,7 +293,24 @@ class ExchangeConfig:
     )
     diloco_outer_lr: float = _f(0.7, "DiLoCo: the outer optimizer's learning rate (1 with momentum 0 = averaging)")
     diloco_outer_momentum: float = _f(0.9, "DiLoCo: the outer optimizer's Nesterov momentum")
-    reduce_op: str = _f("average", "allreduce reduction", ("average", "adasum"))
+    reduce_op: str = _f(
+        "average",
+        "allreduce reduction: average the gradients, or adasum = Horovod's Adasum of each worker's own update "
+        "(power-of-2 ranks, no --grad-clip; docs/engines.md)",
+        ("average", "adasum"),
+    )
+    average_buffers: bool = _f(
+        True,
+        "average floating-point buffers (BatchNorm's running statistics) over the workers before every "
+        "evaluation and checkpoint and at the end, so every rank evaluates and saves the same model; "
+        "--no-average-buffers: each worker keeps its own, the checkpoint rank 0's (docs/training.md)",
+    )
+    sync_batchnorm: bool = _f(
+        False,
+        "BatchNorm with the global batch's statistics in every training forward pass (Horovod: its "
+        "SyncBatchNorm on CUDA, the same sums through Horovod on CPU; torch's with --allreduce-engine torch, "
+        "CUDA only): workers x batch B train as one process with the global batch (docs/training.md)",
+    )
     stall_timeout: float = _f(
         120.0,
         "seconds without progress after which every live rank ends the job, naming the "
@@ -334,29 +351,34 @@ class ExchangeConfig:
 # these rows are every combination that does not exist, each with the one line a user gets,
 # checked before any process group forms (every rank fails alike). First match wins.
 # A row: (refused when, the line; both functions of the exchange section and, for the rows that
-# need it, --mpi-algorithm, which is None while the exchange section alone is checked).
+# read other sections, the whole Config, which is None while the exchange section alone is checked).
 SIXTEEN_BIT = ("fp16", "bf16")
+SYNC_BATCHNORM_REFUSED = {  # --sync-batchnorm: why an engine has none, and what has one
+    "mpi": ("the mpi engine has no SyncBatchNorm", "--allreduce-engine horovod (or torch on CUDA)"),
+    "ps": ("the parameter servers sum gradients only", "--strategy allreduce"),
+    "none": ("--strategy none exchanges nothing", "--strategy allreduce"),
+}
 COMBINATIONS: tuple[tuple[Any, Any], ...] = (
     (
-        lambda x, alg: x.average_every and x.strategy == "ps",
+        lambda x, c: x.average_every and x.strategy == "ps",
         lambda x: (
             "--average-every is local SGD over an allreduce (workers average parameters with each other); "
             "--strategy ps keeps one copy on the servers: use --strategy allreduce"
         ),
     ),
     (
-        lambda x, alg: x.diloco_every and x.strategy == "ps",
+        lambda x, c: x.diloco_every and x.strategy == "ps",
         lambda x: (
             "--diloco-every is DiLoCo over an allreduce (workers average parameter deltas with each other); "
             "--strategy ps keeps one copy on the servers: use --strategy allreduce"
         ),
     ),
     (
-        lambda x, alg: x.average_every and x.reduce_op != "average",
+        lambda x, c: x.average_every and x.reduce_op != "average",
         lambda x: "--average-every with --reduce-op adasum: local SGD averages; use --reduce-op average",
     ),
     (
-        lambda x, alg: (
+        lambda x, c: (
             x.compression == "powersgd" and (x.strategy == "ps" or x.average_every or x.reduce_op != "average")
         ),
         lambda x: (
@@ -365,50 +387,91 @@ COMBINATIONS: tuple[tuple[Any, Any], ...] = (
         ),
     ),
     (
-        lambda x, alg: x.strategy == "none" and (x.average_every or x.diloco_every or x.compression != "none"),
+        lambda x, c: x.strategy == "none" and (x.average_every or x.diloco_every or x.compression != "none"),
         lambda x: (
             "--strategy none exchanges nothing: drop --average-every and --compression, or use --strategy allreduce"
         ),
     ),
     (
-        lambda x, alg: x.average_warmup_steps and not x.average_every,
+        lambda x, c: x.average_warmup_steps and not x.average_every,
         lambda x: "--average-warmup-steps without --average-every: set --average-every H (local SGD)",
     ),
     (
-        lambda x, alg: x.diloco_every and x.average_every,
+        lambda x, c: x.diloco_every and x.average_every,
         lambda x: "--diloco-every with --average-every: DiLoCo is local SGD with an outer optimizer; choose one",
     ),
     (
-        lambda x, alg: x.diloco_every and x.compression != "none",
+        lambda x, c: x.diloco_every and x.compression != "none",
         lambda x: (
             f"--diloco-every with --compression {x.compression}: DiLoCo sends no gradients, only float32 "
             "parameter deltas; drop --compression"
         ),
     ),
     (
-        lambda x, alg: x.diloco_every and x.reduce_op != "average",
+        lambda x, c: x.diloco_every and x.reduce_op != "average",
         lambda x: "--diloco-every with --reduce-op adasum: DiLoCo averages; use --reduce-op average",
     ),
     (
-        lambda x, alg: x.engine == "horovod" and x.compression == "bf16",
+        lambda x, c: x.engine == "horovod" and x.compression == "bf16",
         lambda x: (
             "--compression bf16: Horovod 0.28.1's PyTorch binding has no bfloat16 allreduce; use "
             "--allreduce-engine mpi (it sums bfloat16 itself) or --compression fp16"
         ),
     ),
     (
-        lambda x, alg: x.engine in ("mpi", "torch") and x.reduce_op != "average",
+        lambda x, c: x.engine in ("mpi", "torch") and x.reduce_op != "average",
         lambda x: (
             f"--reduce-op adasum is Horovod's; --allreduce-engine {x.engine} averages (use --reduce-op average, "
             "or --allreduce-engine horovod)"
         ),
     ),
     (
-        lambda x, alg: x.engine == "ps" and x.reduce_op != "average",
+        lambda x, c: x.engine == "ps" and x.reduce_op != "average",
         lambda x: "--reduce-op adasum is an allreduce option; --strategy ps averages (use --reduce-op average)",
     ),
     (
-        lambda x, alg: x.engine == "mpi" and alg == "iallreduce" and x.compression in SIXTEEN_BIT,
+        lambda x, c: x.engine == "none" and x.reduce_op != "average",
+        lambda x: "--reduce-op adasum with --strategy none: nothing is reduced; use --strategy allreduce",
+    ),
+    (
+        # Horovod's Adasum optimizer steps each parameter inside its backward hook and combines the updates
+        # (horovod/torch/optimizer.py, _DistributedAdasumOptimizer): no averaged gradient exists to clip
+        lambda x, c: x.reduce_op == "adasum" and c is not None and c.optim.grad_clip > 0,
+        lambda x: (
+            "--grad-clip with --reduce-op adasum: Horovod's Adasum combines each parameter's update, made in "
+            "backward, so there is no averaged gradient to clip; set --grad-clip 0 or use --reduce-op average"
+        ),
+    ),
+    (
+        lambda x, c: x.reduce_op == "adasum" and c is not None and c.horovod.backend == "gloo",
+        lambda x: "--reduce-op adasum: Horovod 0.28.1 runs Adasum over MPI only; use --horovod-backend mpi",
+    ),
+    (
+        lambda x, c: c is not None and c.train.precision == "16-mixed" and x.strategy == "ps",
+        lambda x: (
+            "--precision 16-mixed with --strategy ps: the servers apply each gradient as it arrives, before a "
+            "worker could unscale it and skip an inf/NaN step; use --precision bf16-mixed (no loss scaler) or "
+            "--strategy allreduce"
+        ),
+    ),
+    (
+        lambda x, c: c is not None and c.train.precision == "16-mixed" and x.reduce_op == "adasum",
+        lambda x: (
+            "--precision 16-mixed with --reduce-op adasum: Horovod's Adasum steps each worker's own (scaled) "
+            "gradient inside backward, before the loss scaler could unscale it; use --precision bf16-mixed"
+        ),
+    ),
+    (
+        lambda x, c: x.sync_batchnorm and x.engine in SYNC_BATCHNORM_REFUSED,
+        lambda x: (
+            "--sync-batchnorm: {}; use {}, or drop the flag (the running statistics are then averaged over "
+            "the workers before every evaluation and checkpoint)".format(*SYNC_BATCHNORM_REFUSED[x.engine])
+        ),
+    ),
+    (
+        lambda x, c: (
+            x.engine == "mpi" and c is not None and c.mpi.algorithm == "iallreduce" and x.compression in SIXTEEN_BIT
+        ),
         lambda x: (
             f"--compression {x.compression} with --mpi-algorithm iallreduce: MPI has no 16-bit float sum; use "
             "--mpi-algorithm ring (it sums 16-bit floats itself) or --compression none"
@@ -417,10 +480,11 @@ COMBINATIONS: tuple[tuple[Any, Any], ...] = (
 )
 
 
-def check_combination(x: ExchangeConfig, mpi_algorithm: str | None = None) -> None:
-    """Refuse what :data:`COMBINATIONS` refuses, with its line (:class:`ConfigError`)."""
+def check_combination(x: ExchangeConfig, whole: Any = None) -> None:
+    """Refuse what :data:`COMBINATIONS` refuses, with its line (:class:`ConfigError`); ``whole``: the
+    :class:`Config` (None: the exchange section's rows only)."""
     for refused, line in COMBINATIONS:
-        if refused(x, mpi_algorithm):
+        if refused(x, whole):
             raise ConfigError(line(x))
 
 
@@ -618,6 +682,23 @@ class RunConfig:
     name: str = _f("", "run directory name under --run-dir (default: <model>-<strategy>-np<N>-<time>)")
     checkpoint_every: int = _f(0, "checkpoint every N steps (0 = at the end of every epoch)")
     resume: str = _f("", "checkpoint file to continue from, or 'auto' for <run dir>/checkpoint.pt")
+    init_from: str = _f(
+        "",
+        "start from these weights only (fine-tuning): a state_dict .pt (what `export` writes), a .safetensors "
+        "file or a checkpoint; the optimizer, LR schedule and step start afresh. With --resume auto and a "
+        "checkpoint in the run directory, --resume wins: a restarted job continues",
+    )
+    keep_checkpoints: int = _f(
+        0,
+        "besides checkpoint.pt (the latest, what --resume auto reads) keep the last N step checkpoints as "
+        "checkpoints/step-NNNNNN.pt (0 = only the latest)",
+    )
+    keep_best: bool = _f(
+        False,
+        "keep the best evaluation by --target's metric (higher for >=, lower for <=) as checkpoint-best.pt, "
+        "rewritten whenever an evaluation beats it (give a target the run will not reach to keep the best "
+        "without stopping, e.g. eval/loss<=0)",
+    )
     tensorboard: bool = _f(True, "write TensorBoard event files (global rank 0)")
     progress: bool = _f(True, "show a progress bar (global rank 0)")
     dump_params: str = _f(
@@ -631,6 +712,12 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         _check(self.checkpoint_every >= 0, "checkpoint_every", "must be >= 0", self.checkpoint_every)
+        _check(self.keep_checkpoints >= 0, "keep_checkpoints", "must be >= 0", self.keep_checkpoints)
+        if self.init_from and self.resume and self.resume != "auto":
+            raise ConfigError(
+                f"--init-from with --resume {self.resume}: a resumed run continues with its checkpoint's weights; "
+                "drop one (--resume auto beside --init-from lets a restarted fine-tuning continue)"
+            )
         _check(self.expect_hosts >= 0, "expect_hosts", "must be >= 0", self.expect_hosts)
         _check("/" not in self.name, "name", "must be a plain directory name", self.name)
 
@@ -651,13 +738,9 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
 
     def __post_init__(self) -> None:
-        check_combination(self.exchange, self.mpi.algorithm)  # the table's rows that read the engine's section
-        if self.train.precision == "16-mixed" and self.exchange.strategy == "ps":
-            raise ConfigError(
-                "--precision 16-mixed with --strategy ps: the servers apply each gradient as it arrives, "
-                "before a worker could unscale it and skip an inf/NaN step; use --precision bf16-mixed (no "
-                "loss scaler) or --strategy allreduce"
-            )
+        check_combination(self.exchange, self)  # the table's rows that read other sections
+        if self.run.keep_best and not self.train.target:
+            raise ConfigError("--keep-best keeps the best by --target's metric: give --target, e.g. eval/loss<=0")
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)
@@ -673,28 +756,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     seen: set[str] = set()
     for section, cls in _sections().items():
         group = parser.add_argument_group(section, cls.__doc__)
-        hints = get_type_hints(cls)
         for f in dataclasses.fields(cls):
             name = key(cls, f.name)
             assert name not in seen, f"config field {name} appears in two sections"
             seen.add(name)
-            typ = hints[f.name]
-            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            kwargs: dict[str, Any] = {
-                "dest": f"{section}.{f.name}",
-                "default": None,
-                "help": f"{f.metadata['help']} (default: {default!r})",
-            }
-            if typ is list:
-                group.add_argument(flag(name), action="append", metavar="KEY=VALUE", **kwargs)
-            elif typ is bool:
-                group.add_argument(flag(name), action=argparse.BooleanOptionalAction, **kwargs)
-            else:
-                metavar = name.upper()
-                if "choices" in f.metadata:  # shown in --help as {a,b}
-                    kwargs["choices"] = f.metadata["choices"]
-                    metavar = "{" + ",".join(f.metadata["choices"]) + "}"
-                group.add_argument(flag(name), type=typ, metavar=metavar, **kwargs)
+            add_field_argument(group, section, cls, f)
+
+
+def add_field_argument(group: Any, section: str, cls: type, f: dataclasses.Field) -> None:
+    """One config field's flag on ``group`` (a parser or an argument group), its help and default read from the
+    field: the value lands in ``args.<section>.<field>`` (None when not given) for :func:`build_config`. The
+    lab's experiments add the recipe's fields with it (lab/common/recipe.py)."""
+    name, typ = key(cls, f.name), get_type_hints(cls)[f.name]
+    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    kwargs: dict[str, Any] = {
+        "dest": f"{section}.{f.name}",
+        "default": None,
+        "help": f"{f.metadata['help']} (default: {default!r})",
+    }
+    if typ is list:
+        group.add_argument(flag(name), action="append", metavar="KEY=VALUE", **kwargs)
+    elif typ is bool:
+        group.add_argument(flag(name), action=argparse.BooleanOptionalAction, **kwargs)
+    else:
+        metavar = name.upper()
+        if "choices" in f.metadata:  # shown in --help as {a,b}
+            kwargs["choices"] = f.metadata["choices"]
+            metavar = "{" + ",".join(f.metadata["choices"]) + "}"
+        group.add_argument(flag(name), type=typ, metavar=metavar, **kwargs)
 
 
 def _owners() -> dict[str, tuple[str, str]]:

@@ -8,6 +8,7 @@ build (someone meant to use a GPU) rank 0 says so in one line.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, TextIO
 
@@ -52,3 +53,11 @@ def pick_device(
             flush=True,
         )
     return torch.device("cpu")
+
+
+def local_cores() -> int:
+    """The cores this process may run on (its affinity), which the ranks on this host share."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1

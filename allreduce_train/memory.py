@@ -41,3 +41,10 @@ def keep_freed_memory(environ=os.environ) -> dict[str, int]:
         if var not in environ and mallopt(param, value) == 1:
             done[var] = value
     return done
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory so far, MiB (Linux reports KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -24,35 +24,18 @@ import torch
 from . import checkpoint, preempt, watchdog
 from .checkpoint import WorkerState
 from .config import Config, parse_slow_rank
-from .devices import pick_device
+from .devices import local_cores, pick_device
 from .distributed import make_schedule
 from .distributed.base import GradientExchange
+from .distributed.batchnorm import average_buffers, sync_batchnorm
 from .errors import ConfigError, Diverged, Preempted
+from .memory import peak_rss_mib
 from .metrics import Throughput, TimeToTarget
 from .optim import LRSchedule, build_optimizer
 from .precision import Precision
 from .run_logger import NullLogger
 from .stragglers import StragglerRule, window_median_ms
 from .tasks import Batches, make_task
-
-
-def peak_rss_mib() -> float:
-    """This process's peak resident memory so far, MiB (Linux reports KiB)."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def local_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def lr_at(step: int, cfg: Config, workers: int, steps_per_epoch: int, total_steps: int = 0) -> float:
-    """The LR of ``--lr`` (the first group's) for the update after ``step`` steps (:class:`.optim.LRSchedule`)."""
-    return LRSchedule.make(cfg.optim, workers, total_steps, steps_per_epoch).lr(step, cfg.optim.lr)
 
 
 @dataclass
@@ -87,6 +70,8 @@ class Trainer:
         self.precision = Precision("32", torch.device("cpu"))  # build() sets --precision on the run's device
         self.lr_schedule: LRSchedule  # made in build(), which knows the run's length
         self.optimizer_name = ""
+        # the checkpoints kept besides the latest: step checkpoints, the best evaluation
+        self.kept = checkpoint.Kept(run_dir, cfg.run.keep_checkpoints, cfg.train.target if cfg.run.keep_best else "")
 
     # ---------------------------------------------------------------- set-up
     def build(self) -> Setup:
@@ -122,6 +107,10 @@ class Trainer:
         if check is not None:  # your own model and loss: one batch through both before any rank trains
             x, y = batches.sample_batch()
             check(model, x.to(device), y.to(device))
+        if cfg.exchange.sync_batchnorm:  # before the optimizer takes the parameters and prepare() broadcasts them
+            model, swapped = sync_batchnorm(model, cfg.exchange.engine, ex, device)
+            if not swapped and ex.is_main:
+                print("--sync-batchnorm: the model has no BatchNorm layer; the flag changes nothing", flush=True)
         # Identical parameters came from the common seed; dropout masks must differ between workers.
         torch.manual_seed(cfg.train.seed + 1_000_003 * (ex.worker_index + 1))
         self.precision = Precision(cfg.train.precision, device)  # 16-mixed without CUDA: one line here
@@ -158,6 +147,9 @@ class Trainer:
             start = int(state["step"])
             workers = state.get("workers")
             precision_state = state.get("precision")
+            self.kept.load_state_dict(state)
+        elif cfg.run.init_from and ex.is_main:  # weights only (fine-tuning): prepare() gives them to every rank
+            checkpoint.init_weights(model, cfg.run.init_from)
         return Setup(device, model, optimizer, batches, eval_set, total, start, workers, precision_state)
 
     # ---------------------------------------------------------------- one step
@@ -223,18 +215,22 @@ class Trainer:
     def evaluate(self, model, eval_set, device) -> dict[str, float]:
         """Figures over the whole evaluation set: each worker scores its share, the sums are reduced
         (loss and accuracy; for a language model, token-weighted loss and perplexity)."""
+        self.agree_buffers(model)
         model.eval()
         with self.precision.forward_context():
             totals = self.task.eval_sums(model, eval_set, device, self.cfg.data.eval_batch_size)
         model.train()
         return self.task.eval_metrics(self.ex.sum_over_workers(totals))  # communication: global sums
 
-    def save_checkpoint(self, model, optimizer, step: int) -> None:
+    def save_checkpoint(self, model, optimizer, step: int, latest: bool = True, best: bool = False) -> None:
+        """Write the checkpoint of step ``step`` (collective over the workers; the main rank writes) as
+        the latest and/or as the best evaluation so far (:class:`checkpoint.Kept`)."""
         # Every worker checks its own copy (identical parameters, so all decide alike): a diverged
         # model never replaces the last good checkpoint.
         for name, p in model.named_parameters():
             if not torch.isfinite(p).all():
                 raise Diverged(step, f"parameter {name}", p[~torch.isfinite(p)].flatten()[0].item())
+        self.agree_buffers(model)
         # communication: every worker's RNG and task state (an LSTM's hidden state), so that a resumed
         # run continues bit-exactly mid-epoch (dropout masks, the text's state)
         sch = self.schedule
@@ -257,7 +253,13 @@ class Trainer:
                 "lr_schedule": self.lr_schedule.describe(),  # the LR follows from it and the step
                 "precision": self.precision.state_dict(),  # 16-mixed: the loss scaler's scale
             }
-            checkpoint.save(os.path.join(self.run_dir, checkpoint.CHECKPOINT_NAME), state)
+            self.kept.write(state, latest, best)
+
+    def agree_buffers(self, model) -> None:
+        """BatchNorm's running statistics (every floating-point buffer) averaged over the workers, unless
+        --no-average-buffers: the model evaluated, saved and returned is then the same on every rank."""
+        if self.cfg.exchange.average_buffers:
+            average_buffers(model, self.ex)  # communication: two grouped sums of the buffers
 
     def log_figures(self, loss_sum: torch.Tensor, steps: int, meter: Throughput) -> tuple[float, torch.Tensor]:
         """The training loss of the last ``steps`` steps averaged over workers (not rank 0's share),
@@ -282,6 +284,7 @@ class Trainer:
         resumed = ex.broadcast_object(s.worker_states)  # communication: each worker's saved RNG and task state
         if self.precision.scaler is not None:
             self.precision.load_state_dict(ex.broadcast_object(s.precision_state))  # communication: the scale
+        self.kept.best = ex.broadcast_object(self.kept.best)  # communication: a resumed run's best evaluation
         task_state = None
         if resumed and len(resumed) == ex.num_workers:
             mine = WorkerState.from_dict(resumed[ex.worker_index], cfg.run.resume)
@@ -379,8 +382,10 @@ class Trainer:
                     log.progress(0, loss=f"{train_loss:.4f}")
                     loss_sum.zero_()
                     since_log = 0
+                improved = False
                 if step % eval_every == 0 or step == s.total_steps:
                     last_eval = self.evaluate(model, s.eval_set, device)
+                    improved = self.kept.record(step, last_eval)  # --keep-best: the same figures on every worker
                     log.scalars(step, last_eval)
                     log.message(
                         f"step {step}: " + ", ".join(f"{key.replace('/', ' ')} {v:.4f}" for key, v in last_eval.items())
@@ -392,13 +397,15 @@ class Trainer:
                             f"after {seconds:.1f} s"
                         )
                         stop_at = step  # every rank evaluated the same global figures: all stop here
-                if step % ckpt_every == 0 or step == stop_at or stop:
-                    self.save_checkpoint(model, optimizer, step)
+                latest = step % ckpt_every == 0 or step == stop_at or stop
+                if latest or improved:
+                    self.save_checkpoint(model, optimizer, step, latest, improved)
                 if stop:  # every worker saw the same vote: all stop after this step
                     raise Preempted(step, preempt.requested() or "a signal to another rank")
                 if step >= stop_at:
                     break
 
+        self.agree_buffers(model)  # the model every rank dumps and returns
         if not last_eval:
             last_eval = self.evaluate(model, s.eval_set, device)
             log.scalars(step, last_eval)

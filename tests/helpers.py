@@ -361,6 +361,12 @@ def build(hidden=32, classes=10, dropout=0.0):
                          nn.Linear(hidden, classes))
 
 
+def bn(width=4, classes=10):
+    """A small convolutional net with BatchNorm, 2-d and 1-d: running statistics that each worker tracks."""
+    return nn.Sequential(nn.Conv2d(1, width, 3, stride=2), nn.BatchNorm2d(width), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(width * 13 * 13, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, classes))
+
+
 def wrong_type():
     return "not a module"
 

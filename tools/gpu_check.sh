@@ -4,7 +4,8 @@
 # the sdist carried with the tree (third_party/; Gloo controller + NCCL operations, only the GPU's
 # own CUDA architecture), and a second time without GPU operations for the two-rank run; then
 # trains LeNet-5, ResNet-18 and the small LSTM for a fixed number of steps at one rank through the
-# trainer (without and with the exchange), a bare Horovod (NCCL) loop and a bare DDP (NCCL) loop,
+# trainer (without and with the exchange; float32, --precision bf16-mixed and 16-mixed), a bare
+# Horovod (NCCL) loop and a bare DDP (NCCL) loop,
 # at each model's batch and at a busy one, then 2 ranks on the one GPU (Horovod over Gloo, and the
 # mpi4py ring and PS where MPI is installed), and prints one table. The NCCL build took 118 s on
 # 16 cores for issue 24's user; both builds are cached in .gpucheck/ after. Nothing is installed into that Python: Horovod goes
@@ -14,9 +15,9 @@
 #
 # --dry-run (make gpu-check DRY=1): on this CPU machine with the project's .venv: checks the carried
 # sdist and that every patch applies, prints the build it would run, then runs the same table on
-# the CPU (Horovod's CPU operations, DDP over gloo) with a few steps, one busy batch and the
-# two-rank jobs for LeNet-5. --build-only: steps 1-3 for real (both builds) without a GPU
-# (PYTHON=.venv-gpu/bin/python here), to check the build itself; on a lent GPU, a first call with
+# the CPU (Horovod's CPU operations, DDP over gloo; bf16-mixed autocast on the CPU, the 16-mixed rows
+# say "needs CUDA") with a few steps, one busy batch and the two-rank jobs for LeNet-5. --build-only:
+# steps 1-3 for real (both builds) without a GPU (PYTHON=.venv-gpu/bin/python here), to check the build itself; on a lent GPU, a first call with
 # --build-only and a second without keeps each under a device call's time limit. Results also go to $OUT when
 # set (a device machine's output folder), else .gpucheck/. docs/gpu.md.
 set -euo pipefail

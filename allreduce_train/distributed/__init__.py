@@ -4,7 +4,8 @@
   (:mod:`.horovod`), the mpi4py ring (:mod:`.ring`), torch.distributed (:mod:`.c10d`), the
   parameter server (:mod:`.ps`), and one process or ``--strategy none`` (:mod:`.local`);
 * wire formats -- what of a gradient travels (:mod:`.wire`: float32, 16 bits, PowerSGD);
-* schedules -- when the workers agree (:mod:`.schedules`: synchronous, :mod:`.localsgd`, :mod:`.diloco`);
+* schedules -- when the workers agree (:mod:`.schedules`: synchronous, Adasum's, :mod:`.localsgd`,
+  :mod:`.diloco`);
 * plumbing, once -- flat buffers (:mod:`.buffers`), MPI helpers (:mod:`.mpi`), bytes on the wire
   (:mod:`.wirecost`, torch-free, which the lab's cost model imports too).
 
@@ -73,4 +74,8 @@ def make_schedule(x: ExchangeConfig, ex: GradientExchange) -> Sync:
         from .diloco import DiLoCo
 
         return DiLoCo(ex, wire, x.diloco_every, x.diloco_outer_lr, x.diloco_outer_momentum)
+    if x.reduce_op == "adasum":
+        from .schedules import AdasumSync
+
+        return AdasumSync(ex, wire)
     return Sync(ex, wire)

@@ -27,6 +27,9 @@ class GradientExchange(ABC):
     size: int  # all processes, servers included
     local_rank: int
     local_size: int
+    # Whether the workers train one model (gradients or parameters averaged): False for --strategy none,
+    # where every rank trains its own and nothing of it is averaged, BatchNorm's statistics included.
+    one_model: bool = True
 
     @property
     def is_main(self) -> bool:

@@ -1,9 +1,10 @@
 """DiLoCo (``--diloco-every H``): local SGD with an outer optimizer, Douillard et al. 2023.
 
-Each worker takes H inner steps on its own gradients (the trainer's SGD; nothing but the step's
-vote crosses the network). Then the workers average the *outer gradient* -- how far each moved
-from the shared parameters, ``outer - local`` -- in one sum of every parameter, and an outer SGD
-with Nesterov momentum (the paper's: lr 0.7, momentum 0.9) steps the shared parameters with it;
+Each worker takes H inner steps on its own gradients with the trainer's optimizer (AdamW unless
+``--optimizer`` says otherwise, as in the paper; nothing but the step's vote crosses the network).
+Then the workers average the *outer gradient* -- how far each moved from the shared parameters,
+``outer - local`` -- in one sum of every parameter, and an outer SGD with Nesterov momentum (the
+paper's: lr 0.7, momentum 0.9) steps the shared parameters with it;
 every worker continues from the result. Outer lr 1 without momentum is plain parameter averaging.
 
 Unlike local SGD (:mod:`.localsgd`) no gradient is ever averaged, so ``--compression`` has nothing

@@ -180,6 +180,28 @@ def _cycle_ms(environ) -> float | None:
         return None
 
 
+def _power_of_2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def check_adasum(hvd) -> None:
+    """Refuse, in one line, a job where Horovod 0.28.1 cannot run ``--reduce-op adasum`` (its Adasum
+    needs MPI: the Adasum operations exist only under the MPI controller, operations.cc; and on CPU a
+    power-of-2 number of ranks, which mpi_ops.py checks only inside the first backward hook). Its GPU
+    conditions (NCCL within a host, MPI across: the same ranks on every host, a power-of-2 number of
+    hosts) it raises itself, from that hook, on every rank alike."""
+    if not hvd.mpi_enabled():
+        raise UserError(
+            "--reduce-op adasum: Horovod runs Adasum over MPI only, and this job runs Horovod on Gloo; "
+            "use --horovod-backend mpi under mpirun (not horovodrun --gloo), or --reduce-op average"
+        )
+    if not _power_of_2(hvd.size()):
+        raise UserError(
+            f"--reduce-op adasum: Horovod's Adasum needs a power-of-2 number of ranks (this job has "
+            f"{hvd.size()}); use -np 2, 4, 8, ... or --reduce-op average"
+        )
+
+
 class HorovodAllreduce(GradientExchange):
     """Every worker holds all parameters; gradients are averaged with Horovod's ring allreduce.
 
@@ -233,6 +255,9 @@ class HorovodAllreduce(GradientExchange):
         hvd.init()  # communication: forms the process group (MPI_Init under mpirun, or Gloo's rendezvous)
         self.rank, self.size = hvd.rank(), hvd.size()
         self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
+        if cfg.reduce_op == "adasum":
+            check_adasum(hvd)
+        self._adasum = False  # Horovod's Adasum optimizer wraps the model's (prepare())
         self._optimizer = None
         self._local_params: list[torch.Tensor] | None = None  # every_step=False: the gradients synchronize() sums
         self._exchanging = True
@@ -268,7 +293,10 @@ class HorovodAllreduce(GradientExchange):
             self._local_params = [p for p in model.parameters() if p.requires_grad]
             self._compression = compression
             return optimizer
-        # communication: wraps step() so gradients are allreduced from backward hooks.
+        # Horovod 0.28.1 wraps with its Adasum optimizer only at more than one rank (DistributedOptimizer)
+        self._adasum = op is hvd.Adasum and self.size > 1
+        # communication: wraps step() so gradients are allreduced from backward hooks (with Adasum: each
+        # parameter's update, computed in its hook).
         wrapped = hvd.DistributedOptimizer(
             optimizer,
             named_parameters=model.named_parameters(),
@@ -342,7 +370,10 @@ class HorovodAllreduce(GradientExchange):
         return self._wait(self.hvd.grouped_allreduce_async(tensors, op=self.hvd.Sum, name=name or "sum_tensors"))
 
     def apply(self, optimizer) -> None:
-        if self._optimizer is None:
+        if self._optimizer is None or self._adasum:
+            # Adasum: Horovod's optimizer already stepped each parameter in its backward hook and sent the
+            # update; step() waits for the combined updates and applies them (it has no skip_synchronize:
+            # there is no gradient sum to skip).
             optimizer.step()
             return
         with optimizer.skip_synchronize():

@@ -59,12 +59,13 @@ class NoExchange(LocalExchange):
     machine as if the network were free -- the bound that ``bench`` and the scaling grids report
     every exchange against (docs/performance.md). The run's bookkeeping still goes through MPI
     (mpi4py): the run directory and hosts at set-up, the start of the watchdog, the metrics every
-    ``--log-every`` steps and at the end, a checkpoint's per-worker state, and a resumed run's
-    parameters from rank 0. A stop signal (preemption) ends each rank at its own step, and the
+    ``--log-every`` steps and at the end, a checkpoint's per-worker state, and the starting parameters
+    from rank 0. A stop signal (preemption) ends each rank at its own step, and the
     ranks' parameters differ from the first step on: a measurement and a control, not a way to train.
     """
 
     name = "none"
+    one_model = False  # each rank's model is its own: its BatchNorm statistics too
 
     def __init__(self, timeout: float = 0.0) -> None:
         env = os.environ
@@ -83,9 +84,11 @@ class NoExchange(LocalExchange):
     def prepare(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, every_step: bool = True
     ) -> torch.optim.Optimizer:
-        # A resumed run starts every rank from rank 0's checkpoint (a fresh one: the common seed).
-        if self.broadcast_object(bool(optimizer.state_dict()["state"])):  # communication
-            state = self.broadcast_object((model.state_dict(), optimizer.state_dict()) if self.is_main else None)
+        # communication: every rank starts from rank 0's model and optimizer state: a resumed run's
+        # checkpoint, or the weights of --init-from, which only rank 0 read (a fresh run's are equal
+        # anyway: the common seed)
+        state = self.broadcast_object((model.state_dict(), optimizer.state_dict()) if self.is_main else None)
+        if not self.is_main:
             model.load_state_dict(state[0])
             optimizer.load_state_dict(state[1])
         return optimizer

@@ -13,7 +13,9 @@ tensors of one shape not batched), so that the hook is the reference a test chec
 * the error is what this worker meant to send less what it got back.
 
 Two sums per step go through the engine (``sum_tensors``): the uncompressed tensors with the Ps,
-then the Qs.
+then the Qs. A model with no matrix worth compressing (none where ``(n + m) r`` is under half of ``n m``)
+sends every tensor in the first sum and has no second: the same on every worker, since all hold
+the same shapes.
 """
 
 from __future__ import annotations
@@ -99,10 +101,10 @@ class PowerSGD:
             unpack(plain[0], [grads[i] for i in self.plain])
         for p in ps:
             orthogonalize(p)
-        # communication: the Qs, summed over the workers
-        self.q = [
-            q.div_(workers) for q in sum_tensors([_bmm(m.t(), p) for m, p in zip(mats, ps, strict=True)], "powersgd.q")
-        ]
+        if mats:  # a model without a matrix worth compressing sent everything in the first sum: no Qs
+            # communication: the Qs, summed over the workers
+            qs = sum_tensors([_bmm(m.t(), p) for m, p in zip(mats, ps, strict=True)], "powersgd.q")
+            self.q = [q.div_(workers) for q in qs]
         for m, p, q in zip(mats, ps, self.q, strict=True):
             m.copy_(_bmm(p, q.t()))
         self.error = [s - g for s, g in zip(sent, grads, strict=True)]

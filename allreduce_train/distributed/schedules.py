@@ -8,6 +8,7 @@ wire format (:mod:`.wire`) and talks to the engine only through its collective p
 ``synchronize`` (wait for the gradient sums), ``sum_tensors`` (a grouped sum) and ``apply``.
 
 * :class:`Sync` -- synchronous SGD: every step's gradients averaged.
+* :class:`AdasumSync` -- ``--reduce-op adasum`` (Horovod): every step, each worker's own update, combined.
 * :class:`~.localsgd.LocalSGD` -- ``--average-every H``: local steps, then gradients and parameters averaged.
 * :class:`~.diloco.DiLoCo` -- ``--diloco-every H``: local steps, then an outer Nesterov step on the
   averaged parameter delta.
@@ -73,3 +74,19 @@ class Sync:
     def describe(self) -> dict[str, Any]:
         """metrics.json's fields of the layers (``compression``, ``average_every``, ...)."""
         return {**self.wire.describe(), "average_every": 0}
+
+
+class AdasumSync(Sync):
+    """``--reduce-op adasum``: Horovod's Adasum optimizer (horovod/torch/optimizer.py,
+    ``_DistributedAdasumOptimizer``) steps each worker's optimizer on that worker's own gradient, inside
+    backward, and combines the workers' updates (Maleki et al. 2021), not their gradients. The parameters
+    agree after every step; the optimizer state (momentum) is each worker's own, so the checkpoint keeps
+    every worker's and a resume gives it back (rank 0's alone would resume the others off their path)."""
+
+    state_key = "adasum"
+
+    def state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Any:
+        return {"optimizer": optimizer.state_dict()}
+
+    def load_state_dict(self, state: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        optimizer.load_state_dict(state["optimizer"])

@@ -18,6 +18,9 @@ equal work. Language models (``ptb-lstm-*``) run the same way on the first windo
 the bare loops restart the hidden state at zero every step, the trainer carries it (detached),
 which costs the same. A user's model (``--model MODULE:CALLABLE``, ``--task``, their ``--dataset``) runs on the
 trainer's own first batch and loss for it (lab/common/usermodel.py), so the loops still do the trainer's work.
+The recipe flags (lab/common/recipe.py) give the loops the trainer's optimizer, built by the trainer's own
+code (a task's own included), and its autocast around the forward pass; the loops keep a constant LR and do
+not clip (neither costs measurably per step).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import json
 
 import torch
 
-from ..common import usermodel
+from ..common import recipe, usermodel
 from ..common.baselines import launcher_rank, setup_ddp, setup_horovod, time_steps, workload
 
 IMPLS = ("horovod", "ddp", "trainer")
@@ -84,7 +87,7 @@ def run_rank(args: argparse.Namespace) -> int:
     w = usermodel.from_args(
         args.model, task=args.task, dataset=args.dataset, model_args=args.model_arg, dataset_args=args.dataset_arg
     )
-    loss = None
+    loss, task = None, None
     if w.own or w.dataset not in ("", "synthetic"):
         # a user's model or data: the trainer's own task gives the batch, the model and the loss
         task, x, y = usermodel.first_batch(w, args.batch_size, rank, size, args.seed, args.synthetic_samples)
@@ -98,16 +101,17 @@ def run_rank(args: argparse.Namespace) -> int:
         model, x, y = workload(
             args.model, args.batch_size, args.synthetic_samples, args.seed, rank, size, torch.device("cpu")
         )
+    optimizer, loss, precision = with_recipe(w, args, model, loss, task)
     if args.impl == "horovod":
-        step, total, close = setup_horovod(model, args.lr, loss)
+        step, total, close = setup_horovod(model, 0.0, loss, optimizer=optimizer)
     else:
-        step, total, close = setup_ddp(model, args.lr, args.port, loss)
+        step, total, close = setup_ddp(model, 0.0, args.port, loss, optimizer=optimizer)
     try:
         if args.dump_grads:
             step(x, y)
             torch.save(grads_of(model), args.dump_grads.replace("{rank}", str(rank)))
             return 0
-        timed = time_steps(step, x, y, args.warmup_steps, args.steps)
+        timed = time_steps(step, x, y, args.warmup, args.steps)
         elapsed = timed.elapsed  # every step ends in a collective: all ranks agree
         cpu_s = total(torch.tensor([timed.cpu_s], dtype=torch.float64))[0].item()
         if rank == 0 and args.result:
@@ -118,12 +122,39 @@ def run_rank(args: argparse.Namespace) -> int:
                         "step_ms": 1e3 * elapsed / args.steps,
                         "cpu_ms_per_step": 1e3 * cpu_s / args.steps,
                         "world_size": size,
+                        # what ran, in the trainer's metrics.json words (lab/common/recipe.py reads both)
+                        "optimizer": type(optimizer).__name__,
+                        "lr_schedule": "constant",
+                        "precision": precision,
                     },
                     fh,
                 )
         return 0
     finally:
         close()
+
+
+def with_recipe(w: usermodel.Workload, args: argparse.Namespace, model: torch.nn.Module, loss, task):
+    """(optimizer, loss, precision) of the recipe flags: the trainer's optimizer over ``model`` (``task``'s own
+    when it has one), its LR for one worker, and the loss under the trainer's autocast (``loss`` None: the
+    registered models' :func:`~lab.common.workloads.loss_of`)."""
+    from allreduce_train.optim import build_optimizer
+    from allreduce_train.precision import Precision
+
+    from ..common.workloads import loss_of
+
+    cfg = usermodel.config(w, recipe.argv(args))
+    optimizer = build_optimizer(cfg.optim, model, task)
+    precision = Precision(cfg.train.precision, torch.device("cpu"))
+    if precision.dtype is None:
+        return optimizer, loss, cfg.train.precision
+    plain = loss or loss_of
+
+    def autocast_loss(m, x, y):
+        with precision.forward_context():  # as the trainer: forward and loss under autocast, backward outside
+            return plain(m, x, y)
+
+    return optimizer, autocast_loss, cfg.train.precision
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -135,10 +166,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset-arg", action="append", default=[], help="KEY=VALUE for --dataset's callable")
     p.add_argument("--batch-size", type=int, default=64, help="per rank")
     p.add_argument("--steps", type=int, default=400, help="timed steps")
-    p.add_argument("--warmup-steps", type=int, default=50, help="untimed steps first")
+    # bench's own name: --warmup-steps is the recipe's LR warm-up
+    p.add_argument("--warmup", type=int, default=50, help="untimed steps first")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
     p.add_argument("--flush-denormal", action="store_true", help="treat denormal floats as zero, as the trainer's flag")
-    p.add_argument("--lr", type=float, default=0.01, help="for one worker; scaled by the world size")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--synthetic-samples", type=int, default=6400)
     p.add_argument("--horovod-backend", default="mpi", choices=("mpi", "gloo"), help="the trainer's (--impl trainer)")
@@ -155,3 +186,4 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="",
         help="take one step, save the averaged gradients to this file ({rank} replaced) and exit",
     )
+    recipe.add_arguments(p)  # --lr (for one worker; scaled by the world size), --optimizer, --precision, ...

@@ -4,6 +4,7 @@
     python -m lab bench --models lenet5,resnet18 --np 1,2 --repeats 6
     python -m lab bench --model mypkg.net:build [--model-arg k=v] [--dataset mypkg.data:load]   # your own model
     python -m lab bench --task examples.gpt.task:build --model-arg max_chars=20000              # your own task
+    python -m lab bench --optimizer adamw --weight-decay 0.1 --precision bf16-mixed             # your own recipe
 
 Each measurement is its own ``mpirun`` job built by the project's launcher, so every
 implementation starts the same way. The jobs alternate (trainer, horovod, ddp, trainer, ...) so
@@ -17,6 +18,12 @@ Every job excludes its warm-up steps and times wall clock over the rest, so the 
 figure. Results: a table on stdout, and in the output directory ``bench.json``, ``tensorboard/``
 (one run per implementation, step = ranks, a Custom Scalars chart per figure), ``hparams/`` (one
 session per job) and ``jobs/`` (the trainer jobs' own runs, the bare loops' results).
+
+The recipe (lab/common/recipe.py: ``--optimizer``, its arguments, ``--lr-schedule``, ``--precision``, as the
+trainer's flags) reaches every job: the trainer's, and the bare loops', which build the same optimizer with the
+trainer's own code and run their forward pass under the same autocast (at a constant LR: a schedule costs
+nothing per step). Without recipe flags every implementation runs SGD with momentum 0.9 in float32. The table
+says what each implementation ran, read back from its results.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..common import engines, tblog, usermodel
+from ..common import engines, recipe, tblog, usermodel
 from ..common.jobs import TRAINER, free_port, loadavg, local_launcher, read_json, run
 
 RANK_MODULE = "lab.bench.rank"  # the bare loops, on every rank
@@ -51,7 +58,8 @@ TRAINER_IMPLS = {
     BOUND: ["--strategy", "none"],
 }
 # The optimizer every implementation runs, so that the update costs the same everywhere (the
-# trainer would otherwise take a model's recipe, e.g. the LSTM's clipping and no momentum).
+# trainer would otherwise take a model's recipe, e.g. the LSTM's clipping and no momentum); the user's
+# recipe flags come after these and override them.
 SAME_OPTIMIZER = ["--momentum", "0.9", "--weight-decay", "0", "--grad-clip", "0"]
 
 
@@ -87,6 +95,7 @@ class BenchSpec:
     dataset: str = ""  # "": synthetic for a registered model, the trainer's default (fashion-mnist) for a user's
     model_args: list[str] = field(default_factory=list)
     dataset_args: list[str] = field(default_factory=list)
+    recipe: list[str] = field(default_factory=list)  # the trainer's recipe flags for every job (lab/common/recipe.py)
 
     def workload(self, model: str) -> usermodel.Workload:
         """The trainer's flags for a ``models`` entry, as a :class:`usermodel.Workload`."""
@@ -178,6 +187,8 @@ def job_args(impl: str, model: str, spec: BenchSpec, result: str, run_dir: str, 
         # every implementation with denormal floats flushed: a trajectory whose values underflow (the
         # bound's LSTM ranks, each on its own gradient) would otherwise time the CPU's slow path, not the code
         "--flush-denormal",
+        *SAME_OPTIMIZER,
+        *spec.recipe,  # after SAME_OPTIMIZER: the user's recipe wins
     ]
     variant = spec.variant(impl)
     impl = variant.base
@@ -195,7 +206,6 @@ def job_args(impl: str, model: str, spec: BenchSpec, result: str, run_dir: str, 
             never,
             "--checkpoint-every",
             never,
-            *SAME_OPTIMIZER,
             "--run-dir",
             run_dir,
             "--name",
@@ -209,7 +219,7 @@ def job_args(impl: str, model: str, spec: BenchSpec, result: str, run_dir: str, 
         impl,
         "--steps",
         str(steps),
-        "--warmup-steps",
+        "--warmup",
         str(warmup),
         "--port",
         str(free_port()),
@@ -243,6 +253,7 @@ def run_job(impl: str, model: str, np: int, spec: BenchSpec, out: str, tag: str)
         record["samples_per_sec"] = m.get("wall_samples_per_sec", m["samples_per_sec"])
         record["workers"] = m.get("workers", np)
         record["cpu_ms_per_step"] = m.get("cpu_ms_per_step")
+        record["recipe"] = recipe.ran(m)
     else:
         record["error"] = job.error_line()
         record["output_tail"] = job.output  # what the job printed last, to see why
@@ -491,7 +502,7 @@ def run_bench(spec: BenchSpec) -> int:
                         flush=True,
                     )
     rows = summarise(jobs, spec, impls)
-    text = table(rows, impls) + concept_engine(rows)
+    text = recipe_lines(spec, jobs) + table(rows, impls) + concept_engine(rows)
     report = {
         "spec": asdict(spec),
         "impls": impls,
@@ -511,6 +522,13 @@ def run_bench(spec: BenchSpec) -> int:
     print(f"-> {os.path.join(out, 'bench.json')}; make tensorboard RUN={os.path.join(out, tblog.COMPARISON_DIR)}")
     failed = [j for j in jobs if "error" in j]
     return 1 if failed else 0
+
+
+def recipe_lines(spec: BenchSpec, jobs: list[dict[str, Any]]) -> str:
+    """Above the table: the recipe asked for, and what each implementation ran (from its results)."""
+    lines = [f"Recipe: {recipe.describe(spec.recipe)}.", "Ran (optimizer, LR schedule, precision):"]
+    lines += [f"- {line}" for line in recipe.ran_lines(jobs, "impl")]
+    return "\n".join(lines) + "\n\n"
 
 
 def _int_list(text: str) -> list[int]:
@@ -538,11 +556,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         dataset=args.dataset,
         model_args=list(args.model_arg),
         dataset_args=list(args.dataset_arg),
+        recipe=recipe.argv(args),
     )
-    for m in models:  # the user's code, imported and called once here: what fails is one line before any job
+    for m in models:  # the user's code and recipe, built once here: what fails is one line before any job
         try:
             w = own.workload(m)
             usermodel.first_batch(w, own.batch_for(m), 0, 1, synthetic_samples=args.synthetic_samples)
+            if own.recipe:
+                recipe.check(w, [*SAME_OPTIMIZER, *own.recipe])
         except UserError as e:
             return fail(str(e))
     try:
@@ -587,6 +608,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         dataset=own.dataset,
         model_args=own.model_args,
         dataset_args=own.dataset_args,
+        recipe=own.recipe,
     )
     return run_bench(spec)
 
@@ -659,6 +681,7 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("--out", default="", help="output directory (default: runs/bench-<time>)")
     b.add_argument("--timeout", type=float, default=600.0, help="seconds before a job counts as hung (default: 600)")
     b.add_argument("--oversubscribe", action="store_true", help="allow more ranks than cores")
+    recipe.add_arguments(b)
     b.add_argument(
         "--variant",
         action="append",

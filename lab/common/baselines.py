@@ -47,8 +47,17 @@ def workload(
     return net, x.to(device), y.to(device)
 
 
-def setup_horovod(model: torch.nn.Module, lr: float, loss=None, grouped: bool = False):
-    """(step, total, close) of the bare Horovod loop.
+def scaled_optimizer(model: torch.nn.Module, lr: float, size: int, optimizer=None) -> torch.optim.Optimizer:
+    """The loop's optimizer with every group's LR multiplied by the world size: ``optimizer`` (bench's: the
+    recipe's, built by the trainer's own code, its LR for one worker), else SGD with momentum 0.9 at ``lr``."""
+    opt = optimizer or torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    for group in opt.param_groups:
+        group["lr"] *= size
+    return opt
+
+
+def setup_horovod(model: torch.nn.Module, lr: float, loss=None, grouped: bool = False, optimizer=None):
+    """(step, total, close) of the bare Horovod loop; ``optimizer``: see :func:`scaled_optimizer`.
 
     ``grouped``: plain SGD and one ``hvd.grouped_allreduce_`` of every gradient after backward, instead of
     ``DistributedOptimizer``'s hooks: gpucheck's one-rank loop, where Horovod (0.28.1) registers the hooks only
@@ -57,7 +66,7 @@ def setup_horovod(model: torch.nn.Module, lr: float, loss=None, grouped: bool = 
     import horovod.torch as hvd
 
     hvd.init()  # communication: forms the process group (MPI_Init under mpirun; a world of one otherwise)
-    opt = torch.optim.SGD(model.parameters(), lr=lr * hvd.size(), momentum=0.9)
+    opt = scaled_optimizer(model, lr, hvd.size(), optimizer)
     loss = loss or loss_of
     if grouped:
 
@@ -90,9 +99,12 @@ def setup_horovod(model: torch.nn.Module, lr: float, loss=None, grouped: bool = 
     return step, total, hvd.shutdown
 
 
-def setup_ddp(model: torch.nn.Module, lr: float, port: int, loss=None, device: torch.device | None = None):
+def setup_ddp(
+    model: torch.nn.Module, lr: float, port: int, loss=None, device: torch.device | None = None, optimizer=None
+):
     """(step, total, close) of the DDP loop: gloo on the CPU, NCCL on a CUDA ``device``; rank 0 listens on
-    ``port`` of 127.0.0.1."""
+    ``port`` of 127.0.0.1; ``optimizer`` (over ``model``'s parameters, which DDP shares): see
+    :func:`scaled_optimizer`."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
@@ -105,7 +117,7 @@ def setup_ddp(model: torch.nn.Module, lr: float, port: int, loss=None, device: t
     )
     # broadcasts rank 0's parameters; buckets allreduce in backward
     ddp = DistributedDataParallel(model, device_ids=[device.index] if cuda and device else None)
-    opt = torch.optim.SGD(ddp.parameters(), lr=lr * size, momentum=0.9)
+    opt = scaled_optimizer(model, lr, size, optimizer)
 
     loss = loss or loss_of
 

@@ -343,9 +343,10 @@ def method_cost(
       (narrow before, widen after), and on a parameter server the servers' casts of their share:
       N pushes widened and one reply narrowed per step (CAST_BYTES of memory traffic each);
     * PowerSGD rank r (allreduce only): two ring allreduces per step (uncompressed tensors with the
-      Ps, then the Qs): 4(N-1) messages and 2(N-1)/N x 4 x (sum of (n + m) r over the compressed
-      matrices + the other tensors' elements) bytes; extra compute: three n x m x r products per
-      matrix and the orthonormalisation of P and Q (flops), the error feedback's copies (memory);
+      Ps, then the Qs; the first alone where no matrix is compressed): 4(N-1) messages and
+      2(N-1)/N x 4 x (sum of (n + m) r over the compressed matrices + the other tensors' elements) bytes;
+      extra compute: three n x m x r products per matrix and the orthonormalisation of P and Q (flops),
+      the error feedback's copies (memory);
     * local SGD every H (allreduce only): one gradient allreduce and one parameter allreduce (float32)
       per H steps, both amortised over the H steps, and the parameters copied in and out once per
       period; H = 1 is synchronous SGD: the gradients only;
@@ -373,10 +374,11 @@ def method_cost(
             "PowerSGD's cost needs the gradient's tensor shapes (which matrices it compresses), not its bytes"
         )
     if method.compression == POWERSGD:
-        sent, flops, mem = 0, 0.0, 0.0
+        sent, flops, mem, sums = 0, 0.0, 0.0, 1  # sums: the Qs' allreduce only where a matrix is compressed
         for s in shapes:
             e = math.prod(s)
             if compressible(s, method.rank):
+                sums = 2
                 rows, cols = _dims(s)
                 r = min(rows, cols, method.rank)
                 sent += (rows + cols) * r
@@ -388,7 +390,7 @@ def method_cost(
         messages, volume = coefficients(ALLREDUCE, n, 4.0 * sent)
         if n == 1:  # one worker sends nothing and leaves its gradient as it is
             return MethodCost(0.0, 0.0, 0.0, 0.0)
-        return MethodCost(2 * messages, volume, flops / host.flops + mem / host.mem_bw, 0.0)
+        return MethodCost(sums * messages, volume, flops / host.flops + mem / host.mem_bw, 0.0)
     messages, volume = coefficients(kind, n, numel * method.elem, servers)
     worker_s = server_s = 0.0
     if method.elem == 2 and (n > 1 or kind == PS_DEDICATED):

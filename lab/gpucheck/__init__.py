@@ -1,12 +1,16 @@
 """``gpucheck``: LeNet-5, ResNet-18 and the small LSTM for a fixed number of steps on one GPU, and one
 table (samples/s, step ms, peak GPU memory).
 
-One rank, four ways, at each model's own batch and at a larger one that keeps the GPU busy
+One rank, six ways, at each model's own batch and at a larger one that keeps the GPU busy
 (``--busy``; at the small batches an H200 waits on kernel launches):
 
 * ``trainer``: the project's :class:`Trainer` with ``--strategy allreduce`` at one rank, as ``train``
   runs it: it exchanges nothing (the average over one worker is its own gradient), so this row is
-  the trainer's own cost on the GPU, labelled "no exchange".
+  the trainer's own cost on the GPU, labelled "no exchange"; float32.
+* ``trainer-bf16-mixed`` and ``trainer-16-mixed``: the same with ``--precision bf16-mixed`` (bfloat16
+  autocast) and ``--precision 16-mixed`` (float16 autocast and the loss scaler); below the table each as a
+  multiple of float32's samples/s. 16-mixed needs CUDA: in the CPU dry run its row says so (not a failure),
+  bf16-mixed runs on the CPU too.
 * ``trainer-exchange``: the same with ``ALLREDUCE_TRAIN_EXCHANGE_AT_ONE_RANK=1`` (for checks): every
   gradient goes through Horovod's allreduce from the backward hooks, as at more ranks (with CUDA
   tensors: Horovod's NCCL operations). The row counts the allreduces the trainer started, so it

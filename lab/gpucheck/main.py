@@ -16,9 +16,9 @@ import torch
 from models import MODELS
 
 from .one import run_one
-from .report import accounting, describe_machine, parts_table, table
+from .report import accounting, describe_machine, parts_table, precision_lines, table
 from .tworanks import run_two
-from .ways import DEFAULT_BUSY, DEFAULT_MODELS, LABELS, TWO_RANK_WAYS, WAYS, batch_for, log
+from .ways import DEFAULT_BUSY, DEFAULT_MODELS, LABELS, NEEDS_CUDA, TWO_RANK_WAYS, WAYS, batch_for, log
 
 
 def parse_busy(text: str) -> dict[str, int]:
@@ -111,6 +111,12 @@ def run_all(args: argparse.Namespace) -> int:
             own = batch_for(model, args.batch_size)
             for batch in [own] + ([busy[model]] if model in busy and busy[model] != own else []):
                 for way in ways:
+                    if way in NEEDS_CUDA and args.device != "cuda":  # not a failure: this device cannot run it
+                        log(f"{model} / {LABELS[way]}, batch {batch}: {NEEDS_CUDA[way]}")
+                        rows.append(
+                            {"model": model, "way": way, "batch": batch, "ranks": 1, "skipped": NEEDS_CUDA[way]}
+                        )
+                        continue
                     log(
                         f"{model} / {LABELS[way]}: {args.warmup_steps} warm-up + {args.steps} timed steps, "
                         f"batch {batch}, on {args.device}"
@@ -148,7 +154,7 @@ def run_all(args: argparse.Namespace) -> int:
             row = run_two(args, way, model, batch_for(model, args.batch_size))
             log(f"  {row.get('note') or row.get('skipped') or row.get('error')}")
             rows.append(row)
-    text = "\n".join([table(rows, args.device), "", *accounting(rows), *parts_table(rows)])
+    text = "\n".join([table(rows, args.device), "", *precision_lines(rows), *accounting(rows), *parts_table(rows)])
     print("\n" + text, flush=True)
     if args.out:
         with open(args.out, "w") as fh:

@@ -13,7 +13,7 @@ import torch
 
 from ..common.baselines import setup_ddp, setup_horovod, time_steps, workload
 from ..common.jobs import free_port
-from .ways import batch_for
+from .ways import PRECISION, batch_for
 
 
 def peak_mb(device: torch.device) -> float | None:
@@ -61,6 +61,8 @@ def run_trainer(args: argparse.Namespace, device: torch.device) -> dict:
             str(args.seed),
             "--threads",
             str(args.threads),
+            "--precision",
+            PRECISION.get(args.way, "32"),
         ]
     )
     cfg = build_config(cli)
@@ -75,7 +77,11 @@ def run_trainer(args: argparse.Namespace, device: torch.device) -> dict:
             setup = trainer.build()
             logger = Losses()
             result = trainer.run(setup, logger)
-        note = f"Horovod controller {result['horovod_controller']}, world size {result['world_size']}"
+        note = (
+            f"Horovod controller {result['horovod_controller']}, world size {result['world_size']}, "
+            f"precision {result['precision']}"
+            + (f" (loss scale {result['loss_scale']:g} at the end)" if "loss_scale" in result else "")
+        )
         if args.way == "trainer-exchange":
             note += (
                 f"; {sent['calls']} Horovod allreduces of {'/'.join(sorted(sent['devices']))} gradients "
@@ -89,6 +95,7 @@ def run_trainer(args: argparse.Namespace, device: torch.device) -> dict:
             "loss_last": logger.losses[-1],
             "allreduces": sent["calls"],
             "steps_run": total,
+            "precision": result["precision"],
             "note": note,
         }
     finally:

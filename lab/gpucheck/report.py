@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .ways import LABELS
+from .ways import LABELS, PRECISION
 
 
 def _num(value: float | None, fmt: str) -> str:
@@ -50,6 +50,28 @@ def regimes(rows: list[dict]) -> list[str]:
             f"at batch {lo} the device is {regime}."
         )
     return out
+
+
+def precision_lines(rows: list[dict]) -> list[str]:
+    """Per model and batch, the trainer's mixed-precision rows against its float32 one (``trainer``, no
+    exchange): samples/s as a multiple of float32's, or why the row did not run."""
+    done = {(r["model"], r["batch"], r["way"]): r for r in rows if r.get("ranks") == 1}
+    out = []
+    for m, b in dict.fromkeys((m, b) for m, b, _ in done):
+        base = done.get((m, b, "trainer"))
+        parts = []
+        for way in PRECISION:
+            r = done.get((m, b, way))
+            if r is None:
+                continue
+            if "samples_per_sec" in r and base and "samples_per_sec" in base:
+                parts.append(f"{PRECISION[way]} {r['samples_per_sec'] / base['samples_per_sec']:.2f}x")
+            else:
+                # the reason's head ("needs CUDA"); the table's row has the whole line
+                parts.append(f"{PRECISION[way]} {(r.get('skipped') or 'failed').partition(':')[0]}")
+        if parts:
+            out.append(f"{m} batch {b}, the trainer's samples/s over float32's: " + "; ".join(parts))
+    return [*out, ""] if out else []
 
 
 def accounting(rows: list[dict]) -> list[str]:

@@ -7,9 +7,18 @@ import time
 
 from models import MODELS
 
-WAYS = ("trainer", "trainer-exchange", "horovod", "ddp")
+WAYS = ("trainer", "trainer-bf16-mixed", "trainer-16-mixed", "trainer-exchange", "horovod", "ddp")
+# The trainer's rows with mixed-precision compute (--precision), beside its float32 "trainer" row
+PRECISION = {"trainer-bf16-mixed": "bf16-mixed", "trainer-16-mixed": "16-mixed"}
+# What a way needs of the device, and the row's line where it is missing (the trainer refuses it on the CPU)
+NEEDS_CUDA = {
+    "trainer-16-mixed": "needs CUDA: float16 autocast with a loss scaler (the trainer refuses --precision 16-mixed "
+    "on the CPU)"
+}
 LABELS = {
     "trainer": "trainer, no exchange",
+    "trainer-bf16-mixed": "trainer, no exchange, bf16-mixed",
+    "trainer-16-mixed": "trainer, no exchange, 16-mixed",
     "trainer-exchange": "trainer, Horovod allreduce",
     "horovod": "bare Horovod",
     "ddp": "DDP",

@@ -3,6 +3,8 @@
     python -m lab recommend --task examples.gpt.task:build --model-arg max_chars=40000 \\
         --target 'eval/loss<=2.5' --workers 8,64,512 --link 10gbit,100gbit --latency 50us
     python -m lab recommend --model mypkg.net:build --dataset mypkg.data:load --target 'eval/accuracy>=0.9'
+    python -m lab recommend --task examples.gpt.task:build --target 'eval/loss<=2.5' \\
+        --optimizer adamw --lr 3e-4 --lr-schedule cosine --warmup-steps 20 --precision bf16-mixed
 
 Time to the target = steps to the target x time per step. The cost model (lab/common/costmodel.py, validated on
 emulated hosts) predicts the time per step of each concept (float32, 16-bit, PowerSGD, local SGD on a ring
@@ -11,14 +13,21 @@ steps to the target over synchronous float32's, measured here on 2 emulated host
 time-to-accuracy grid (``python -m lab time-to-accuracy``, run as a job: experiments do not import each other).
 Measured here:
 
-* compute per step: one worker, one thread, the trainer's first batch, forward + backward + SGD (median);
+* compute per step: one worker, one thread, the trainer's first batch, forward + backward + the recipe's
+  optimizer step (median);
 * the gradient: the model's trainable parameters' shapes (PowerSGD's bytes depend on which are matrices);
 * the steps ratio of each concept to float32 at 2 workers (``--steps-from DIR`` reuses a finished grid's).
+
+All of it under the user's recipe: the trainer's recipe flags (lab/common/recipe.py: ``--optimizer``, its
+arguments, ``--lr-schedule``, ``--precision``) reach the compute measurement and every job of the steps grid, so
+the recommendation is made for the optimizer the user trains with (AdamW changes how local SGD and PowerSGD
+compare with float32); a grid given with ``--steps-from`` must have run under the same recipe flags.
 
 Given: workers, link rates and the latency (assumed: nothing here measures your cluster). Modelled: each
 concept's bytes, messages and extra compute (costmodel.method_cost). The steps ratio is measured at 2 workers
 only: for other worker counts it is used as it is and every such answer says so. Where the model is known to
-miss (lab/common/trust.py), an answer whose margin is within the miss says "not decided".
+miss (lab/common/trust.py), an answer whose margin is within the miss says "not decided"; so does one that rests on
+a concept whose check on the emulated hosts missed the model's prediction by more than that factor.
 
 Output (``--out``, default runs/recommend/<time>): the summary on stdout (one screen), report.md,
 recommend.json (every input with its source, every cell) and recommend.png (the map: the fastest concept to the
@@ -37,7 +46,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..common import costmodel, trust, usermodel
+from ..common import costmodel, recipe, trust, usermodel
 
 DEFAULT_METHODS = ("fp32", "fp16", "powersgd-r4", "localsgd-h4", "localsgd-h16")
 MEASURED_WORKERS = 2  # the emulated hosts the steps ratios are measured on
@@ -60,7 +69,9 @@ class Inputs:
     steps_ratio: dict[str, float | None]  # concept label -> its steps to the target / float32's (None: not reached)
     ratio_workers: int = MEASURED_WORKERS
     sources: dict[str, str] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)  # concept label -> its job's error line (a crash, not slow)
     host: costmodel.Host = costmodel.HOST
+    recipe: str = ""  # the recipe asked for (lab/common/recipe.py describe)
 
     @property
     def grad_bytes(self) -> int:
@@ -138,6 +149,7 @@ def predict_cell(
     ).exchange_s
     best = order[0]
     runner = order[1] if len(order) > 1 else None
+    margin = runner is None or trust.decisive(rel[best], rel[runner], base_ex, compute)
     return {
         "workers": n,
         "bandwidth": bandwidth,
@@ -148,15 +160,40 @@ def predict_cell(
         "fp32_exchange_s": base_ex,
         "compute_s": compute,
         "in_region": trust.in_region(base_ex, compute),
-        "decided": runner is None or trust.decisive(rel[best], rel[runner], base_ex, compute),
+        "decided": margin,
+        "margin_decided": margin,  # by the untrusted region's rule alone (judge() may undecide it on the check)
         "ratio_measured_here": n == inp.ratio_workers,
-        "not_reached": [m for m in methods if m != "fp32" and inp.steps_ratio.get(m) is None],
+        "not_reached": [m for m in methods if m != "fp32" and inp.steps_ratio.get(m) is None and m not in inp.failed],
+        "failed": {m: inp.failed[m] for m in methods if m in inp.failed},
     }
 
 
-def plan(inp: Inputs, workers: list[int], links: list[tuple[str, float]], methods: list[str]) -> list[dict[str, Any]]:
-    """Every asked (workers, link) cell."""
-    return [{**predict_cell(inp, n, bw, methods), "link": name} for n in workers for name, bw in links]
+def judge(cell: dict[str, Any], check: dict[str, Any] | None) -> dict[str, Any]:
+    """``cell`` with the check on emulated hosts applied: where a concept's measured time missed the model's by
+    more than the trust factor (trust.check_holds), the cell is not decided if that concept is its pick (the
+    model's figure for it is not what the jobs measured) or is ranked and measured faster than predicted (it
+    may be the real pick). ``check_missed`` names those concepts with both figures: the reason shown."""
+    missed = {m: c for m, c in (check or {}).get("methods", {}).items() if not c.get("within_trust", True)}
+    if not missed:
+        return cell
+    against = {
+        m: c
+        for m, c in missed.items()
+        if m == cell["winner"] or (m in cell["time_vs_fp32"] and c["measured"] < c["predicted"])
+    }
+    why = {m: f"predicted {c['predicted']:.2f}, measured {c['measured']:.2f}" for m, c in against.items()}
+    return {**cell, "decided": cell["decided"] and not against, "check_missed": why}
+
+
+def plan(
+    inp: Inputs,
+    workers: list[int],
+    links: list[tuple[str, float]],
+    methods: list[str],
+    check: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Every asked (workers, link) cell, judged against the check on emulated hosts (None: no check)."""
+    return [judge({**predict_cell(inp, n, bw, methods), "link": name}, check) for n in workers for name, bw in links]
 
 
 def summary(
@@ -166,7 +203,11 @@ def summary(
     lines = [f"Which concept reaches the target fastest for {inp.model}", ""]
     src = inp.sources
     ratios = ", ".join(
-        f"{m} {inp.steps_ratio[m]:.2f}" if inp.steps_ratio.get(m) is not None else f"{m} not reached"
+        f"{m} {inp.steps_ratio[m]:.2f}"
+        if inp.steps_ratio.get(m) is not None
+        else f"{m} failed"
+        if m in inp.failed
+        else f"{m} not reached"
         for m in methods
         if m != "fp32"
     )
@@ -177,6 +218,7 @@ def summary(
         f"[{src.get('shapes', 'measured here')}]",
         f"  steps to target / float32's, at {inp.ratio_workers} workers: {ratios}  [{src.get('steps', 'given')}]",
         f"  latency           {1e6 * inp.latency_s:g} us per message  [assumed: --latency]",
+        f"  recipe            {inp.recipe or recipe.describe([])}  [{src.get('recipe', 'given')}]",
         "  bytes, messages, extra compute per concept  [modelled: costmodel.method_cost; host "
         f"{inp.host.mem_bw / 1e9:g} GB/s, {inp.host.flops / 1e9:g} GFLOP/s assumed]",
         "",
@@ -189,10 +231,11 @@ def summary(
         for link in links:
             c = next(c for c in cells if c["workers"] == n and c["link"] == link)
             t = c["time_vs_fp32"][c["winner"]]
-            txt = f"**{c['winner']}** {t:.2f}"
+            txt = f"**{c['winner']}** {t:.2f}" if c["decided"] else f"{c['winner']} {t:.2f}"  # bold: a pick
             if c["runner_up"]:
                 txt += f" ({c['runner_up']} {c['time_vs_fp32'][c['runner_up']]:.2f})"
-            marks = ("" if c["decided"] else " not decided*") + ("" if c["ratio_measured_here"] else " +")
+            why = ("" if c["margin_decided"] else "*") + ("†" if c.get("check_missed") else "")
+            marks = ("" if c["decided"] else f" not decided{why}") + ("" if c["ratio_measured_here"] else " +")
             row.append(txt + marks)
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", "cells: the fastest concept's time to the target over float32's (the runner-up's)"]
@@ -201,11 +244,19 @@ def summary(
             f"+ steps ratio measured at {inp.ratio_workers} workers, not at this N: used as it is, not "
             "extrapolated (local SGD's and PowerSGD's steps usually grow with N: check at your N)"
         )
-    if any(not c["decided"] for c in cells):
+    if any(not c["margin_decided"] for c in cells):
         lines.append("* " + trust.note())
+    against = sorted({m for c in cells for m in c.get("check_missed", {})})
+    if against:
+        lines.append(
+            f"† the check below missed by more than {trust.MISS:.2f}x (lab/common/trust.py) for {', '.join(against)}, "
+            "which these picks rest on: the model lacks a cost those jobs paid, so they are not decided"
+        )
     missed = sorted({m for c in cells for m in c["not_reached"]})
     if missed:
         lines.append(f"not ranked (did not reach the target in the measurement): {', '.join(missed)}")
+    for m, line in inp.failed.items():  # a crash is a failure of that concept's job, never a slow concept
+        lines.append(f"not ranked, {m} failed: {line}")
     if check:
         lines.append(check_line(check))
     if out:
@@ -214,7 +265,10 @@ def summary(
 
 
 def check_line(check: dict[str, Any]) -> str:
-    parts = [f"{m} {c['predicted']:.2f} / {c['measured']:.2f}" for m, c in check["methods"].items()]
+    parts = [
+        f"{m} {c['predicted']:.2f} / {c['measured']:.2f}" + ("" if c.get("within_trust", True) else " missed†")
+        for m, c in check["methods"].items()
+    ]
     return (
         f"check, {MEASURED_WORKERS} emulated hosts at {check['rate']} (time to target / float32's, predicted / "
         f"measured): " + ", ".join(parts)
@@ -224,53 +278,88 @@ def check_line(check: dict[str, Any]) -> str:
 # ------------------------------------------------------------------------- measurements
 
 
-def measure_compute(w: usermodel.Workload, batch: int, steps: int = 12, warmup: int = 3) -> float:
-    """Median seconds of one training step (forward, backward, SGD) of one worker with one thread."""
+def measure_compute(
+    w: usermodel.Workload, batch: int, flags: list[str] | tuple[str, ...] = (), steps: int = 12, warmup: int = 3
+) -> float:
+    """Median seconds of one training step of one worker with one thread under the recipe ``flags``: forward
+    and loss under the trainer's autocast, backward, the trainer's optimizer (the task's own when it has one)."""
     import torch
+
+    from allreduce_train.optim import build_optimizer
+    from allreduce_train.precision import Precision
 
     torch.set_num_threads(1)
     task, x, y = usermodel.first_batch(w, batch, 0, 1)
+    cfg = usermodel.config(w, flags)
     torch.manual_seed(42)
     model = task.build_model()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    opt = build_optimizer(cfg.optim, model, task)
+    precision = Precision(cfg.train.precision, torch.device("cpu"))  # 16-mixed: one line (CUDA only)
     rows = slice(0, batch)
     times = []
     for i in range(warmup + steps):
         t0 = time.perf_counter()
         opt.zero_grad()
-        task.loss(model, x, y, rows).backward()
+        with precision.forward_context():
+            loss = task.loss(model, x, y, rows)
+        loss.backward()
         opt.step()
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
-def steps_from(results_path: str, model: str, methods: list[str]) -> tuple[dict[str, float | None], int, dict]:
-    """(steps ratios, the worker count, the float32 and concept jobs) from a time-to-accuracy results.json."""
+def steps_from(
+    results_path: str, model: str, methods: list[str]
+) -> tuple[dict[str, float | None], int, dict, dict[str, str]]:
+    """(steps ratios, the worker count, the float32 and concept jobs, the failed concepts' error lines) from a
+    time-to-accuracy results.json. A job that failed (its record's ``ok`` false, its ``error`` the job's one
+    line: lab/tta/main.py from lab/common/jobs.py's ``error_line``) is named as failed, not as slow."""
     try:
         with open(results_path) as fh:
             res = json.load(fh)
-        jobs = [j for j in res["jobs"] if j["model"] == model and j.get("ok")]
+        mine = [j for j in res["jobs"] if j["model"] == model]
+        jobs = [j for j in mine if j.get("ok")]
+        crashed = [j for j in mine if not j.get("ok")]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise RecommendError(f"--steps-from: {results_path} is not a time-to-accuracy results.json ({e})") from None
     base = [j for j in jobs if j["method"] == tta_method("fp32") and j.get("reached")]
     if not base:
+        bad = next((j for j in crashed if j["method"] == tta_method("fp32")), None)
+        if bad is not None:
+            raise RecommendError(
+                f"--steps-from {results_path}: float32 ({tta_method('fp32')}) failed for {model}: "
+                f"{bad.get('error', 'no error line recorded')} (see its log: {bad.get('log', 'the grid')})"
+            )
         raise RecommendError(
             f"--steps-from {results_path}: float32 ({tta_method('fp32')}) did not reach the target "
             f"for {model}: no ratio to take (a lower target, or more --max-epochs)"
         )
     n = base[0]["workers"]
     by = {j["method"]: j for j in jobs if j["workers"] == n}
+    errors = {j["method"]: j.get("error", "no error line recorded") for j in crashed if j["workers"] == n}
     ratios: dict[str, float | None] = {}
+    failed: dict[str, str] = {}
     for m in methods:
         j = by.get(tta_method(m))
         ratios[m] = j["steps_to_target"] / by[tta_method("fp32")]["steps_to_target"] if j and j.get("reached") else None
-    return ratios, n, by
+        if j is None and tta_method(m) in errors:
+            failed[m] = errors[tta_method(m)]
+    return ratios, n, by, failed
+
+
+def grid_recipe(results_path: str) -> list[str]:
+    """The recipe flags a time-to-accuracy grid ran under (none recorded: the trainer's defaults)."""
+    try:
+        with open(results_path) as fh:
+            return list(json.load(fh).get("config", {}).get("recipe", []))
+    except (OSError, ValueError, AttributeError) as e:
+        raise RecommendError(f"--steps-from: {results_path} is not a time-to-accuracy results.json ({e})") from None
 
 
 def emulated_check(by: dict[str, dict], inp: Inputs, methods: list[str]) -> dict[str, Any] | None:
     """The model's time to the target over float32's for the emulated jobs (their own compute, their link, no
-    latency) against the measured one."""
+    latency) against the measured one, and whether the two agree within the trust factor (trust.check_holds)."""
     from ..common.links import link_network
 
     base = by.get(tta_method("fp32"))
@@ -283,14 +372,16 @@ def emulated_check(by: dict[str, dict], inp: Inputs, methods: list[str]) -> dict
     for m in methods:
         j = by.get(tta_method(m))
         if m != "fp32" and j and j.get("reached") and m in cell["time_vs_fp32"]:
+            predicted, measured = cell["time_vs_fp32"][m], j["seconds_to_target"] / base["seconds_to_target"]
             out["methods"][m] = {
-                "predicted": cell["time_vs_fp32"][m],
-                "measured": j["seconds_to_target"] / base["seconds_to_target"],
+                "predicted": predicted,
+                "measured": measured,
+                "within_trust": trust.check_holds(predicted, measured),
             }
     return out
 
 
-def run_steps_grid(
+def steps_grid_argv(
     w: usermodel.Workload,
     target: str,
     methods: list[str],
@@ -300,10 +391,9 @@ def run_steps_grid(
     evals_per_epoch: int,
     extra: list[str],
     batch: int,
-) -> str:
-    """The time-to-accuracy grid at 2 emulated hosts for this model; returns its results.json."""
-    from ..common.jobs import run
-
+    flags: list[str],
+) -> list[str]:
+    """The command of the time-to-accuracy grid at 2 emulated hosts for this model, under the recipe ``flags``."""
     argv = [
         sys.executable,
         "-m",
@@ -325,6 +415,7 @@ def run_steps_grid(
         str(evals_per_epoch),
         "--out-dir",
         out,
+        *flags,  # the recipe, for every job of the grid
     ]
     argv += ["--task", w.task] if w.task else ["--model", w.model] if w.own else ["--models", w.model]
     for a in w.model_args:
@@ -335,11 +426,15 @@ def run_steps_grid(
         argv += ["--dataset-arg", a]
     for e in ["--batch-size", str(batch), *extra]:  # the batch whose compute was measured
         argv.append(f"--extra={e}")
-    print(
-        f"measuring the steps to {target} on {MEASURED_WORKERS} emulated hosts at {rate}: "
-        f"{len(methods)} training jobs -> {out}",
-        flush=True,
-    )
+    return argv
+
+
+def run_steps_grid(argv: list[str], out: str, what: str) -> str:
+    """Run the grid of :func:`steps_grid_argv` into ``out`` (``what``: the line that says so); returns its
+    results.json."""
+    from ..common.jobs import run
+
+    print(what, flush=True)
     res = run(argv, timeout=24 * 3600, log_path=os.path.join(out + ".log"))
     path = os.path.join(out, "results.json")
     if not os.path.exists(path):
@@ -368,9 +463,11 @@ def colour(label: str) -> str:
     )
 
 
-def plot(path: str, inp: Inputs, cells: list[dict[str, Any]], methods: list[str]) -> None:
+def plot(
+    path: str, inp: Inputs, cells: list[dict[str, Any]], methods: list[str], check: dict[str, Any] | None = None
+) -> None:
     """The fastest concept to the target by link rate (x) and workers (y), the asked cells circled, the cells the
-    model does not decide hatched."""
+    model does not decide (its untrusted region, or a check that missed) hatched."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -383,7 +480,7 @@ def plot(path: str, inp: Inputs, cells: list[dict[str, Any]], methods: list[str]
     seen = set()
     for i, n in enumerate(ns):
         for j, g in enumerate(bws):
-            c = predict_cell(inp, max(2, round(n)), g * 1e9 / 8, methods)
+            c = judge(predict_cell(inp, max(2, round(n)), g * 1e9 / 8, methods), check)
             x0, x1 = (bws[j - 1] * g) ** 0.5 if j else g, (g * bws[j + 1]) ** 0.5 if j + 1 < len(bws) else g
             y0, y1 = (ns[i - 1] * n) ** 0.5 if i else n, (n * ns[i + 1]) ** 0.5 if i + 1 < len(ns) else n
             ax.fill_between(
@@ -499,6 +596,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="an extra trainer argument for the measurement's jobs, e.g. --extra=--lr --extra=0.003",
     )
     p.add_argument("--out", default="", help="output directory (default: runs/recommend/<time>)")
+    recipe.add_arguments(p)
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -544,15 +642,26 @@ def recommend(args: argparse.Namespace) -> dict[str, Any]:
         args.model, task=args.task, dataset=args.dataset, model_args=args.model_arg, dataset_args=args.dataset_arg
     )
     out = args.out or os.path.join("runs", "recommend", time.strftime("%Y%m%d-%H%M%S"))
+    flags = recipe.argv(args)
+    if args.steps_from:
+        ran_under = grid_recipe(os.path.join(args.steps_from, "results.json"))
+        if ran_under != flags:
+            raise RecommendError(
+                f"--steps-from {args.steps_from}: its grid ran under {recipe.describe(ran_under)}; this "
+                f"recommendation asks for {recipe.describe(flags)}: give the same recipe flags, or leave out "
+                "--steps-from to measure the steps under yours"
+            )
     try:
+        if flags:
+            recipe.check(w, [*flags, *args.extra])
         shapes = [tuple(s) for s in usermodel.shapes(w)]
-        compute = args.compute_ms / 1e3 if args.compute_ms else measure_compute(w, args.batch_size)
+        compute = args.compute_ms / 1e3 if args.compute_ms else measure_compute(w, args.batch_size, flags)
     except UserError as e:
         raise RecommendError(str(e)) from None
     sources = {
         "compute": "given: --compute-ms"
         if args.compute_ms
-        else "measured here: 1 worker, 1 thread, median of 12 steps",
+        else "measured here: 1 worker, 1 thread, median of 12 steps of the recipe",
         "shapes": "measured here: the model's trainable parameters",
     }
     os.makedirs(out, exist_ok=True)
@@ -565,24 +674,44 @@ def recommend(args: argparse.Namespace) -> dict[str, Any]:
         reason = unavailable_reason()
         if reason:
             raise RecommendError(f"measuring the steps needs emulated hosts: {reason}; or give --steps-from DIR")
-        results = run_steps_grid(
+        grid = os.path.join(out, "steps")
+        argv = steps_grid_argv(
             w,
             args.target,
             methods,
             args.measure_rate,
-            os.path.join(out, "steps"),
+            grid,
             args.max_epochs,
             args.evals_per_epoch,
             args.extra,
             args.batch_size,
+            flags,
         )
+        what = (
+            f"measuring the steps to {args.target} on {MEASURED_WORKERS} emulated hosts at {args.measure_rate}: "
+            f"{len(methods)} training jobs -> {grid}"
+        )
+        results = run_steps_grid(argv, grid, what)
         sources["steps"] = f"measured here: {MEASURED_WORKERS} emulated hosts at {args.measure_rate}, {results}"
-    ratios, n_measured, jobs = steps_from(results, w.name, methods)
-    inp = Inputs(w.name, shapes, compute, args.batch_size, latency, ratios, n_measured, sources)
-    cells = plan(inp, workers, links, methods)
+    ratios, n_measured, jobs, failed = steps_from(results, w.name, methods)
+    ran = recipe.ran_lines(jobs.values(), "method")
+    sources["recipe"] = "the steps grid ran: " + ("; ".join(ran) if ran else "not recorded")
+    inp = Inputs(
+        w.name,
+        shapes,
+        compute,
+        args.batch_size,
+        latency,
+        ratios,
+        n_measured,
+        sources,
+        failed,
+        recipe=recipe.describe(flags),
+    )
     check = emulated_check(jobs, inp, methods)
+    cells = plan(inp, workers, links, methods, check)
     text = summary(inp, cells, methods, check, out)
-    plot(os.path.join(out, "recommend.png"), inp, cells, methods)
+    plot(os.path.join(out, "recommend.png"), inp, cells, methods, check)
     res = {
         "command": ["python", "-m", "lab", *sys.argv[1:]],
         "inputs": asdict(inp),

@@ -3,6 +3,8 @@
     python -m lab time-to-accuracy                     # make time-to-accuracy
     python -m lab time-to-accuracy --models lenet5 --methods ring-horovod,ps-async-colocated \\
         --workers 1,2 --target lenet5=eval/accuracy>=0.85
+    python -m lab time-to-accuracy --task examples.gpt.task:build --target 'eval/loss<=2.5' \\
+        --optimizer adamw --lr 3e-4 --lr-schedule cosine --precision bf16-mixed --methods concepts
 
 Throughput alone flatters an asynchronous parameter server: it updates without waiting, but its
 gradients are stale (computed on parameters that other workers' updates have since moved), so it
@@ -10,6 +12,8 @@ may need more steps to reach the same model. MLPerf's metric is the wall-clock t
 quality; this grid measures it. Every point is a real mpirun job of the trainer on the model's
 own real data with ``--target`` (the trainer stops at the first evaluation that reaches it and
 records every evaluation's time in metrics.json); evaluations run a fixed number of times per epoch.
+The recipe flags (lab/common/recipe.py: ``--optimizer``, its arguments, ``--lr-schedule``, ``--precision``)
+reach every job; the report states them and what each job ran (its metrics.json).
 Worker counts from ``--emulate-from`` up run on emulated hosts (network namespaces, one rank per
 host, ``--link-rate`` per link; root), smaller ones on this machine.
 
@@ -30,6 +34,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from ..common import recipe
 from ..common.jobs import Launcher, loadavg, local_launcher, read_json
 from ..common.jobs import run as run_job
 from .report import add_model_ratios, markdown, plot_time_to_accuracy, write_csv, write_tensorboard
@@ -61,6 +66,7 @@ def trainer_args(cfg: TtaConfig, model: str, method: Method, run_dir: str, name:
         run_dir,
         "--name",
         name,
+        *cfg.recipe,
         *cfg.extra,
     ]
 
@@ -72,7 +78,7 @@ def steps_per_epoch(cfg: TtaConfig, model: str, workers: int) -> int:
     from allreduce_train.errors import UserError
     from allreduce_train.tasks import make_task
 
-    args = [*cfg.workload(model).trainer_flags(), *cfg.extra]
+    args = [*cfg.workload(model).trainer_flags(), *cfg.recipe, *cfg.extra]
     try:
         tcfg = build_config(make_parser().parse_args(["train", *args]))
         return make_task(tcfg).data(0, workers)[0].steps_per_epoch
@@ -161,6 +167,7 @@ def run_point(
         final=m["final"],
         staleness_mean=m.get("staleness_mean"),
         staleness_max=m.get("staleness_max"),
+        recipe=recipe.ran(m),
     )
     if rec["reached"]:
         rec.update(
@@ -403,6 +410,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="an extra trainer argument for every job, e.g. --extra=--lr --extra=0.02",
     )
     p.add_argument("--job-timeout", type=float, default=d.job_timeout, help="seconds before a job is stopped")
+    recipe.add_arguments(p)
     p.add_argument(
         "--report",
         default="",
@@ -483,6 +491,7 @@ def config_from_args(args: argparse.Namespace) -> TtaConfig:
     from allreduce_train.errors import UserError
     from lab.emulation.netns import parse_rate
 
+    from ..common import usermodel
     from ..common.links import parse_rates
 
     own = own_workloads(args)
@@ -548,6 +557,13 @@ def config_from_args(args: argparse.Namespace) -> TtaConfig:
         )
     if len(set(rates)) < len(rates):
         raise TtaError(f"--rates: a rate given twice ({args.rates})")
+    flags = recipe.argv(args)
+    for m in models if flags else []:  # the recipe built once per model here: a bad one is one line before any job
+        w = own[m].source if m in own else usermodel.from_args(m, dataset=WORKLOADS[m].dataset)
+        try:
+            recipe.check(w, [*flags, *args.extra])
+        except UserError as e:
+            raise TtaError(str(e)) from None
     return TtaConfig(
         models=models,
         methods=names,
@@ -561,6 +577,7 @@ def config_from_args(args: argparse.Namespace) -> TtaConfig:
         repeats=args.repeats,
         seed=args.seed,
         out_dir=args.out_dir,
+        recipe=flags,
         extra=args.extra,
         job_timeout=args.job_timeout,
         own={m: own[m] for m in own if m in models},

@@ -7,12 +7,14 @@ import math
 import statistics
 from typing import Any
 
+from ..common import recipe
 from .spec import methods
 
 CSV_FIELDS = (
     "model",
     "method",
     "concept",
+    "recipe",
     "workers",
     "servers",
     "hosts",
@@ -352,11 +354,19 @@ def markdown(res: dict[str, Any]) -> str:
         f"took {res['minutes']:.1f} min. Load average (1 min) before the jobs: {load} -- other work on the "
         "machine slows the jobs it overlaps, so wall times are this machine's under this load.",
         "",
+        f"Recipe: {recipe.describe(cfg.get('recipe', []))}. Ran (optimizer, LR schedule, precision, from each "
+        "job's metrics.json):",
+        "",
+        *(
+            f"- {line}"
+            for line in recipe.ran_lines(jobs, "method") or ["not recorded (a grid before the recipe flags)"]
+        ),
+        "",
         "## Definitions",
         "",
-        f"- every job trains from the same seed ({cfg['seed']}) with the model's own recipe and data until the first "
-        f"evaluation that reaches the target; evaluations run {cfg['evals_per_epoch']} times per epoch, so steps "
-        f"to target are resolved to 1/{cfg['evals_per_epoch']} epoch and are an upper bound;",
+        f"- every job trains from the same seed ({cfg['seed']}) with the recipe above and the model's own data until "
+        f"the first evaluation that reaches the target; evaluations run {cfg['evals_per_epoch']} times per epoch, so "
+        f"steps to target are resolved to 1/{cfg['evals_per_epoch']} epoch and are an upper bound;",
         "- time = wall-clock seconds from the first training step to that evaluation's end (evaluations "
         "included; start-up, data loading and process launch excluded); steps = optimizer steps of one worker; "
         "epochs = steps / steps per epoch, i.e. passes over the training data by all workers together;",

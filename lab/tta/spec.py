@@ -209,6 +209,7 @@ class TtaConfig:
     repeats: int = 1
     seed: int = 42
     out_dir: str = ""
+    recipe: list[str] = field(default_factory=list)  # the trainer's recipe flags for every job (lab/common/recipe.py)
     extra: list[str] = field(default_factory=list)
     job_timeout: float = 3600.0
     own: dict[str, Workload] = field(default_factory=dict)  # a user's models (--model/--task MODULE:CALLABLE)

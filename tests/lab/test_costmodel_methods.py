@@ -28,6 +28,13 @@ def test_powersgd_volume_is_the_trainers_bytes_per_step(model, rank, n):
     assert cost.extra_compute_s > 0
 
 
+def test_powersgd_on_a_model_with_no_matrix_to_compress_is_one_allreduce_of_every_element():
+    shapes = [(32, 8), (32,), (3, 32), (3,)]  # an MLP 8-32-3: at rank 4 no matrix shrinks
+    assert not any(cm.compressible(s, 4) for s in shapes)
+    cost = cm.method_cost(cm.Method(cm.POWERSGD, 4), cm.ALLREDUCE, 4, shapes)
+    assert (cost.messages, cost.volume) == cm.coefficients(cm.ALLREDUCE, 4, 4.0 * sum(math.prod(s) for s in shapes))
+
+
 @pytest.mark.parametrize("model", MODELS)
 def test_compressible_is_the_trainers_rule(model):
     import torch

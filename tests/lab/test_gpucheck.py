@@ -19,7 +19,7 @@ from models import MODELS as MODELS_BY_NAME
 from helpers import ROOT as REPO
 
 MODELS = ("lenet5", "resnet18", "ptb-lstm-small")
-WAYS = ("trainer", "trainer-exchange", "horovod", "ddp")
+WAYS = ("trainer", "trainer-bf16-mixed", "trainer-16-mixed", "trainer-exchange", "horovod", "ddp")
 OWN_BATCH = 4  # the dry run's --batch-size
 BUSY = ("lenet5", 16)  # the dry run's --busy
 
@@ -52,13 +52,21 @@ def test_dry_run_end_to_end(tmp_path):
     for patch in ("horovod-0.28.1-cxx17.patch", "horovod-0.28.1-cycle-phase.patch"):
         assert f"patch applies: tools/patches/{patch}" in out
     assert "HOROVOD_GPU_OPERATIONS=NCCL" in out and "HOROVOD_WITHOUT_MPI=1" in out  # the build it would run
+    check_dry_run_outputs(tmp_path)
 
+
+def check_dry_run_outputs(tmp_path):
+    """The dry run's gpucheck.json and gpucheck.txt in ``tmp_path`` (what tools/gpu_check.sh --dry-run's runs
+    write: its last step, ``python -m lab gpucheck --device cpu`` with the script's dry-run settings)."""
     report = json.loads((tmp_path / "gpucheck.json").read_text())
     rows = {(r["model"], r["way"], r["batch"]): r for r in report["rows"] if r["ranks"] == 1}
     expected = {(m, w, OWN_BATCH) for m in MODELS for w in WAYS} | {(BUSY[0], w, BUSY[1]) for w in WAYS}
     assert set(rows) == expected
     for (model, way, _batch), r in rows.items():
         assert "error" not in r, r
+        if way == "trainer-16-mixed":  # float16 autocast with a loss scaler: CUDA only, said, not failed
+            assert r["skipped"].startswith("needs CUDA"), r
+            continue
         assert r["device"] == "cpu" and r["samples_per_sec"] > 0 and r["step_ms"] > 0
         assert math.isfinite(r["loss_first"]) and math.isfinite(r["loss_last"])
         if model != "ptb-lstm-small" and way in ("horovod", "ddp"):
@@ -76,6 +84,10 @@ def test_dry_run_end_to_end(tmp_path):
         assert "allreduces of cpu gradients" in exch["note"]
         # ... and the average over one rank leaves the training as it is without the exchange
         assert math.isclose(exch["loss_last"], alone["loss_last"], rel_tol=1e-6), (exch, alone)
+        # bf16-mixed runs on the CPU: the same seed and batches, so only the autocast can make its losses differ
+        bf16 = rows[(model, "trainer-bf16-mixed", batch)]
+        assert bf16["precision"] == "bf16-mixed" and alone["precision"] == "32", (bf16, alone)
+        assert "precision bf16-mixed" in bf16["note"] and bf16["loss_first"] != alone["loss_first"], (bf16, alone)
     assert "world size 1" in rows[("lenet5", "trainer", OWN_BATCH)]["note"]
     assert "process group gloo" in rows[("lenet5", "ddp", OWN_BATCH)]["note"]
     assert "NCCL built: False" in rows[("lenet5", "horovod", OWN_BATCH)]["note"]  # the CPU venv's Horovod
@@ -90,8 +102,12 @@ def test_dry_run_end_to_end(tmp_path):
     assert "Horovod controller gloo" in pairs["ring-gloo"]["note"]
 
     table = (tmp_path / "gpucheck.txt").read_text()
-    # 4 + 4 rows of one rank (two batches), 3 of two ranks, 4 of the per-step accounting against DDP
-    assert table.count("| lenet5 |") == 4 + 4 + 3 + 4 and "peak GPU MB (CPU run)" in table
+    # 6 + 6 rows of one rank (two batches), 3 of two ranks, 4 of the per-step accounting against DDP
+    assert table.count("| lenet5 |") == 6 + 6 + 3 + 4 and "peak GPU MB (CPU run)" in table
+    assert "| lenet5 | trainer, no exchange, 16-mixed | 1 | 4 | - | - | - | - | skipped: needs CUDA" in table
+    assert "| lenet5 | trainer, no exchange, bf16-mixed | 1 | 16 |" in table
+    line = next(ln for ln in table.splitlines() if ln.startswith("lenet5 batch 16, the trainer's samples/s"))
+    assert "bf16-mixed " in line and "x; 16-mixed needs CUDA" in line
     assert "| lenet5 | 16 | trainer, Horovod allreduce |" in table and "| lenet5 | 4 | trainer, no exchange |" in table
     assert (
         "| lenet5 | trainer, no exchange | 1 | 4 |" in table

@@ -15,12 +15,15 @@ from lab.common import costmodel, trust
 from lab.recommend.main import (
     Inputs,
     RecommendError,
+    emulated_check,
+    judge,
     parse_latency,
     parse_links,
     plan,
     predict_cell,
     steps_from,
     summary,
+    tta_method,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,7 +112,11 @@ def test_parsers_name_their_flag():
         parse_links("fast")
 
 
-def grid(tmp_path, reached=True):
+# What lab/tta/main.py records for a job that failed (ok false, the job's one error line from lab/common/jobs.py)
+CRASH = "allreduce_train: error on rank 0: IndexError: list index out of range"
+
+
+def grid(tmp_path, reached=True, failed=()):
     jobs = [
         {
             "model": "userpkg.net:build",
@@ -124,6 +131,11 @@ def grid(tmp_path, reached=True):
             "comm_wait_ms": 10.0,
         }
         for m, s, t in (("ring-mpi", 100, 10.0), ("ring-mpi-fp16", 100, 9.0), ("ring-mpi-localsgd-h4", 180, 14.0))
+        if m not in failed
+    ]
+    jobs += [
+        {"model": "userpkg.net:build", "method": m, "workers": 2, "ok": False, "error": CRASH, "log": f"logs/{m}.log"}
+        for m in failed
     ]
     d = tmp_path / "grid"
     d.mkdir(parents=True)
@@ -132,10 +144,84 @@ def grid(tmp_path, reached=True):
 
 
 def test_steps_ratios_come_from_a_finished_grid(tmp_path):
-    ratios, n, _ = steps_from(str(grid(tmp_path) / "results.json"), "userpkg.net:build", METHODS)
-    assert n == 2 and ratios == {"fp32": 1.0, "fp16": 1.0, "localsgd-h4": pytest.approx(1.8)}
+    ratios, n, _, failed = steps_from(str(grid(tmp_path) / "results.json"), "userpkg.net:build", METHODS)
+    assert n == 2 and ratios == {"fp32": 1.0, "fp16": 1.0, "localsgd-h4": pytest.approx(1.8)} and failed == {}
     with pytest.raises(RecommendError, match=r"float32 .* did not reach the target"):
         steps_from(str(grid(tmp_path / "b", reached=False) / "results.json"), "userpkg.net:build", METHODS)
+
+
+def test_a_crashed_job_is_reported_as_failed_with_its_error_line_not_as_slow(tmp_path):
+    d = grid(tmp_path, failed=("ring-mpi-localsgd-h4",))
+    ratios, _, _, failed = steps_from(str(d / "results.json"), "userpkg.net:build", METHODS)
+    assert ratios["localsgd-h4"] is None and failed == {"localsgd-h4": CRASH}
+    inp = Inputs("userpkg.net:build", LINEAR, 0.010, 64, 0.0, ratios, failed=failed)
+    cells = plan(inp, [2, 8], [("1gbit", 1e9 / 8)], METHODS)
+    assert all(c["failed"] == {"localsgd-h4": CRASH} and c["not_reached"] == [] for c in cells)
+    text = summary(inp, cells, METHODS, None)
+    assert f"not ranked, localsgd-h4 failed: {CRASH}" in text and "fp16 1.00, localsgd-h4 failed  [" in text
+    assert "did not reach" not in text and "not reached" not in text
+
+
+def test_a_crashed_float32_job_stops_the_recommendation_with_its_error_line(tmp_path):
+    d = grid(tmp_path, failed=("ring-mpi",))
+    with pytest.raises(RecommendError, match=r"float32 \(ring-mpi\) failed .*IndexError: list index out of range"):
+        steps_from(str(d / "results.json"), "userpkg.net:build", METHODS)
+
+
+# The MLP 8-32-3 of issue 40: compute 0.4 ms, 2 KB of gradient, and its check on 2 emulated hosts at 1 Gbit/s
+MLP = [(32, 8), (32,), (3, 32), (3,)]
+MLP_METHODS = ["fp32", "fp16", "localsgd-h4", "localsgd-h16"]
+
+
+def mlp_check_jobs(measured):
+    """The grid's jobs at 2 emulated hosts as tta records them: float32's step 1.0 ms of which 0.6 ms waited
+    (0.4 ms compute), each concept's time to the target ``measured`` times float32's, the same steps."""
+    return {
+        tta_method(m): {
+            "method": tta_method(m),
+            "workers": 2,
+            "ok": True,
+            "reached": True,
+            "link_rate": "1gbit",
+            "step_ms": 1.0,
+            "comm_wait_ms": 0.6,
+            "steps_to_target": 100,
+            "seconds_to_target": 10.0 * measured.get(m, 1.0),
+        }
+        for m in MLP_METHODS
+    }
+
+
+def test_a_pick_whose_check_missed_by_more_than_the_trust_factor_is_not_decided_and_says_why():
+    inp = Inputs("userpkg.mlp:build", MLP, 0.0004, 64, 50e-6, {"fp16": 1.0, "localsgd-h4": 1.0, "localsgd-h16": 1.0})
+    check = emulated_check(mlp_check_jobs({"fp16": 1.25, "localsgd-h4": 1.78, "localsgd-h16": 1.86}), inp, MLP_METHODS)
+    got = check["methods"]
+    predicted = got["localsgd-h16"]["predicted"]
+    assert predicted == pytest.approx(1.0, abs=0.05)  # the model has no per-step cost here: ~float32's time
+    assert got["fp16"]["within_trust"] and not got["localsgd-h4"]["within_trust"]
+    assert not got["localsgd-h16"]["within_trust"]
+    links = [("10gbit", 10e9 / 8)]
+    # unchecked, the model's answer for 8 workers is issue 40's: local SGD H = 16 well under float32, decided
+    (bare,) = plan(inp, [8], links, MLP_METHODS)
+    assert bare["winner"] == "localsgd-h16" and bare["time_vs_fp32"]["localsgd-h16"] < 0.6 and bare["decided"]
+    (cell,) = plan(inp, [8], links, MLP_METHODS, check)
+    assert cell["winner"] == "localsgd-h16" and not cell["decided"] and cell["margin_decided"]
+    assert cell["check_missed"] == {"localsgd-h16": f"predicted {predicted:.2f}, measured 1.86"}
+    text = summary(inp, [cell], MLP_METHODS, check)
+    assert "**localsgd-h16**" not in text and "localsgd-h16 0." in text and "not decided†" in text
+    assert f"missed by more than {trust.MISS:.2f}x" in text and f"localsgd-h16 {predicted:.2f} / 1.86 missed†" in text
+    assert f"fp16 {got['fp16']['predicted']:.2f} / 1.25," in text  # within the factor: no mark
+
+
+def test_a_concept_measured_faster_than_predicted_by_more_than_the_factor_unsettles_the_pick_it_lost_to():
+    cell = predict_cell(inputs(ratios={"fp16": 1.0, "localsgd-h4": 1.0}), 8, 100e6 / 8, METHODS)
+    assert cell["winner"] == "localsgd-h4" and cell["decided"]
+    slower = {"methods": {"fp16": {"predicted": 0.6, "measured": 1.2, "within_trust": False}}}
+    assert judge(cell, slower)["decided"]  # the runner-up is even slower than predicted: the pick stands
+    faster = {"methods": {"fp16": {"predicted": 1.2, "measured": 0.6, "within_trust": False}}}
+    assert not judge(cell, faster)["decided"] and list(judge(cell, faster)["check_missed"]) == ["fp16"]
+    assert trust.check_holds(1.0, trust.MISS) and not trust.check_holds(1.0, trust.MISS * 1.01)
+    assert not trust.check_holds(trust.MISS * 1.01, 1.0)
 
 
 PACKAGE = {
@@ -146,6 +232,35 @@ PACKAGE = {
 
     def build(hidden=16):
         return nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+    """),
+    # a model that crashes at its first training step under local SGD only (it reads the trainer's command
+    # line): a concept's job failing as PowerSGD's did on a small MLP before it was fixed (issue 40)
+    "picky.py": textwrap.dedent("""
+    import sys
+
+    import torch.nn as nn
+
+
+    class Picky(nn.Sequential):
+        def forward(self, x):
+            if self.training and "--average-every" in sys.argv:
+                raise RuntimeError("this model does not train under local SGD")
+            return super().forward(x)
+
+
+    def build():
+        return Picky(nn.Flatten(), nn.Linear(28 * 28, 10))
+    """),
+    "data.py": textwrap.dedent("""
+    import torch
+    from torch.utils.data import TensorDataset
+
+
+    def build():
+        g = torch.Generator().manual_seed(0)
+        y = torch.randint(0, 10, (256,), generator=g)
+        x = torch.randn(256, 1, 28, 28, generator=g) + y.view(-1, 1, 1, 1).float()
+        return TensorDataset(x[:192], y[:192]), TensorDataset(x[192:], y[192:])
     """),
 }
 
@@ -207,6 +322,31 @@ def test_recommend_prints_a_time_to_accuracy_answer_for_a_users_model(tmp_path):
     }
     assert res["check"]["methods"]["fp16"]["measured"] == pytest.approx(0.9)
     assert (out / "recommend.png").stat().st_size > 10_000
+
+
+@pytest.mark.long  # a time-to-accuracy grid of 2 jobs, then recommend (~40 s): make test-long, .ci/run
+def test_recommend_names_a_concept_whose_real_job_crashed_as_failed_with_its_error_line(tmp_path):
+    env, grid_dir = user_env(tmp_path), tmp_path / "grid"
+    own = ["--model", "userpkg.picky:build", "--dataset", "userpkg.data:build"]
+    proc = lab(
+        ["time-to-accuracy", *own, "--workers", "2", "--emulate-from", "0", "--target", "eval/accuracy>=0.0"]
+        + ["--methods", "ring-mpi,ring-mpi-localsgd-h4", "--max-epochs", "1", "--evals-per-epoch", "2"]
+        + ["--extra=--batch-size", "--extra=16", "--out-dir", str(grid_dir)],
+        env,
+        timeout=600,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # the grid ran, one of its jobs failed
+    failed = [j for j in json.loads((grid_dir / "results.json").read_text())["jobs"] if not j["ok"]]
+    assert [j["method"] for j in failed] == ["ring-mpi-localsgd-h4"]
+    assert "this model does not train under local SGD" in failed[0]["error"]
+    proc = lab(
+        ["recommend", *own, "--target", "eval/accuracy>=0.0", "--steps-from", str(grid_dir), "--compute-ms", "1"]
+        + ["--workers", "2,8", "--link", "1gbit", "--methods", "localsgd-h4", "--out", str(tmp_path / "out")],
+        env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f"not ranked, localsgd-h4 failed: {failed[0]['error']}" in proc.stdout
+    assert "did not reach" not in proc.stdout and "at 2 workers: localsgd-h4 failed  [measured" in proc.stdout
 
 
 @pytest.mark.parametrize(

@@ -32,10 +32,12 @@ def diloco_dir(tmp_path_factory):
 
 def test_diloco_ends_alike_on_every_rank_and_away_from_local_sgd_with_the_same_period(tmp_path, diloco_dir):
     got = same_on_every_rank(diloco_dir, "full")  # identical only because the last step was an outer step
-    check(launch(2, RUN + ["--average-every", "4"] + run_args(tmp_path, "local")))
+    # local SGD with DiLoCo's inner optimizer (AdamW, its default): what differs is the outer optimizer
+    check(launch(2, RUN + ["--average-every", "4", "--optimizer", "adamw"] + run_args(tmp_path, "local")))
     assert rel_diff(got, same_on_every_rank(tmp_path, "local")) > 1e-4  # the outer optimizer left its mark
     m = json.loads((diloco_dir / "full" / "metrics.json").read_text())
     assert (m["diloco_every"], m["diloco_outer_lr"], m["diloco_outer_momentum"]) == (4, 0.7, 0.9)
+    assert m["optimizer"] == "AdamW"  # the paper's inner optimizer, without --optimizer
 
 
 def test_diloco_resumes_exactly_mid_period_with_the_outer_state_and_every_workers_own(tmp_path, diloco_dir):

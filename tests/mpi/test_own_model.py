@@ -111,6 +111,40 @@ def test_own_task_resumes_bit_exactly_with_its_own_state(env, runs, tmp_path):
         assert torch.equal(full[k], resumed[k]), k
 
 
+# PowerSGD at rank 4 on the user's MLP: with 4 hidden units no matrix shrinks ((n + m) 4 is never under half of
+# n m), so every tensor travels uncompressed; with 16 the first layer's 16 x 784 is compressed, the 10 x 16 not
+PSGD4 = ["--compression", "powersgd", "--powersgd-rank", "4"]
+MLP4 = [*RUN[:2], "--model-arg", "hidden=4", *RUN[4:]]
+
+
+@pytest.fixture(scope="module")
+def mlp4_one(env, tmp_path_factory):
+    """The 4-unit MLP in one process at the double batch: where exact averaging ends."""
+    d = tmp_path_factory.mktemp("mlp4")
+    check(single(env, MLP4 + run_args(d, "one", "--batch-size", "32")))
+    return load_params(d / "one-0.pt")
+
+
+@pytest.mark.parametrize("engine", ["horovod", "mpi", "torch"])
+def test_powersgd_on_a_model_with_no_matrix_to_compress_averages_exactly_on_every_engine(
+    env, tmp_path, mlp4_one, engine
+):
+    check(launch(env, 2, MLP4 + PSGD4 + run_args(tmp_path, "p", "--batch-size", "16", "--allreduce-engine", engine)))
+    r0, r1 = load_params(tmp_path / "p-0.pt"), load_params(tmp_path / "p-1.pt")
+    assert all(torch.equal(r0[k], r1[k]) for k in r0)
+    # every gradient travelled as it is: the run ends where one process at the double batch does
+    assert rel_diff(r0, mlp4_one) <= 1e-5
+
+
+def test_powersgd_on_a_model_with_some_matrices_to_compress_trains_alike_on_every_rank(env, tmp_path, runs):
+    check(launch(env, 2, RUN + PSGD4 + run_args(tmp_path, "p", "--batch-size", "16")))
+    r0, r1 = load_params(tmp_path / "p-0.pt"), load_params(tmp_path / "p-1.pt")
+    assert all(torch.equal(r0[k], r1[k]) for k in r0)
+    assert rel_diff(r0, load_params(runs / "one-0.pt")) > 1e-4  # the 16 x 784 layer went as rank-4 factors
+    evals = [e["eval_loss"] for e in json.loads((tmp_path / "p" / "metrics.json").read_text())["evals"]]
+    assert len(evals) == 2 and evals[-1] < evals[0]
+
+
 def test_gpt_example_loss_falls_under_the_trainer(env, tmp_path):
     args = [
         "--task",

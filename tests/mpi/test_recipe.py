@@ -129,6 +129,7 @@ def test_bad_recipe_input_is_one_line_exit_2_and_nothing_written(tmp_path):
         (["--optimizer", "nosuchmod:make"], "--optimizer nosuchmod:make: cannot import nosuchmod"),
         (["--precision", "16-mixed"], "--precision 16-mixed needs a CUDA device"),
         (["--strategy", "ps", "--precision", "16-mixed"], "--precision 16-mixed with --strategy ps"),
+        (["--reduce-op", "adasum", "--precision", "16-mixed"], "--precision 16-mixed with --reduce-op adasum"),
     ):
         out = launch(2, ENGINE_RUN + extra + ["--run-dir", str(tmp_path / "runs")])
         assert out.returncode == 2, out.stderr

@@ -50,6 +50,22 @@ def test_16_bit_with_mpis_own_allreduce_is_refused(wire):
         parse(["--allreduce-engine", "mpi", "--compression", wire, "--mpi-algorithm", "iallreduce"])
 
 
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--grad-clip", "1"], r"--grad-clip with --reduce-op adasum.*--grad-clip 0"),
+        (["--model", "ptb-lstm-small"], r"--grad-clip with --reduce-op adasum"),  # the LSTM's recipe clips at 5
+        (["--horovod-backend", "gloo"], r"Adasum over MPI only; use --horovod-backend mpi"),
+        (["--strategy", "none"], r"--reduce-op adasum with --strategy none"),
+        (["--allreduce-engine", "torch"], r"--reduce-op adasum is Horovod's"),
+        (["--compression", "powersgd"], r"--compression powersgd"),
+    ],
+)
+def test_adasum_where_horovod_cannot_run_it_is_refused_naming_the_flag(argv, needle):
+    with pytest.raises(ConfigError, match=needle):
+        parse(["--reduce-op", "adasum", *argv])
+
+
 def test_local_sgd_synchronises_the_warm_up_and_each_periods_last_step():
     schedule = LocalSGD(LocalExchange(), WireFormat("none"), 4, 3)
     assert [s for s in range(1, 16) if schedule.synchronous(s)] == [1, 2, 3, 7, 11, 15]

@@ -32,6 +32,9 @@ def test_defaults_are_valid_and_flags_map_to_fields():
         (["--model", "resnet9000"], "--model"),
         (["--backward-passes-per-step", "0"], "--backward-passes-per-step"),
         (["--name", "a/b"], "--name"),
+        (["--keep-checkpoints", "-1"], "--keep-checkpoints"),
+        (["--keep-best"], "--keep-best"),  # without --target: no metric to keep the best by
+        (["--init-from", "w.pt", "--resume", "run/checkpoint.pt"], "--init-from"),
     ],
 )
 def test_invalid_values_name_the_flag(argv, flag):

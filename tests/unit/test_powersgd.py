@@ -49,6 +49,31 @@ def test_three_steps_equal_torchs_powersgd_hook(one_rank_group, rank, exact):
     assert psgd.error is not None and psgd.error[0].abs().max() > 1e-3
 
 
+def test_a_model_with_no_matrix_to_compress_sends_every_gradient_in_one_sum_and_keeps_no_error():
+    """An MLP 8-32-3 at rank 4: no matrix shrinks, so the one sum carries every tensor (a second sum
+    of no Qs would have nothing to send). The sum stands in for 2 workers that sent the same gradient."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
+    params = list(net.parameters())
+    psgd = PowerSGD(params, 4)
+    assert psgd.packed == []
+    sums = []
+
+    def two_alike(tensors, name):
+        sums.append((name, [t.numel() for t in tensors]))
+        return [2 * t for t in tensors]
+
+    for _ in range(2):  # the second step adds the first's error feedback
+        net.zero_grad()
+        net(torch.randn(5, 8)).square().sum().backward()
+        want = [p.grad.clone() for p in params]
+        psgd.average(two_alike, 2)
+        for p, w in zip(params, want, strict=True):
+            assert torch.equal(p.grad, w)
+        assert psgd.error is not None and all(not e.any() for e in psgd.error)
+    assert sums == [("powersgd.p", [sum(p.numel() for p in params)])] * 2
+
+
 def test_only_matrices_that_shrink_are_compressed_and_their_bytes():
     assert compressible(torch.Size([30, 40]), 2) and not compressible(torch.Size([10, 30]), 4)
     assert not compressible(torch.Size([30]), 1)

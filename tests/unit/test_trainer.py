@@ -8,8 +8,9 @@ import torch
 from allreduce_train.data.images import ShardedBatches, synthetic
 from allreduce_train.distributed.local import LocalExchange
 from allreduce_train.errors import ConfigError
+from allreduce_train.optim import LRSchedule
 from allreduce_train.run_logger import RunLogger
-from allreduce_train.trainer import Trainer, lr_at
+from allreduce_train.trainer import Trainer
 from models import MODELS
 
 from helpers import parse
@@ -35,6 +36,11 @@ ARGS = [
     "--threads",
     "1",
 ]
+
+
+def lr_at(step: int, cfg, workers: int, steps_per_epoch: int) -> float:
+    """The trainer's LR (--lr's group) for the update after ``step`` steps."""
+    return LRSchedule.make(cfg.optim, workers, 0, steps_per_epoch).lr(step, cfg.optim.lr)
 
 
 def train(tmp_path, extra=(), name="run"):
