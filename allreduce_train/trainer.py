@@ -116,6 +116,10 @@ class Trainer:
         self.precision = Precision(cfg.train.precision, device)  # 16-mixed without CUDA: one line here
         optimizer = build_optimizer(cfg.optim, model, self.task)  # --optimizer, or the task's own
         self.optimizer_name = type(optimizer).__name__
+        if cfg.exchange.strategy == "ps":  # what the servers cannot run fails here, with every rank's set-up
+            from .distributed.ps.optimizer import describe
+
+            describe(optimizer, list(model.parameters()))
         self.lr_schedule = LRSchedule.make(cfg.optim, ex.num_workers, total, batches.steps_per_epoch)
         self.lr_schedule.set(optimizer, 0)
         start, workers, precision_state = 0, None, None
