@@ -447,6 +447,19 @@ COMBINATIONS: tuple[tuple[Any, Any], ...] = (
         lambda x: "--reduce-op adasum: Horovod 0.28.1 runs Adasum over MPI only; use --horovod-backend mpi",
     ),
     (
+        # the servers step their shards with SGD's arithmetic (ps/server.py); a user's optimizer callable is
+        # checked when it is built (ps/exchange.py's prepare)
+        lambda x, c: (
+            x.strategy == "ps"
+            and c is not None
+            and (c.optim.optimizer in ("adam", "adamw") or not c.optim.decay_norm_bias)
+        ),
+        lambda x: (
+            "--strategy ps: the servers run torch.optim.SGD with one parameter group; use --optimizer sgd "
+            "without --no-decay-norm-bias, or --strategy allreduce"
+        ),
+    ),
+    (
         lambda x, c: c is not None and c.train.precision == "16-mixed" and x.strategy == "ps",
         lambda x: (
             "--precision 16-mixed with --strategy ps: the servers apply each gradient as it arrives, before a "

@@ -11,9 +11,10 @@ How the set is generated (nothing here lists a combination by hand):
 * the secondary axes are spread over those jobs instead of multiplied with them: the recipe
   (``--precision`` 32 and bf16-mixed, ``--optimizer`` sgd and adamw) for every engine, and an engine's own
   choices for its jobs (``--horovod-backend``, ``--mpi-algorithm``). Each job takes the accepted secondary
-  values that cover the most values its engine has not run yet, so every value that the configuration
-  accepts with an engine runs with that engine at least once; where an engine has fewer jobs than that
-  needs (``--strategy none`` has one), a job is repeated with the missing values.
+  values that pair most not-yet-run secondary values with its primary values, so that every secondary value
+  runs with every primary value of its engine (bf16-mixed with DiLoCo, adamw with PowerSGD, ...) wherever
+  the configuration accepts the two together; where a primary value has fewer jobs than that needs (DiLoCo
+  and PowerSGD have one each, ``--strategy none`` has one in all), a job is repeated with the missing values.
 
 Each job trains 4 steps (one epoch, a checkpoint at its end, one evaluation) of tests/helpers.py's
 ``userpkg.net:odd`` -- a matrix PowerSGD compresses, two too small to, a bias-only layer, a BatchNorm -- at
@@ -24,7 +25,7 @@ pull) and ``--strategy none`` (nothing exchanged: there they must differ, the co
 sees a difference where there is one). Local SGD and DiLoCo synchronise every 2 steps, so the 4th, the
 last, is a synchronising one.
 
-``long``: about 40 jobs of a few seconds each (make test-long, which CI runs).
+``long``: about 45 jobs of 5 to 13 s each (~6 min on a loaded 2-core machine) (make test-long, which CI runs).
 """
 
 from __future__ import annotations
@@ -108,50 +109,64 @@ def accepted(argv: tuple[str, ...]) -> bool:
     return True
 
 
-def primary(engine: str, flags: list[str]) -> list[tuple[str, list[str]]]:
-    """Every accepted (wire, schedule, reduce-op[, placement, mode]) of one engine, as (id, flags)."""
-    ps = engine == "ps"
-    axes = [
-        [(w.replace("none", "float32"), ["--compression", w]) for w in choices(ExchangeConfig, "compression")],
-        list(SCHEDULES.items()),
-        [(r, ["--reduce-op", r]) for r in choices(ExchangeConfig, "reduce_op")],
-        [(p, ["--ps-placement", p]) for p in choices(PSConfig, "placement")] if ps else [("", [])],
-        [(m, ["--ps-mode", m]) for m in choices(PSConfig, "mode")] if ps else [("", [])],
-    ]
+Pair = tuple[str, str]  # (axis, value): ("--compression", "fp16"), ("schedule", "diloco")
+
+
+def primary(engine: str, flags: list[str]) -> list[tuple[str, list[str], list[Pair]]]:
+    """Every accepted (wire, schedule, reduce-op[, placement, mode]) of one engine: (id, flags, its values)."""
+    axes = ["--compression", "schedule", "--reduce-op"] + (["--ps-placement", "--ps-mode"] if engine == "ps" else [])
+    values = {
+        "--compression": choices(ExchangeConfig, "compression"),
+        "schedule": tuple(SCHEDULES),
+        "--reduce-op": choices(ExchangeConfig, "reduce_op"),
+        "--ps-placement": choices(PSConfig, "placement"),
+        "--ps-mode": choices(PSConfig, "mode"),
+    }
     out = []
-    for parts in itertools.product(*axes):
-        argv = flags + [f for _, fl in parts for f in fl]
+    for combo in itertools.product(*(values[a] for a in axes)):
+        pairs = list(zip(axes, combo, strict=True))
+        argv = flags + [f for a, v in pairs for f in (SCHEDULES[v] if a == "schedule" else [a, v])]
         if accepted(tuple(argv)):
-            out.append(("-".join([engine, *(name for name, _ in parts if name)]), argv))
+            out.append(("-".join([engine, *(v.replace("none", "float32") for v in combo)]), argv, pairs))
     return out
 
 
-def with_recipe(argv: list[str], pick: tuple[tuple[str, str], ...]) -> list[str]:
+def with_recipe(argv: list[str], pick: tuple[Pair, ...]) -> list[str]:
     return [*argv, *(x for pair in pick for x in pair)]
 
 
 def engine_jobs(engine: str, flags: list[str]) -> list[tuple[str, list[str]]]:
-    """One engine's jobs: each accepted primary combination with the secondary values spread over them."""
+    """One engine's jobs: each accepted primary combination once, the secondary values spread over them so
+    that each runs with each primary value at least once where the configuration accepts the two together."""
     combos = primary(engine, flags)
     axes = {**RECIPE, **ENGINE_OWN.get(engine, {})}
     picks = [tuple(zip(axes, values, strict=True)) for values in itertools.product(*axes.values())]
-    need = {pair for _, argv in combos for p in picks if accepted(tuple(with_recipe(argv, p))) for pair in p}
+
+    def fits(argv: list[str], pick: tuple[Pair, ...]) -> bool:
+        return accepted(tuple(with_recipe(argv, pick)))
+
+    def covers(pairs: list[Pair], pick: tuple[Pair, ...]) -> set[tuple[Pair, Pair]]:
+        return {(p, s) for p in pairs for s in pick}
+
+    need = {c for _, argv, pairs in combos for pick in picks if fits(argv, pick) for c in covers(pairs, pick)}
     jobs = []
 
-    def take(name: str, argv: list[str], options: list[tuple[tuple[str, str], ...]]) -> None:
-        fits = [p for p in options if accepted(tuple(with_recipe(argv, p)))]
-        assert fits, f"{name}: no secondary values fit"
-        best = max(fits, key=lambda p: len(need.intersection(p)))  # the first of the best: deterministic
-        need.difference_update(best)
+    def take(name: str, argv: list[str], pairs: list[Pair], options: list[tuple[Pair, ...]]) -> int:
+        """Add the job with the option that covers the most of ``need`` (the first of the best); how many."""
+        fitting = [p for p in options if fits(argv, p)]
+        assert fitting, f"{name}: no secondary values fit"
+        best = max(fitting, key=lambda p: len(need & covers(pairs, p)))
+        got = len(need & covers(pairs, best))
+        need.difference_update(covers(pairs, best))
         jobs.append((f"{name}+" + "+".join(v for _, v in best), with_recipe(argv, best)))
+        return got
 
-    for i, (name, argv) in enumerate(combos):
+    for i, (name, argv, pairs) in enumerate(combos):
         # rotated, so that where several picks cover as much, consecutive jobs take different ones
-        take(name, argv, picks[i % len(picks) :] + picks[: i % len(picks)])
-    while need:  # fewer jobs than values (--strategy none has one): repeat a job with the missing values
-        missing = [p for p in picks if need.intersection(p)]
-        name, argv = next(c for c in combos if any(accepted(tuple(with_recipe(c[1], p))) for p in missing))
-        take(name, argv, missing)
+        take(name, argv, pairs, picks[i % len(picks) :] + picks[: i % len(picks)])
+    while need:  # a primary value in fewer jobs than it has secondary values: repeat the job that covers most
+        name, argv, pairs = max(combos, key=lambda c: max(len(need & covers(c[2], p)) for p in picks if fits(c[1], p)))
+        assert take(name, argv, pairs, picks) > 0
     return jobs
 
 

@@ -66,6 +66,14 @@ def test_adasum_where_horovod_cannot_run_it_is_refused_naming_the_flag(argv, nee
         parse(["--reduce-op", "adasum", *argv])
 
 
+@pytest.mark.parametrize("argv", [["--optimizer", "adamw"], ["--optimizer", "adam"], ["--no-decay-norm-bias"]])
+def test_an_optimizer_the_parameter_servers_cannot_run_is_refused_before_any_rank_starts(argv):
+    # the servers step with SGD's arithmetic on one group (ps/server.py); at run time this was each rank's UserError
+    with pytest.raises(ConfigError, match=r"--strategy ps: the servers run torch.optim.SGD with one parameter group"):
+        parse(["--strategy", "ps", *argv])
+    parse(["--strategy", "ps", "--optimizer", "sgd", "--decay-norm-bias"])
+
+
 def test_local_sgd_synchronises_the_warm_up_and_each_periods_last_step():
     schedule = LocalSGD(LocalExchange(), WireFormat("none"), 4, 3)
     assert [s for s in range(1, 16) if schedule.synchronous(s)] == [1, 2, 3, 7, 11, 15]
