@@ -160,7 +160,7 @@ test: install
 test-cluster: install
 	$(PY) -m pytest -q --durations=25 -m "cluster and not long" tests $(ARGS)
 
-## the lab commands end to end make test leaves out: bench, grids, gpu-check, TensorBoard in Chromium; every accepted combination of flags trains (~8 min)
+## the lab commands end to end make test leaves out: bench, grids, gpu-check, TensorBoard in Chromium; every accepted combination of flags trains (~13 min)
 test-long: install
 	$(PY) -m pytest -q --durations=25 -m long tests $(ARGS)
 

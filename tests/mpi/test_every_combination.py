@@ -25,7 +25,8 @@ pull) and ``--strategy none`` (nothing exchanged: there they must differ, the co
 sees a difference where there is one). Local SGD and DiLoCo synchronise every 2 steps, so the 4th, the
 last, is a synchronising one.
 
-``long``: about 45 jobs of 5 to 13 s each (~6 min on a loaded 2-core machine) (make test-long, which CI runs).
+``long``: 45 jobs of 5 to 13 s each, 5 min in all on this 2-core machine under a load of 4 (make test-long,
+which CI runs).
 """
 
 from __future__ import annotations
