@@ -42,7 +42,15 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from allreduce_train.config import STRATEGIES, ExchangeConfig, HorovodConfig, MPIConfig, PSConfig, TrainConfig
+from allreduce_train.config import (
+    OPTIMIZERS,
+    STRATEGIES,
+    ExchangeConfig,
+    HorovodConfig,
+    MPIConfig,
+    PSConfig,
+    TrainConfig,
+)
 from allreduce_train.errors import ConfigError
 
 from helpers import check, launch, load_params, parse, run_args, write_user_package
@@ -89,6 +97,7 @@ ENGINE_OWN = {
     "mpi": {"--mpi-algorithm": choices(MPIConfig, "algorithm")},
 }
 assert set(RECIPE["--precision"]) < set(choices(TrainConfig, "precision"))
+assert set(RECIPE["--optimizer"]) < set(OPTIMIZERS)
 
 
 def engines() -> Iterator[tuple[str, list[str]]]:
@@ -176,14 +185,6 @@ def matrix() -> list[tuple[str, list[str]]]:
     return [job for engine, flags in engines() for job in engine_jobs(engine, flags)]
 
 
-def workers(argv: list[str]) -> tuple[int, list[int]]:
-    """The job's rank count and its worker ranks: a dedicated PS's first rank only serves."""
-    cfg = parse([*RUN, *argv])
-    if cfg.exchange.strategy == "ps" and cfg.ps.placement == "dedicated":
-        return 3, [1, 2]
-    return 2, [0, 1]
-
-
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     return write_user_package(tmp_path_factory.mktemp("combinations") / "site")
@@ -191,17 +192,19 @@ def site(tmp_path_factory):
 
 @pytest.mark.parametrize("argv", [pytest.param(argv, id=name) for name, argv in matrix()])
 def test_every_accepted_combination_trains_and_ends_alike_on_every_worker(tmp_path, site, argv):
-    np_, ranks = workers(argv)
+    cfg = parse([*RUN, *argv])
+    x = cfg.exchange
+    # a dedicated PS: rank 0 only serves, ranks 1 and 2 train
+    np_, ranks = (3, [1, 2]) if x.strategy == "ps" and cfg.ps.placement == "dedicated" else (2, [0, 1])
     env = {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
     check(launch(np_, RUN + argv + run_args(tmp_path, "c"), env=env, oversubscribe=np_ > 2))
     assert json.loads((tmp_path / "c" / "metrics.json").read_text())["steps"] == STEPS
     dumps = [load_params(tmp_path / f"c-{r}.pt") for r in ranks]
     assert all(math.isfinite(float(v.float().sum())) for d in dumps for v in d.values())
-    cfg = parse([*RUN, *argv])
     alike = [all(torch.equal(dumps[0][k], d[k]) for k in dumps[0]) for d in dumps[1:]]
-    if cfg.exchange.strategy == "none":
+    if x.strategy == "none":
         assert not any(alike), "--strategy none: the workers trained on different shards, yet ended alike"
-    elif not (cfg.exchange.strategy == "ps" and cfg.ps.mode == "async"):
+    elif not (x.strategy == "ps" and cfg.ps.mode == "async"):
         for d in dumps[1:]:
             for k in dumps[0]:
                 assert torch.equal(dumps[0][k], d[k]), f"{k} differs between workers"
