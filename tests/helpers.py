@@ -4,6 +4,7 @@ through tests/conftest.py)."""
 
 from __future__ import annotations
 
+import functools
 import gzip
 import os
 import random
@@ -339,12 +340,18 @@ def write_corpus(d, lines=(300, 40, 40), seed=0, words=WORDS):
 # ------------------------------------------------------------------ configuration
 
 
+@functools.cache
+def _parser():
+    from allreduce_train.cli import make_parser
+
+    return make_parser()  # ~10 ms to build: made once, as the matrix of combinations parses hundreds of lines
+
+
 def parse(argv):
     """The Config that `train ARGV` builds."""
-    from allreduce_train.cli import make_parser
     from allreduce_train.config import build_config
 
-    return build_config(make_parser().parse_args(["train", *argv]))
+    return build_config(_parser().parse_args(["train", *argv]))
 
 
 # ------------------------------------------------------------------ a user's own package (docs/own_model.md)
@@ -352,6 +359,7 @@ def parse(argv):
 USER_PACKAGE = {
     "__init__.py": "",
     "net.py": '''
+import torch
 import torch.nn as nn
 
 
@@ -365,6 +373,24 @@ def bn(width=4, classes=10):
     """A small convolutional net with BatchNorm, 2-d and 1-d: running statistics that each worker tracks."""
     return nn.Sequential(nn.Conv2d(1, width, 3, stride=2), nn.BatchNorm2d(width), nn.ReLU(), nn.Flatten(),
                          nn.Linear(width * 13 * 13, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, classes))
+
+
+class Shift(nn.Module):
+    """A layer whose one parameter is a bias: a vector added to its input."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(width))
+
+    def forward(self, x):
+        return x + self.bias
+
+
+def odd(classes=10):
+    """The tensors an exchange can trip over, in one net: a matrix PowerSGD compresses at rank 1 (16x784)
+    and two too small to (2x16, 10x2), a BatchNorm's parameters and running statistics, a bias-only layer."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, 16), nn.BatchNorm1d(16), nn.ReLU(),
+                         nn.Linear(16, 2, bias=False), Shift(2), nn.Linear(2, classes))
 
 
 def wrong_type():

@@ -20,25 +20,12 @@ import torch
 
 from lab.emulation import netns
 
-from helpers import Job, load_params
+from helpers import QUICK, Job, load_params
 
 pytestmark = pytest.mark.mpi
 
-QUICK = [
-    "--dataset",
-    "synthetic",
-    "--synthetic-samples",
-    "2048",
-    "--no-progress",
-    "--log-every",
-    "5",
-    "--warmup-steps",
-    "0",
-    "--lr",
-    "0.05",
-    "--batch-size",
-    "16",
-]
+# helpers.QUICK with --scale-lr: the LR follows the worker count, which a lost host changes (the resumed job says so)
+ELASTIC = [*QUICK, "--scale-lr"]
 STALL, GRACE = 6, 3  # --stall-timeout and --grace-period here (defaults: 120 and 30 s)
 
 
@@ -79,7 +66,7 @@ def test_python_m_launch_on_hosts_behind_an_agent_continues_on_those_that_answer
             *mca,
             *flags,
             "--",
-            *QUICK,
+            *ELASTIC,
             "--run-dir",
             str(tmp_path),
             *args,
@@ -154,7 +141,7 @@ def test_python_m_launch_on_hosts_behind_an_agent_continues_on_those_that_answer
 
 @pytest.mark.timeout(900)  # two jobs on emulated hosts: slow on a loaded machine
 def test_a_lost_host_shrinks_the_job_onto_the_remaining_ones(tmp_path, namespaces_permitted):
-    args = QUICK + ["--run-dir", str(tmp_path), "--name", "el", "--steps", "300", "--checkpoint-every", "10"]
+    args = ELASTIC + ["--run-dir", str(tmp_path), "--name", "el", "--steps", "300", "--checkpoint-every", "10"]
     job = Job(
         2,
         args,

@@ -32,7 +32,6 @@ def env():
 
 # Sixteen one-rank processes that import torch and three two-rank jobs (~1 min on an idle 2-core
 # machine, many minutes under load); the Horovod loop's hvd.init() starts MPI as a singleton.
-@pytest.mark.slow
 @pytest.mark.long  # the whole gpu-check run (~90 s): make test-long, .ci/run
 @pytest.mark.mpi
 @pytest.mark.timeout(1800)

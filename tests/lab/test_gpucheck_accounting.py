@@ -60,7 +60,6 @@ def test_parts_table_names_each_part_of_the_step_and_skips_rows_without_parts():
     assert parts_table([row("ddp", 1.0)]) == []
 
 
-@pytest.mark.slow
 @pytest.mark.long  # gpu-check's accounting run end to end (~15 s): make test-long, .ci/run
 @pytest.mark.mpi
 @pytest.mark.timeout(900)

@@ -19,25 +19,10 @@ import torch
 
 from lab.emulation import netns
 
-from helpers import Job, job_pids, load_params
+from helpers import QUICK, Job, job_pids, load_params
 
 pytestmark = pytest.mark.mpi
 
-QUICK = [
-    "--dataset",
-    "synthetic",
-    "--synthetic-samples",
-    "2048",
-    "--no-progress",
-    "--log-every",
-    "5",
-    "--warmup-steps",
-    "0",
-    "--lr",
-    "0.05",
-    "--batch-size",
-    "16",
-]
 STALL, GRACE = 6, 3  # --stall-timeout and --grace-period here (defaults: 120 and 30 s)
 
 

@@ -14,7 +14,7 @@ from allreduce_train.placement import by_host, check, describe
 
 from helpers import ROOT
 
-QUICK = [
+PLACEMENT_RUN = [
     "--dataset",
     "synthetic",
     "--synthetic-samples",
@@ -53,7 +53,7 @@ def launch_emulated(tmp_path, expect: int) -> subprocess.CompletedProcess:
         "--emulate-hosts",
         "2",
         "--",
-        *QUICK,
+        *PLACEMENT_RUN,
         "--steps",
         "2",
         "--run-dir",

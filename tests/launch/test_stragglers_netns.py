@@ -18,7 +18,7 @@ from helpers import Job
 
 pytestmark = pytest.mark.mpi
 
-QUICK = [
+STRAGGLER_RUN = [
     "--dataset",
     "synthetic",
     "--synthetic-samples",
@@ -39,7 +39,7 @@ def run(tmp_path, name, args, on_start=None):
     before the ranks start. Returns (stdout, metrics.json)."""
     job = Job(
         2,
-        QUICK + args + ["--run-dir", str(tmp_path), "--name", name],
+        STRAGGLER_RUN + args + ["--run-dir", str(tmp_path), "--name", name],
         f"straggler-{name}",
         launcher=["--emulate-hosts", "2", "--link-rate", "1gbit"],
     )

@@ -10,9 +10,8 @@ from helpers import SHARED_RUN, check, launch, load_params, rel_diff, run_args
 
 pytestmark = pytest.mark.mpi
 
-# tests/mpi/conftest.py's shared run (20 steps, a checkpoint every 7): its sync_run is the reference,
+# SHARED_RUN: tests/mpi/conftest.py's shared run (20 steps, a checkpoint every 7); its sync_run is the reference,
 # and each concept's job differs from it only in the concept's flags
-QUICK = SHARED_RUN
 PS_FP16 = ["--strategy", "ps", "--ps-placement", "colocated", "--compression", "fp16"]
 
 
@@ -27,7 +26,7 @@ def float32_params(one_process_run):
 def ps_fp16_dir(tmp_path_factory):
     """A colocated PS job with fp16 pushes and pulls, run to the end (shared by two tests)."""
     d = tmp_path_factory.mktemp("psfp16")
-    check(launch(2, QUICK + PS_FP16 + run_args(d, "full", "--batch-size", "16")))
+    check(launch(2, SHARED_RUN + PS_FP16 + run_args(d, "full", "--batch-size", "16")))
     return d
 
 
@@ -53,7 +52,7 @@ def test_16_bit_on_the_wire_ends_near_float32_but_not_on_it_and_alike_on_every_r
         d, name = ps_fp16_dir, "full"
     else:
         d, name = tmp_path, "w16"
-        check(launch(2, QUICK + flags + run_args(d, name, "--batch-size", "16")))
+        check(launch(2, SHARED_RUN + flags + run_args(d, name, "--batch-size", "16")))
     got = same_on_every_rank(d, name)
     # the rounding to 16 bits happened (a float32 exchange ends within 1e-5 of the reference) ...
     assert rel_diff(got, float32_params) > 1e-5
@@ -62,7 +61,7 @@ def test_16_bit_on_the_wire_ends_near_float32_but_not_on_it_and_alike_on_every_r
 
 
 def test_ps_with_16_bit_pulls_resumes_exactly_from_the_servers_master_parameters(tmp_path, ps_fp16_dir):
-    args = QUICK + PS_FP16 + ["--batch-size", "16"]
+    args = SHARED_RUN + PS_FP16 + ["--batch-size", "16"]
     check(launch(2, args + run_args(tmp_path, "cut", "--exit-after-steps", "9")))
     saved = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)
     assert saved["step"] == 9
@@ -79,7 +78,7 @@ def test_ps_with_16_bit_pulls_resumes_exactly_from_the_servers_master_parameters
 def local4_dir(tmp_path_factory):
     """Local SGD with H=4 on the mpi4py ring, run to the end (20 steps: the last one averages)."""
     d = tmp_path_factory.mktemp("local4")
-    check(launch(2, QUICK + LOCAL4 + run_args(d, "full", "--batch-size", "16")))
+    check(launch(2, SHARED_RUN + LOCAL4 + run_args(d, "full", "--batch-size", "16")))
     return d
 
 
@@ -89,7 +88,7 @@ LOCAL4 = ["--allreduce-engine", "mpi", "--average-every", "4"]
 def test_local_sgd_with_h_1_is_synchronous_sgd_bit_for_bit(tmp_path, sync_run):
     """Through local SGD's path (Horovod without its DistributedOptimizer: one grouped allreduce of a
     synchronous step's gradients, after backward) the run ends on the ordinary path's parameters."""
-    check(launch(2, QUICK + run_args(tmp_path, "h1", "--batch-size", "16", "--average-every", "1")))
+    check(launch(2, SHARED_RUN + run_args(tmp_path, "h1", "--batch-size", "16", "--average-every", "1")))
     got, want = same_on_every_rank(tmp_path, "h1"), load_params(sync_run / "sync-0.pt")
     for k in want:
         assert torch.equal(got[k], want[k]), k
@@ -101,7 +100,7 @@ def test_local_sgd_with_h_4_averages_parameters_but_is_not_synchronous_sgd(local
 
 
 def test_local_sgd_resumes_exactly_mid_period_with_every_workers_own_state(tmp_path, local4_dir):
-    args = QUICK + LOCAL4 + ["--batch-size", "16"]
+    args = SHARED_RUN + LOCAL4 + ["--batch-size", "16"]
     check(launch(2, args + run_args(tmp_path, "cut", "--exit-after-steps", "9")))  # 9 = one step into a period
     saved = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)
     own = [w["local_sgd"]["params"] for w in saved["workers"]]
@@ -119,7 +118,7 @@ PSGD = ["--compression", "powersgd", "--powersgd-rank", "2"]
 def powersgd_mpi_dir(tmp_path_factory):
     """PowerSGD over the mpi engine, run to the end (shared by two tests)."""
     d = tmp_path_factory.mktemp("psgd")
-    check(launch(2, QUICK + PSGD + run_args(d, "full", "--batch-size", "16", "--allreduce-engine", "mpi")))
+    check(launch(2, SHARED_RUN + PSGD + run_args(d, "full", "--batch-size", "16", "--allreduce-engine", "mpi")))
     return d
 
 
@@ -129,13 +128,13 @@ def test_powersgd_ends_alike_on_every_rank_and_away_from_exact_averaging(tmp_pat
         d = powersgd_mpi_dir
     else:
         d = tmp_path
-        check(launch(2, QUICK + PSGD + run_args(d, "full", "--batch-size", "16")))
+        check(launch(2, SHARED_RUN + PSGD + run_args(d, "full", "--batch-size", "16")))
     got = same_on_every_rank(d, "full")  # identical: every rank applied the same low-rank average
     assert rel_diff(got, load_params(sync_run / "sync-0.pt")) > 1e-4  # rank-2 factors, not the gradients
 
 
 def test_powersgd_resumes_exactly_with_every_workers_error_feedback_and_qs(tmp_path, powersgd_mpi_dir):
-    args = QUICK + PSGD + ["--batch-size", "16", "--allreduce-engine", "mpi"]
+    args = SHARED_RUN + PSGD + ["--batch-size", "16", "--allreduce-engine", "mpi"]
     check(launch(2, args + run_args(tmp_path, "cut", "--exit-after-steps", "9")))
     saved = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)
     errors = [w["exchange"]["error"] for w in saved["workers"]]

@@ -13,7 +13,7 @@ from helpers import FASHION_MNIST_DIR, check, launch, load_params, needs_fashion
 pytestmark = pytest.mark.mpi
 
 # Warm-up on: the LR changes every step, so the servers must use the LR each push carries.
-QUICK = [
+PS_RUN = [
     "--dataset",
     "synthetic",
     "--synthetic-samples",
@@ -45,7 +45,7 @@ def ps_launch(np, args, **kw):
 @pytest.fixture(scope="module")
 def allreduce_params(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ar")
-    check(launch(2, QUICK + run_args(tmp, "ar")))
+    check(launch(2, PS_RUN + run_args(tmp, "ar")))
     return load_params(tmp / "ar-0.pt")
 
 
@@ -57,7 +57,7 @@ K2 = ["--ps-placement", "dedicated", "--ps-servers", "2", "--checkpoint-every", 
 @pytest.fixture(scope="module")
 def ps_k2_dir(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("k2")
-    check(ps_launch(4, QUICK + K2 + run_args(tmp, "ps")))
+    check(ps_launch(4, PS_RUN + K2 + run_args(tmp, "ps")))
     return tmp
 
 
@@ -76,7 +76,7 @@ def test_sync_ps_ends_where_allreduce_ends(request, tmp_path, allreduce_params, 
     if placement is K2:
         tmp_path = request.getfixturevalue("ps_k2_dir")
     else:
-        check(ps_launch(np, QUICK + placement + run_args(tmp_path, "ps")))
+        check(ps_launch(np, PS_RUN + placement + run_args(tmp_path, "ps")))
     m = json.loads((tmp_path / "ps" / "metrics.json").read_text())
     workers = range(np - 2, np)  # dedicated servers are the first ranks
     dumps = sorted(p.name for p in tmp_path.glob("ps-*.pt"))
@@ -142,7 +142,7 @@ def test_sync_ps_with_weight_decay_and_clipping_equals_plain_torch_sgd(tmp_path)
     check(
         ps_launch(
             4,
-            QUICK
+            PS_RUN
             + SMALL_MESSAGES
             + ["--ps-servers", "2", "--weight-decay", "1e-3", "--grad-clip", "0.3"]
             + run_args(tmp_path, "wd"),
@@ -156,10 +156,10 @@ def test_sync_ps_with_weight_decay_and_clipping_equals_plain_torch_sgd(tmp_path)
 
 
 def test_resume_continues_exactly_with_momentum_from_the_servers(tmp_path, ps_k2_dir):
-    check(ps_launch(4, QUICK + K2 + run_args(tmp_path, "cut", "--exit-after-steps", "9")))
+    check(ps_launch(4, PS_RUN + K2 + run_args(tmp_path, "cut", "--exit-after-steps", "9")))
     saved = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)
     assert saved["step"] == 9 and saved["optimizer"]["state"]  # the servers' momentum, gathered
-    check(ps_launch(4, QUICK + K2 + run_args(tmp_path, "cut", "--resume", "auto")))
+    check(ps_launch(4, PS_RUN + K2 + run_args(tmp_path, "cut", "--resume", "auto")))
     full, resumed = load_params(ps_k2_dir / "ps-2.pt"), load_params(tmp_path / "cut-2.pt")
     for k in full:
         assert torch.equal(full[k], resumed[k]), k

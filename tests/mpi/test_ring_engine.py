@@ -11,8 +11,6 @@ from helpers import ENGINE_RUN, MPI_ENGINE, RANKS, ROOT, check, launch, load_par
 
 pytestmark = pytest.mark.mpi
 
-QUICK = ENGINE_RUN  # tests/helpers.py: no warm-up or LR scaling; momentum, weight decay, a checkpoint every 5
-
 
 def same_on_every_rank(tmp_path, name, np):
     first = load_params(tmp_path / f"{name}-0.pt")
@@ -27,7 +25,7 @@ def same_on_every_rank(tmp_path, name, np):
 def test_mpi_engine_ends_where_horovod_and_one_process_end(tmp_path, mpi_engine_run, np):
     d = mpi_engine_run(np)  # tests/mpi/conftest.py: the mpi engine's job and one process, shared
     mine = same_on_every_rank(d, "mpi", np)  # bit-identical: every rank holds the same sums
-    check(launch(np, QUICK + run_args(tmp_path, "hvd"), oversubscribe=True))
+    check(launch(np, ENGINE_RUN + run_args(tmp_path, "hvd"), oversubscribe=True))
     # Horovod too, with momentum and weight decay (tests/mpi/test_train.py runs it without): the same on
     # every rank and within 1e-5 of one process
     hvd = same_on_every_rank(tmp_path, "hvd", np)
@@ -38,14 +36,14 @@ def test_mpi_engine_ends_where_horovod_and_one_process_end(tmp_path, mpi_engine_
     assert (m["strategy"], m["allreduce_engine"], m["mpi_algorithm"]) == ("allreduce", "mpi", "ring")
     assert (m["workers"], m["global_batch"], m["mpi_buckets"]) == (np, 8 * np, 9)
     if np == 2:  # the control: training moved the parameters far more than the tolerance above
-        check(run_single(QUICK + run_args(tmp_path, "short", "--batch-size", "16", "--steps", "1")))
+        check(run_single(ENGINE_RUN + run_args(tmp_path, "short", "--batch-size", "16", "--steps", "1")))
         assert rel_diff(load_params(tmp_path / "short-0.pt"), single) > 1e-2
 
 
 def test_resume_continues_exactly_with_rank_0s_optimizer_state(tmp_path, mpi_engine_run):
     """The momentum saved by rank 0 reaches every rank at the restart: a cut run ends where an
     uncut one (tests/mpi/conftest.py's) does, bit for bit."""
-    args = QUICK + MPI_ENGINE
+    args = ENGINE_RUN + MPI_ENGINE
     check(launch(2, args + run_args(tmp_path, "cut", "--exit-after-steps", "5")))
     assert torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)["optimizer"]["state"]
     check(launch(2, args + run_args(tmp_path, "cut", "--resume", "auto")))

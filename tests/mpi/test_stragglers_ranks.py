@@ -13,7 +13,7 @@ pytestmark = pytest.mark.mpi
 
 # 120 steps of LeNet-5 on small batches; the rule checks every 10 steps over the last 30 once the
 # 10 warm-up steps are past, so from step 40 on.
-QUICK = [
+STRAGGLER_RUN = [
     "--dataset",
     "synthetic",
     "--synthetic-samples",
@@ -52,7 +52,7 @@ def test_a_slowed_rank_is_named_once_with_its_host(tmp_path, np, slow, engine):
     proc = check(
         launch(
             np,
-            QUICK + engine + ["--debug-slow-rank", f"{slow}:6", "--run-dir", str(tmp_path), "--name", "slow"],
+            STRAGGLER_RUN + engine + ["--debug-slow-rank", f"{slow}:6", "--run-dir", str(tmp_path), "--name", "slow"],
             oversubscribe=np > 2,
         )
     )
@@ -87,7 +87,7 @@ def test_a_rank_that_does_not_exist_or_only_serves_is_refused(tmp_path):
         slow = "5:2" if np == 2 else "0:2"
         proc = launch(
             np,
-            QUICK + extra + ["--debug-slow-rank", slow, "--run-dir", str(tmp_path)],
+            STRAGGLER_RUN + extra + ["--debug-slow-rank", slow, "--run-dir", str(tmp_path)],
             oversubscribe=np > 2,
             timeout=120,
         )

@@ -11,8 +11,7 @@ from helpers import ENGINE_RUN, check, launch, load_params, rel_diff, run_args
 
 pytestmark = pytest.mark.mpi
 
-# As tests/mpi/test_ring_engine.py: no warm-up, no LR scaling, momentum and weight decay on.
-QUICK = ENGINE_RUN
+# ENGINE_RUN (tests/helpers.py, as test_ring_engine.py): no warm-up, no LR scaling, momentum and weight decay on.
 # LeNet-5's ten tensors in buckets of at most 3,000 bytes: 9 buckets, as the mpi engine's test.
 TORCH = ["--allreduce-engine", "torch", "--torch-bucket-bytes", "3000"]
 
@@ -30,7 +29,7 @@ def same_on_every_rank(d, name, np):
 def torch2_dir(tmp_path_factory):
     """The torch engine's 2-rank float32 job (run ``sync``), the reference of the layer tests."""
     d = tmp_path_factory.mktemp("torch2")
-    check(launch(2, QUICK + TORCH + run_args(d, "sync")))
+    check(launch(2, ENGINE_RUN + TORCH + run_args(d, "sync")))
     return d
 
 
@@ -38,7 +37,7 @@ def torch2_dir(tmp_path_factory):
 def test_torch_engine_ends_where_the_mpi_engine_and_one_process_end(request, tmp_path, mpi_engine_run, np):
     d = request.getfixturevalue("torch2_dir") if np == 2 else tmp_path
     if np != 2:
-        check(launch(np, QUICK + TORCH + run_args(d, "sync"), oversubscribe=True))
+        check(launch(np, ENGINE_RUN + TORCH + run_args(d, "sync"), oversubscribe=True))
     mine = same_on_every_rank(d, "sync", np)  # bit-identical: every rank holds the same sums
     # the mpi engine's job and one process with the np-fold batch: tests/mpi/conftest.py's, shared with
     # test_ring_engine (the same flags, and a checkpoint every 5 steps, which changes nothing)
@@ -62,7 +61,7 @@ def test_torch_engine_ends_where_the_mpi_engine_and_one_process_end(request, tmp
 def test_every_wire_format_and_schedule_runs_on_the_torch_engine_alike_on_every_rank(
     tmp_path, torch2_dir, flags, near, far
 ):
-    check(launch(2, QUICK + TORCH + flags + run_args(tmp_path, "w")))
+    check(launch(2, ENGINE_RUN + TORCH + flags + run_args(tmp_path, "w")))
     got, sync = same_on_every_rank(tmp_path, "w", 2), load_params(torch2_dir / "sync-0.pt")
     assert rel_diff(got, sync) > far
     if near is not None:
@@ -70,7 +69,7 @@ def test_every_wire_format_and_schedule_runs_on_the_torch_engine_alike_on_every_
 
 
 def test_local_sgd_with_h_1_on_the_torch_engine_is_its_synchronous_sgd_bit_for_bit(tmp_path, torch2_dir):
-    check(launch(2, QUICK + TORCH + ["--average-every", "1"] + run_args(tmp_path, "h1")))
+    check(launch(2, ENGINE_RUN + TORCH + ["--average-every", "1"] + run_args(tmp_path, "h1")))
     got, want = same_on_every_rank(tmp_path, "h1", 2), load_params(torch2_dir / "sync-0.pt")
     for k in want:
         assert torch.equal(got[k], want[k]), k

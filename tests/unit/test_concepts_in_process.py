@@ -66,6 +66,13 @@ def test_adasum_where_horovod_cannot_run_it_is_refused_naming_the_flag(argv, nee
         parse(["--reduce-op", "adasum", *argv])
 
 
+@pytest.mark.parametrize("argv", [["--optimizer", "adamw"], ["--optimizer", "adam"], ["--no-decay-norm-bias"]])
+def test_the_parameter_server_accepts_any_optimizer_and_its_groups(argv):
+    # the servers run the optimizer's own class on their shards (distributed/ps/optimizer.py)
+    cfg = parse(["--strategy", "ps", *argv])
+    assert cfg.exchange.strategy == "ps"
+
+
 def test_local_sgd_synchronises_the_warm_up_and_each_periods_last_step():
     schedule = LocalSGD(LocalExchange(), WireFormat("none"), 4, 3)
     assert [s for s in range(1, 16) if schedule.synchronous(s)] == [1, 2, 3, 7, 11, 15]
