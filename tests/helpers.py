@@ -132,6 +132,29 @@ ENGINE_RUN = [
 ]
 MPI_ENGINE = ["--allreduce-engine", "mpi", "--mpi-bucket-bytes", "3000"]
 
+# AdamW at a transformer's LR, decoupled decay on the matrices only, 4 warm-up steps then a cosine to a
+# tenth over ENGINE_RUN's 12 steps, bf16 autocast on the CPU; the later flags win over ENGINE_RUN's
+# (tests/mpi/test_recipe.py, test_ps_optimizers.py).
+RECIPE = [
+    "--optimizer",
+    "adamw",
+    "--betas",
+    "0.9,0.95",
+    "--lr",
+    "0.002",
+    "--weight-decay",
+    "0.1",
+    "--no-decay-norm-bias",
+    "--lr-schedule",
+    "cosine",
+    "--warmup-steps",
+    "4",
+    "--min-lr",
+    "0.0002",
+    "--precision",
+    "bf16-mixed",
+]
+
 # The small LSTM on a tiny corpus (write_corpus): lr 1 rather than the recipe's 20 (gentler steps keep rounding
 # differences from growing); a clip below the gradient norm on this corpus (about 0.12 at the start), so that
 # clipping takes part. LM_STEPS: the length of tests/mpi/conftest.py's lstm_run.

@@ -13,6 +13,7 @@ import json
 import pytest
 import torch
 
+import helpers
 from helpers import (
     ENGINE_RUN,
     FASHION_MNIST_DIR,
@@ -27,28 +28,10 @@ from helpers import (
 
 pytestmark = pytest.mark.mpi
 
-# AdamW at a transformer's LR, decoupled decay on the matrices only (--no-decay-norm-bias: a second group),
-# a cosine after 4 warm-up steps (every step's LR differs: each push must carry it), bf16 autocast on the
-# workers; ENGINE_RUN: 12 steps of batch 8 on LeNet-5, a checkpoint every 5 (and at the end).
-RECIPE = ENGINE_RUN + [
-    "--optimizer",
-    "adamw",
-    "--betas",
-    "0.9,0.95",
-    "--lr",
-    "0.002",
-    "--weight-decay",
-    "0.1",
-    "--no-decay-norm-bias",
-    "--lr-schedule",
-    "cosine",
-    "--warmup-steps",
-    "4",
-    "--min-lr",
-    "0.0002",
-    "--precision",
-    "bf16-mixed",
-]
+# helpers.RECIPE (AdamW, a second group without decay, a cosine after 4 warm-up steps: every step's LR differs,
+# so each push must carry it; bf16 autocast on the workers) on ENGINE_RUN: 12 steps of batch 8 on LeNet-5, a
+# checkpoint every 5 (and at the end).
+RECIPE = ENGINE_RUN + helpers.RECIPE
 # Several buckets, and LeNet-5's largest tensors (48,000 and 10,080 elements) split into chunks of 4,000
 # elements across the servers: chunks of Adam's moments live on different servers.
 SMALL = ["--ps-bucket-bytes", "40000", "--ps-split-bytes", "16000"]

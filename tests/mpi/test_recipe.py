@@ -9,31 +9,10 @@ import json
 import pytest
 import torch
 
-from helpers import ENGINE_RUN, check, launch, load_params, rel_diff, run_args, run_single
+from helpers import ENGINE_RUN, RECIPE, check, launch, load_params, rel_diff, run_args, run_single
 
 pytestmark = pytest.mark.mpi
 
-# AdamW at a transformer's LR, decoupled decay on the matrices only, 4 warm-up steps then a cosine to a
-# tenth over ENGINE_RUN's 12 steps, bf16 autocast on the CPU; the later flags win over ENGINE_RUN's.
-RECIPE = [
-    "--optimizer",
-    "adamw",
-    "--betas",
-    "0.9,0.95",
-    "--lr",
-    "0.002",
-    "--weight-decay",
-    "0.1",
-    "--no-decay-norm-bias",
-    "--lr-schedule",
-    "cosine",
-    "--warmup-steps",
-    "4",
-    "--min-lr",
-    "0.0002",
-    "--precision",
-    "bf16-mixed",
-]
 ENGINES = {
     "horovod": [],
     "mpi": ["--allreduce-engine", "mpi", "--mpi-bucket-bytes", "3000"],
