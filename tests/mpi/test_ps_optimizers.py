@@ -113,6 +113,7 @@ def test_each_server_holds_its_share_of_adams_state_twice_its_parameters(runs):
         assert 2 * p <= s <= 2 * p + 4 * 64 and p < 4 * numel
 
 
+@pytest.mark.long  # 2 jobs (~20 s); the same-count resume of every concept is in make test
 def test_resume_on_another_server_count_continues_bit_for_bit(runs, tmp_path):
     """Cut at step 5 on 2 dedicated servers; resumed on 1: the one server gets the whole of the
     moments the two held, and the run ends where the uncut one (and the ring) ended."""

@@ -193,3 +193,17 @@ def test_a_torch_lr_scheduler_drives_the_distributed_optimizer_of_init():
         moved.append(any(not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True)))
     assert moved == [True, False] and opt.param_groups[0]["lr"] == 0.0
     assert opt.steps == 2 and opt.state_dict()["state"][0]["step"].item() == 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--strategy", "ps", "--precision", "16-mixed"], "--precision 16-mixed with --strategy ps"),
+        (["--reduce-op", "adasum", "--precision", "16-mixed"], "--precision 16-mixed with --reduce-op adasum"),
+    ],
+)
+def test_16_mixed_where_no_scaler_can_unscale_before_the_update_is_refused_before_any_rank_starts(argv, needle):
+    from helpers import parse
+
+    with pytest.raises(ConfigError, match=needle):
+        parse(argv)
