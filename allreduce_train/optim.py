@@ -145,7 +145,7 @@ class LRSchedule:
             return float(value)
         if c.warmup_steps and step < c.warmup_steps:
             return (step + 1) / c.warmup_steps  # the first update already moves (nanoGPT's warm-up)
-        if self.kind in ("constant", "step"):
+        if self.kind == "constant":
             return 1.0
         floor = c.min_lr / c.lr
         span = max(1, self.total_steps - c.warmup_steps)

@@ -205,7 +205,8 @@ class Trainer:
         if not math.isfinite(losses):
             raise Diverged(step, "the training loss (mean over workers)", losses / self.ex.num_workers)
         if precision.scaler is not None:  # 16-mixed: unscaled before clipping; inf/NaN skips the step everywhere
-            precision.unscale(list(model.parameters()), vote=self.ex.sum_over_workers)
+            vote = None if self.schedule.averaged(step) else self.ex.sum_over_workers  # local steps: workers vote
+            precision.unscale(list(model.parameters()), vote=vote)
         if self.cfg.optim.grad_clip > 0:
             # after the exchange: the norm of the averaged gradient, identical on every worker
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.cfg.optim.grad_clip)

@@ -50,6 +50,9 @@ class DiLoCo(Sync):
     def exchanging(self, step: int) -> bool:
         return False  # inner steps only: no gradient travels, ever
 
+    def averaged(self, step: int) -> bool:
+        return False
+
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         optimizer = super().prepare(model, optimizer)  # every worker now holds rank 0's parameters
         self.outer = [p.detach().clone() for p in model.parameters()]

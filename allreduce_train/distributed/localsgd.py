@@ -53,6 +53,9 @@ class LocalSGD(Sync):
     def exchanging(self, step: int) -> bool:
         return self.synchronous(step)
 
+    def averaged(self, step: int) -> bool:
+        return self.synchronous(step)
+
     @torch.no_grad()
     def apply(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, step: int) -> None:
         """The update; at the end of a period past the warm-up, the parameters averaged."""

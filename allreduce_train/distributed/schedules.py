@@ -50,6 +50,11 @@ class Sync:
         """Whether step ``step`` (1-based) sends the engine's gradient sum."""
         return self.wire.streams
 
+    def averaged(self, step: int) -> bool:
+        """Whether every worker holds the same averaged gradient after step ``step``'s :meth:`synchronize`
+        (synchronous SGD: always, through the engine or the wire format's own sums)."""
+        return True
+
     def begin(self, step: int) -> None:
         """Before step ``step``'s backward: tell the engine whether its gradients travel."""
         if not self.every_step:

@@ -207,3 +207,17 @@ def test_16_mixed_where_no_scaler_can_unscale_before_the_update_is_refused_befor
 
     with pytest.raises(ConfigError, match=needle):
         parse(argv)
+
+
+def test_the_scalers_vote_is_needed_only_where_the_workers_gradients_differ():
+    """16-mixed votes on inf/NaN only on steps whose gradients were not averaged (schedules' averaged())."""
+    from allreduce_train.distributed.diloco import DiLoCo
+    from allreduce_train.distributed.local import LocalExchange
+    from allreduce_train.distributed.localsgd import LocalSGD
+    from allreduce_train.distributed.schedules import Sync
+    from allreduce_train.distributed.wire import WireFormat
+
+    ex, wire = LocalExchange(), WireFormat("none")
+    assert all(Sync(ex, wire).averaged(s) for s in range(1, 9))
+    assert [s for s in range(1, 9) if LocalSGD(ex, wire, 4).averaged(s)] == [4, 8]
+    assert not any(DiLoCo(ex, wire, 4).averaged(s) for s in range(1, 9))
