@@ -90,6 +90,9 @@ class AdasumSync(Sync):
 
     state_key = "adasum"
 
+    def averaged(self, step: int) -> bool:
+        return False  # each worker's .grad is its own: Adasum combines updates, not gradients
+
     def state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Any:
         return {"optimizer": optimizer.state_dict()}
 
