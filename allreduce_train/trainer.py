@@ -162,11 +162,10 @@ class Trainer:
     ) -> tuple[torch.Tensor, float, bool]:
         """Forward/backward over ``k`` micro-batches, exchange gradients, update step ``step`` (1-based).
 
-        ``after_backward`` runs once backward is done, while the last gradients are still in flight
-        (the loop fetches the next batch there). Returns (loss, wait s, stop): ``stop`` when a
-        worker received a stop signal (see :mod:`.preempt`). Raises :class:`Diverged` on every
-        worker alike, before the update, when a worker's loss or the averaged gradient's norm is
-        not finite.
+        ``after_backward`` runs once backward is done, while the last gradients are still in flight (the loop
+        fetches the next batch there). Returns (loss, wait s, stop): ``stop`` when a worker received a stop
+        signal (see :mod:`.preempt`). Raises :class:`Diverged` on every worker alike, before the update, when
+        a worker's loss or the averaged gradient's norm is not finite.
         """
         began = time.perf_counter()
         self.schedule.begin(step)  # e.g. local SGD: does this step's gradient travel?
@@ -248,10 +247,11 @@ class Trainer:
             cuda_rng=torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
         )
         workers = self.ex.gather_from_workers(mine.to_dict())
+        optimizer_state = self.ex.optimizer_state_dict(optimizer)  # communication where the state is sharded
         if self.ex.is_main:
             state = {
                 "model": self.ex.model_state_dict(model),
-                "optimizer": optimizer.state_dict(),
+                "optimizer": optimizer_state,
                 "step": step,
                 "config": self.cfg.to_dict(),
                 "workers": workers,

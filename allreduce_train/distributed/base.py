@@ -126,6 +126,11 @@ class GradientExchange(ABC):
         parameters where workers hold 16-bit-rounded ones)."""
         return model.state_dict()
 
+    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+        """The optimizer's state for a checkpoint, whole, on the main rank (None elsewhere): a collective over
+        the workers, where the state is sharded over them (``--strategy sharded`` gathers every worker's)."""
+        return optimizer.state_dict() if self.is_main else None
+
     def serve(self) -> None:
         """Run a non-worker rank until the workers finish."""
         raise NotImplementedError(f"{self.name} has no server ranks")
