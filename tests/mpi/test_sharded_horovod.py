@@ -57,7 +57,9 @@ def test_sharded_stages_1_and_2_end_where_horovods_ring_ends(tmp_path, ring, np,
     if tol == 0.0:
         assert all(torch.equal(mine[k], ref[k]) for k in ref)
     else:
-        assert rel_diff(mine, ref) <= tol
+        gap = rel_diff(mine, ref)
+        print(f"sharded stage {stage} at {np} ranks vs Horovod's ring: {gap:.1e} relative")  # docs/engines.md
+        assert gap <= tol
     m = json.loads((tmp_path / name / "metrics.json").read_text())
     assert (m["strategy"], m["allreduce_engine"], m["shard_stage"], m["workers"]) == ("sharded", "horovod", stage, np)
     assert m["horovod_controller"] == backend
