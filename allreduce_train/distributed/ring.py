@@ -153,6 +153,10 @@ class MPIRingAllreduce(GradientExchange):
                     params[p].register_post_accumulate_grad_hook(lambda _p, b=bucket.index: self._grad_ready(b))
                 )
 
+    def flat_buffers(self) -> list[torch.Tensor]:
+        """Each bucket's flat buffer and its reduce-scatter scratch (empty at one rank: nothing is sent)."""
+        return [t for b in self._buckets for t in (b.flat, *(torch.from_numpy(s) for s in b.scratch))]
+
     # ------------------------------------------------------------ one step
     def _reset_step(self) -> None:
         self._missing = [len(b.members) * self._k for b in self._buckets]
