@@ -131,6 +131,11 @@ class GradientExchange(ABC):
         the workers, where the state is sharded over them (``--strategy sharded`` gathers every worker's)."""
         return optimizer.state_dict() if self.is_main else None
 
+    def whole_parameters(self, model: torch.nn.Module) -> None:
+        """Make ``model``'s parameters whole on every worker until its next training step: a collective over
+        the workers where they are sharded (``--shard-stage 3``), nothing elsewhere."""
+        return None  # whole already: every rank holds every parameter
+
     def serve(self) -> None:
         """Run a non-worker rank until the workers finish."""
         raise NotImplementedError(f"{self.name} has no server ranks")
