@@ -537,16 +537,23 @@ def check_combination(x: ExchangeConfig, whole: Any = None) -> None:
 class HorovodConfig:
     """--allreduce-engine horovod (the default): Horovod's own settings (distributed/horovod.py)."""
 
-    prefix: ClassVar[str] = "horovod"  # the flags: --horovod-backend
+    prefix: ClassVar[str] = "horovod"  # the flags: --horovod-backend, --horovod-bucket-bytes
     backend: str = _f(
         "mpi",
         "Horovod's controller and CPU collectives; gloo (one host only under mpirun) waits in "
         "blocking sockets, which helps on an oversubscribed host (docs/performance.md)",
         ("mpi", "gloo"),
     )
+    bucket_bytes: int = _f(
+        1 << 20,
+        "--strategy sharded: gradients reduce-scattered together (bytes on the wire, as --mpi-bucket-bytes), "
+        "each bucket enqueued as soon as backward has produced it; Horovod fuses the buckets ready in one "
+        "cycle up to HOROVOD_FUSION_THRESHOLD (docs/engines.md)",
+    )
 
     def __post_init__(self) -> None:
         _check_choices(self)
+        _check(self.bucket_bytes >= 4, "horovod_bucket_bytes", "must be >= 4 (one float32)", self.bucket_bytes)
 
 
 @dataclass
