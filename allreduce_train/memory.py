@@ -155,12 +155,12 @@ def check_fits(cfg, ex, model, optimizer) -> None:
         f"--strategy sharded --shard-stage {fits[0]} needs {need(concept='sharded', stage=fits[0]) / GIB:.2f} GiB "
         "and fits"
         if fits
-        else f"no sharded stage fits at {workers} workers (stage 3: "
+        else f"no sharded stage fits at {workers} worker(s) (stage 3: "
         f"{need(concept='sharded', stage=3) / GIB:.2f} GiB): add ranks or memory"
     )
     raise ConfigError(
         f"memory: --strategy {cfg.exchange.strategy} needs at least {mine / GIB:.2f} GiB per rank (the ZeRO formula "
-        f"for {n:,} parameters, {k:g} bytes of {type(optimizer).__name__} state each, {workers} workers), "
+        f"for {n:,} parameters, {k:g} bytes of {type(optimizer).__name__} state each, {workers} worker(s)), "
         f"{(mine - min(mine, held)) * share / GIB:.2f} GiB more than this rank holds, over the "
         f"{max(headroom, 0) / GIB:.2f} GiB left under {limit}; {fix}"
     )
