@@ -399,10 +399,10 @@ def sharded_pairs(
         if "samples_per_sec" in j:
             by_tag.setdefault(j["tag"], {})[j["impl"]] = j
     # the ratio of the bytes is the model's whatever its size: a megabyte of float32 gradient
-    zero3, ring = (
+    zero3, whole = (
         costmodel.method_cost(m, costmodel.ALLREDUCE, np, 1e6) for m in (costmodel.Method(shard=3), costmodel.BASELINE)
     )
-    more = zero3.volume / ring.volume if ring.volume else 1.0
+    more = zero3.volume / whole.volume if whole.volume else 1.0
     out = {}
     for impl, (ring, stage, _) in (sharded_impls() if zero is None else zero).items():
         both = [r for r in by_tag.values() if impl in r and ring in r and impl in impls]
