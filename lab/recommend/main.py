@@ -583,13 +583,17 @@ COLOURS = {
     "powersgd": "#ff7f0e",
     "localsgd": "#2ca02c",
     "localsgd-h16": "#98df8a",
+    "zero": "#5e3c99",
 }
 
 
 def colour(label: str) -> str:
-    """One colour per concept (concept-map's), local SGD H = 16 lighter than the other periods."""
+    """One colour per concept (concept-map's), local SGD H = 16 lighter than the other periods, every sharded
+    stage alike."""
     if label in COLOURS:
         return COLOURS[label]
+    if label.startswith("zero"):
+        return COLOURS["zero"]
     return COLOURS.get(
         "powersgd" if label.startswith("powersgd") else "localsgd" if label.startswith("localsgd") else label, "black"
     )
