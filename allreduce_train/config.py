@@ -28,7 +28,8 @@ from .errors import ConfigError
 
 DEFAULT_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 DATASETS = ("fashion-mnist", "ptb", "synthetic")
-STRATEGIES = ("allreduce", "ps", "none")  # distributed.create_exchange builds each
+STRATEGIES = ("allreduce", "ps", "sharded", "none")  # distributed.create_exchange builds each
+SHARD_STAGES = (1, 2, 3)  # --shard-stage: what of the training state --strategy sharded cuts into shards
 
 
 def _f(default: Any, help: str, choices: tuple | None = None) -> Any:
@@ -64,7 +65,7 @@ def _check_choices(section: Any) -> None:
         value = getattr(section, f.name)
         if choices and value not in choices:
             raise ConfigError(
-                f"{flag(key(section, f.name))}: unknown value {value!r}; choose one of: {', '.join(choices)}"
+                f"{flag(key(section, f.name))}: unknown value {value!r}; choose one of: {', '.join(map(str, choices))}"
             )
 
 
@@ -259,9 +260,18 @@ class ExchangeConfig:
 
     strategy: str = _f(
         "allreduce",
-        "gradient exchange: ring allreduce (Horovod) or parameter servers (ps); none = "
-        "every rank trains alone on its shard, the bound of docs/performance.md",
+        "gradient exchange: ring allreduce (Horovod) or parameter servers (ps); sharded = ZeRO "
+        "(--shard-stage; on --allreduce-engine's collectives); none = every rank trains alone on "
+        "its shard, the bound of docs/performance.md",
         STRATEGIES,
+    )
+    shard_stage: int = _f(
+        2,
+        "--strategy sharded (ZeRO): 1 = each worker keeps the optimizer state of 1/N of the parameters; "
+        "2 = also only its 1/N of the gradients (reduce-scattered while backward runs); 3 = also only its "
+        "1/N of the parameters (each module's gathered for its forward and again for its backward) "
+        "(docs/training.md)",
+        SHARD_STAGES,
     )
     allreduce_engine: str = _f(
         "horovod",
@@ -341,8 +351,8 @@ class ExchangeConfig:
 
     @property
     def engine(self) -> str:
-        """The engine that sums: horovod, mpi or torch (allreduce), ps, or none."""
-        return self.allreduce_engine if self.strategy == "allreduce" else self.strategy
+        """The engine that sums: horovod, mpi or torch (allreduce, sharded), ps, or none."""
+        return self.allreduce_engine if self.strategy in ("allreduce", "sharded") else self.strategy
 
 
 # The one table of combinations. distributed/ composes three kinds of thing -- an engine sums
@@ -359,6 +369,41 @@ SYNC_BATCHNORM_REFUSED = {  # --sync-batchnorm: why an engine has none, and what
     "none": ("--strategy none exchanges nothing", "--strategy allreduce"),
 }
 COMBINATIONS: tuple[tuple[Any, Any], ...] = (
+    (
+        lambda x, c: x.strategy == "sharded" and (x.average_every or x.diloco_every),
+        lambda x: (
+            "--average-every and --diloco-every let every worker step a whole model of its own; --strategy "
+            "sharded keeps 1/N of the training state per worker: use --strategy allreduce"
+        ),
+    ),
+    (
+        lambda x, c: x.strategy == "sharded" and x.compression == "powersgd",
+        lambda x: (
+            "--compression powersgd with --strategy sharded: low-rank factors cannot be reduce-scattered to "
+            "shard owners; use --compression fp16, bf16 or none"
+        ),
+    ),
+    (
+        lambda x, c: x.strategy == "sharded" and x.reduce_op != "average",
+        lambda x: (
+            "--reduce-op adasum with --strategy sharded: Adasum combines whole per-worker updates, the shard "
+            "owners sum gradients; use --reduce-op average"
+        ),
+    ),
+    (
+        lambda x, c: x.strategy == "sharded" and c is not None and c.train.precision == "16-mixed",
+        lambda x: (
+            "--precision 16-mixed with --strategy sharded: the loss scaler's unscale and inf/NaN check read "
+            "whole gradients, which the shards do not keep; use --precision bf16-mixed (no loss scaler)"
+        ),
+    ),
+    (
+        lambda x, c: x.strategy == "sharded" and x.engine == "mpi" and c is not None and c.mpi.algorithm != "ring",
+        lambda x: (
+            "--strategy sharded --allreduce-engine mpi runs the ring's reduce-scatter and allgather phases "
+            "apart; use --mpi-algorithm ring"
+        ),
+    ),
     (
         lambda x, c: x.average_every and x.strategy == "ps",
         lambda x: (
@@ -782,7 +827,7 @@ def add_field_argument(group: Any, section: str, cls: type, f: dataclasses.Field
         metavar = name.upper()
         if "choices" in f.metadata:  # shown in --help as {a,b}
             kwargs["choices"] = f.metadata["choices"]
-            metavar = "{" + ",".join(f.metadata["choices"]) + "}"
+            metavar = "{" + ",".join(map(str, f.metadata["choices"])) + "}"
         group.add_argument(flag(name), type=typ, metavar=metavar, **kwargs)
 
 
