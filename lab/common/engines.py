@@ -114,11 +114,12 @@ def sharded_verdict(c: dict[tuple[str, str], float]) -> list[str]:
         if ratios:
             moved = "1.5x the ring's bytes (parameters gathered twice)" if stage == 3 else "the ring's bytes"
             said.append(f"Sharded stage {stage} / ring, same engine = {', '.join(ratios)} ({moved}).")
-        if stage < 3 and (k, MPI4PY) in c and (PS_COLOCATED, MPI4PY) in c:
-            said.append(
-                f"Sharded stage {stage} / colocated PS, same engine (mpi4py) = "
-                f"{c[(k, MPI4PY)] / c[(PS_COLOCATED, MPI4PY)]:.2f}: the same bytes, as collectives "
-                "(reduce-scatter, all-gather) with the update on the worker, against sends from gradient hooks "
-                "to the owning servers with the update on the servers."
-            )
+    ps = c.get((PS_COLOCATED, MPI4PY))
+    vs_ps = [f"stage {s} {c[(SHARDED[s], MPI4PY)] / ps:.2f}" for s in (1, 2) if ps and (SHARDED[s], MPI4PY) in c]
+    if vs_ps:
+        said.append(
+            f"Sharded / colocated PS, same engine (mpi4py): {', '.join(vs_ps)}: the same bytes, as collectives "
+            "(reduce-scatter, all-gather) with the update on the worker, against sends from gradient hooks to the "
+            "owning servers with the update on the servers."
+        )
     return said
