@@ -7,7 +7,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from ..mpirun import add_mpi_allreduce_arg
+from ..mpirun import add_mpi_allreduce_arg, mca_option
 from ..specflags import option, trailing
 
 # Fixed by the image (deploy/Dockerfile)
@@ -125,14 +125,7 @@ class K8sSpec:
         flag_default="",
         parse=parse_affinity,
     )
-    mca: list[tuple[str, str]] = option(
-        [],
-        "extra Open MPI parameter, e.g. --mca btl_tcp_if_include eth0 (repeatable)",
-        nargs=2,
-        action="append",
-        metavar=("KEY", "VALUE"),
-        parse=lambda items: [tuple(kv) for kv in items],
-    )
+    mca: list[tuple[str, str]] = mca_option()
     # the image's launch/openmpi_allreduce_ring.rules; "auto": Open MPI's choice
     mpi_allreduce: str = option(
         "ring", add=lambda p, default: add_mpi_allreduce_arg(p, default, default, "the image's ")
