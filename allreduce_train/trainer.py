@@ -55,7 +55,7 @@ class Setup:
 
 class Trainer:
     """Builds a run (:meth:`build`), trains it (:meth:`run`) and reports it (:meth:`report`) through
-    any :class:`GradientExchange`; ranks that only serve never get here (cli.cmd_train)."""
+    any :class:`GradientExchange`; ranks that only serve never get here (job.run)."""
 
     def __init__(self, cfg: Config, exchange: GradientExchange, run_dir: str, task: Any = None) -> None:
         """``task``: a user's :class:`~.usertask.Task` object (:func:`allreduce_train.fit`); else the
