@@ -34,7 +34,7 @@ from typing import Any
 from .bound import GRACE_PERIOD, exit_dir, run_bounded, why
 from .elastic import PROBE_TIMEOUT, Elastic, ElasticError, host_arg, parse_host_list, read_hostfile
 from .exitcodes import EXIT_DIR_ENV, EXIT_INTERRUPTED, EXIT_OK, EXIT_STALLED, EXIT_USAGE, NOT_RESTARTED
-from .specflags import add_flags, option, spec_from_args, trailing
+from .specflags import add_flags, option, spec_from_args, trainer_args_option
 
 # Forwarded to every rank when set here (plus every HOROVOD_* and NCCL_* variable).
 FORWARD_VARS = (
@@ -228,7 +228,7 @@ class LaunchSpec:
         f"reach (default: {GRACE_PERIOD:g})",
         metavar="SECONDS",
     )
-    trainer_args: list[str] = option([], "arguments for the trainer, after --", flag="trainer_args", parse=trailing)
+    trainer_args: list[str] = trainer_args_option()
     python: str = sys.executable
     mpirun: str = "mpirun"
     # Hosts that are not real (the lab's emulated cluster): an object with exec_prefix() (where mpirun
