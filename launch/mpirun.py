@@ -113,7 +113,8 @@ MCA_HELP = "extra Open MPI parameter, e.g. --mca btl_tcp_if_include eth0 (repeat
 
 
 def add_mca_arg(p: Any, default: Any = None, help: str = MCA_HELP) -> None:
-    """``--mca KEY VALUE`` (repeatable), the one declaration of the flag (its pairs: :func:`parse_mca`)."""
+    """``--mca KEY VALUE`` (repeatable), the one declaration of the flag (its pairs: :func:`parse_mca`);
+    ``default`` is what a spec field's ``add`` hook is given: the flag starts from no pairs whatever it is."""
     p.add_argument("--mca", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"), help=help)
 
 
