@@ -34,7 +34,7 @@ from typing import Any
 from .bound import GRACE_PERIOD, exit_dir, run_bounded, why
 from .elastic import PROBE_TIMEOUT, Elastic, ElasticError, host_arg, parse_host_list, read_hostfile
 from .exitcodes import EXIT_DIR_ENV, EXIT_INTERRUPTED, EXIT_OK, EXIT_STALLED, EXIT_USAGE, NOT_RESTARTED
-from .specflags import add_flags, option, spec_from_args, trailing
+from .specflags import add_flags, option, spec_from_args, trainer_args_option
 
 # Forwarded to every rank when set here (plus every HOROVOD_* and NCCL_* variable).
 FORWARD_VARS = (
@@ -113,7 +113,8 @@ MCA_HELP = "extra Open MPI parameter, e.g. --mca btl_tcp_if_include eth0 (repeat
 
 
 def add_mca_arg(p: Any, default: Any = None, help: str = MCA_HELP) -> None:
-    """``--mca KEY VALUE`` (repeatable), the one declaration of the flag (its pairs: :func:`parse_mca`)."""
+    """``--mca KEY VALUE`` (repeatable), the one declaration of the flag (its pairs: :func:`parse_mca`);
+    ``default`` is what a spec field's ``add`` hook is given: the flag starts from no pairs whatever it is."""
     p.add_argument("--mca", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"), help=help)
 
 
@@ -228,7 +229,7 @@ class LaunchSpec:
         f"reach (default: {GRACE_PERIOD:g})",
         metavar="SECONDS",
     )
-    trainer_args: list[str] = option([], "arguments for the trainer, after --", flag="trainer_args", parse=trailing)
+    trainer_args: list[str] = trainer_args_option()
     python: str = sys.executable
     mpirun: str = "mpirun"
     # Hosts that are not real (the lab's emulated cluster): an object with exec_prefix() (where mpirun

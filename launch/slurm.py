@@ -46,7 +46,7 @@ from .mpirun import (
     no_gl_probe,
     ring_rules,
 )
-from .specflags import add_flags, option, spec_from_args, trailing
+from .specflags import add_flags, option, spec_from_args, trainer_args_option
 
 # The lab's emulated Slurm cluster (lab/emulation/slurm_cluster.py) keeps its state, slurm.conf included, here;
 # without SLURM_CONF or /etc/slurm/slurm.conf the clients use it (slurm_env).
@@ -95,7 +95,7 @@ class SlurmJob:
     mca: list[tuple[str, str]] = mca_option()
     # launch/openmpi_allreduce_ring.rules for MPI_Allreduce; "auto": Open MPI's choice
     mpi_allreduce: str = option("ring", add=lambda p, default: add_mpi_allreduce_arg(p, default, default))
-    trainer_args: list[str] = option([], "arguments for the trainer, after --", flag="trainer_args", parse=trailing)
+    trainer_args: list[str] = trainer_args_option()
     python: str = sys.executable
 
     def __post_init__(self):

@@ -62,6 +62,11 @@ def trailing(words: list[str]) -> list[str]:
     return words[1:] if words[:1] == ["--"] else list(words)
 
 
+def trainer_args_option() -> Any:
+    """A spec field that is the trainer's arguments after ``--`` (every launcher's last positional)."""
+    return option([], "arguments for the trainer, after --", flag="trainer_args", parse=trailing)
+
+
 def _default(f: dataclasses.Field) -> Any:
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 
 from ..mpirun import add_mpi_allreduce_arg, mca_option
-from ..specflags import option, trailing
+from ..specflags import option, trainer_args_option
 
 # Fixed by the image (deploy/Dockerfile)
 APP_DIR = "/opt/allreduce_train"
@@ -138,7 +138,7 @@ class K8sSpec:
         metavar="NAME=VALUE",
         parse=lambda items: pairs(items, "--env", "NAME=VALUE"),
     )
-    trainer_args: list[str] = option([], "arguments for the trainer, after --", flag="trainer_args", parse=trailing)
+    trainer_args: list[str] = trainer_args_option()
     runs_pvc: str = option(  # claim mounted at RUNS_DIR in the pods that run ranks (and TensorBoard)
         "",
         "PersistentVolumeClaim for runs/ (logs, checkpoints); without one, runs stay in rank 0's pod",

@@ -209,7 +209,7 @@ def test_python_m_launch_parses_every_flag_into_its_spec_field():
 
 
 @pytest.mark.parametrize("launcher", list(SPECS))
-def test_every_launcher_declares_mca_alike_and_parses_it_into_pairs(launcher):
+def test_every_launcher_declares_mca_and_the_trainers_arguments_alike(launcher):
     from launch import k8s, specflags
     from launch.mpirun import MCA_HELP
 
@@ -217,9 +217,11 @@ def test_every_launcher_declares_mca_alike_and_parses_it_into_pairs(launcher):
     parser = module.make_parser()
     (action,) = [a for a in parser._actions if "--mca" in a.option_strings]
     assert (action.nargs, action.metavar, action.default, action.help) == (2, ("KEY", "VALUE"), [], MCA_HELP)
-    args = parser.parse_args(["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "eth0"])
+    (rest,) = [a for a in parser._actions if a.dest == "trainer_args"]
+    assert (rest.option_strings, rest.help) == ([], "arguments for the trainer, after --")
+    args = parser.parse_args(["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "eth0", "--", "--lr", "1"])
     spec = k8s.spec_from_args(args) if launcher == "k8s" else specflags.spec_from_args(cls, args)
-    assert spec.mca == [("btl", "tcp,self"), ("btl_tcp_if_include", "eth0")]
+    assert spec.mca == [("btl", "tcp,self"), ("btl_tcp_if_include", "eth0")] and spec.trainer_args == ["--lr", "1"]
 
 
 def test_the_emulation_flags_that_moved_to_the_lab_say_where_in_one_line():
