@@ -105,7 +105,8 @@ def test_more_ranks_than_cores_on_one_host_run_oversubscribed_with_a_one_line_no
         proc.stderr
     )
     assert "--oversubscribe" in next(ln for ln in proc.stdout.splitlines() if ln.startswith("+ "))
-    assert sorted(int(m) for m in re.findall(r"^rank (\d+) pid", proc.stdout, re.M)) == list(range(n))
+    # not anchored at a line's start: under load two ranks' lines were seen joined in mpirun's output
+    assert sorted(int(m) for m in re.findall(r"rank (\d+) pid", proc.stdout)) == list(range(n)), proc.stdout
     given = subprocess.run(
         [sys.executable, "-m", "launch", "-np", str(n), "-H", f"localhost:{n}", "--dry-run", "--"],
         cwd=ROOT,
