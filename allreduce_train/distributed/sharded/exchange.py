@@ -33,6 +33,7 @@ from ..shardstate import PLACE_KEYS, assemble, leaves, pieces, shard_optimizer
 from .collectives import ShardCollectives
 from .layout import make_layout
 from .optimizer import sharded_optimizer
+from .params import ShardedParams
 
 WHERE = "--strategy sharded builds it over each worker's shard"
 
@@ -84,20 +85,11 @@ class ShardedExchange(GradientExchange):
         sizes = [p.numel() for p in params]
         self.layout = lay = make_layout(sizes, self.bucket_elems, self.coll.bounds, self.size)
         n = len(lay.buckets)
-        # The parameters live in one flat float32 buffer per bucket (each parameter a view of it): the
-        # allgather then lands in them, and this worker's shard of them is what its optimizer updates.
-        self.pflat: list[torch.Tensor] = []
-        with torch.no_grad():
-            for b, members in enumerate(lay.buckets):
-                flat = torch.empty(lay.numel(b), dtype=torch.float32, device=params[0].device)
-                for p, s in zip(members, lay.starts[b], strict=False):  # starts: one more, the end
-                    view = flat[s : s + sizes[p]].view_as(params[p])
-                    view.copy_(params[p])
-                    params[p].data = view
-                self.pflat.append(flat)
-        self.mine = [lay.bounds[b][self.rank] for b in range(n)]
+        # each parameter a view of its bucket's flat buffer (stage 3: gathered where used)
+        self.store = ShardedParams(params, lay, self.rank, self.coll, self.stage)
+        self.mine = self.store.mine
         self.segs = [lay.segments.get((b, self.rank), []) for b in range(n)]
-        self.leaves = [leaves(self.pflat[b][lo:hi], self.segs[b], params) for b, (lo, hi) in enumerate(self.mine)]
+        self.leaves = [leaves(shard, self.segs[b], params) for b, shard in enumerate(self.store.shard)]
         self.user = optimizer
         self.reshard(optimizer.state)
         optimizer.state.clear()  # the whole state is in the shards now: 1/N of it here
@@ -111,6 +103,8 @@ class ShardedExchange(GradientExchange):
         for b, members in enumerate(lay.buckets):
             for p in members:
                 self._hooks.append(params[p].register_post_accumulate_grad_hook(lambda _p, b=b: self._grad_ready(b)))
+        if self.stage == 3:
+            self._hooks += self.store.attach(model, params)
         self.optimizer = sharded_optimizer(optimizer, self)
         return self.optimizer
 
@@ -171,6 +165,7 @@ class ShardedExchange(GradientExchange):
             for p in members:
                 p.grad = None  # in the bucket now: the full gradient is not kept
         self._handles[b] = self.coll.start_reduce_scatter(b, flat)  # communication
+        self.store.free(b)  # stage 3: no more of backward needs these parameters
 
     def synchronize(self) -> None:
         # A bucket whose gradients were not all produced (a parameter outside this step's loss) starts now.
@@ -192,6 +187,8 @@ class ShardedExchange(GradientExchange):
                 self.gflat[b] = None
         for p in self.params:
             p.grad = None  # the whole gradients are not the averaged ones: nothing above reads them
+        for b in range(len(self.layout.buckets)):
+            self.store.free(b)  # stage 3: what backward gathered of a parameter outside the loss
         self._handles = [None] * len(self._handles)
         self._reset_step()
 
@@ -215,9 +212,13 @@ class ShardedExchange(GradientExchange):
                 for leaf in self.leaves[b]:
                     leaf.grad = None
             self.gshard[b] = None
-        # communication: every worker's updated shard to every worker
-        handles = [self.coll.start_allgather(b, flat) for b, flat in enumerate(self.pflat)]
-        self.coll.wait(handles, "the allgather of the parameters")
+        if self.stage == 3:
+            self.store.release()  # gathered where the next forward pass uses them
+            return
+        self.store.allgather(list(range(len(self.layout.buckets))))  # communication: every worker's shard
+
+    def whole_parameters(self, model) -> None:
+        self.store.make_whole()  # communication (stage 3)
 
     def _clip(self) -> None:
         """torch.nn.utils.clip_grad_norm_ of the averaged gradient, from the shards (as the PS's servers)."""
@@ -237,9 +238,8 @@ class ShardedExchange(GradientExchange):
         mine = {}
         for b, built in enumerate(self.shards):
             if self.segs[b]:
-                lo, hi = self.mine[b]
                 states = [dict(built[0].state.get(leaf, {})) if built else {} for leaf in self.leaves[b]]
-                mine[b] = (self.pflat[b][lo:hi].cpu(), states)
+                mine[b] = (self.store.shard[b].cpu(), states)
         answers = self.engine.allgather_object(mine)  # communication
         return assemble(self.layout, self.params, answers)[0]
 
