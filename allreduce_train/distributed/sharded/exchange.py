@@ -182,7 +182,7 @@ class ShardedExchange(GradientExchange):
                 shard = shard.float()
             elif self.stage >= 2:
                 shard = shard.clone()
-            self.gshard[b] = shard.div_(self.size)
+            self.gshard[b] = shard.div_(self.size).to(self.store.nan.device)  # the parameters' device
             if self.stage >= 2:
                 self.gflat[b] = None
         for p in self.params:
