@@ -55,7 +55,8 @@ class Net(torch.nn.Module):
 def adamw(model: torch.nn.Module) -> torch.optim.Optimizer:
     matrices = [p for p in model.parameters() if p.dim() > 1]
     rest = [p for p in model.parameters() if p.dim() <= 1]
-    return torch.optim.AdamW([{"params": matrices}, {"params": rest, "weight_decay": 0.0}], lr=0.01)
+    groups: list[dict] = [{"params": matrices}, {"params": rest, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=0.01)
 
 
 def sharded(stage: int, model: torch.nn.Module, clip: float = 0.0):
