@@ -29,7 +29,7 @@ from .distributed import make_schedule
 from .distributed.base import GradientExchange
 from .distributed.batchnorm import average_buffers, sync_batchnorm
 from .errors import ConfigError, Diverged, Preempted
-from .memory import peak_rss_mib
+from .memory import MemoryLog, peak_rss_mib
 from .metrics import Throughput, TimeToTarget
 from .optim import LRSchedule, build_optimizer
 from .precision import Precision
@@ -55,7 +55,7 @@ class Setup:
 
 class Trainer:
     """Builds a run (:meth:`build`), trains it (:meth:`run`) and reports it (:meth:`report`) through
-    any :class:`GradientExchange`; ranks that only serve never get here (cli.cmd_train)."""
+    any :class:`GradientExchange`; ranks that only serve never get here (job.run)."""
 
     def __init__(self, cfg: Config, exchange: GradientExchange, run_dir: str, task: Any = None) -> None:
         """``task``: a user's :class:`~.usertask.Task` object (:func:`allreduce_train.fit`); else the
@@ -120,6 +120,7 @@ class Trainer:
             from .distributed.ps.optimizer import describe
 
             describe(optimizer, list(model.parameters()))
+        self.memory = MemoryLog.check(cfg, ex, model, optimizer, device)  # refuses a run that cannot fit its limit
         self.lr_schedule = LRSchedule.make(cfg.optim, ex.num_workers, total, batches.steps_per_epoch)
         self.lr_schedule.set(optimizer, 0)
         start, workers, precision_state = 0, None, None
@@ -364,6 +365,7 @@ class Trainer:
                 step += 1
                 watchdog.note(step, watchdog.AFTER)
                 meter.record(started, wait)
+                self.memory.after_step(step, model, optimizer, log)  # communication: every rank's, after the first
                 loss_sum += loss
                 since_log += 1
                 log.progress(1)
@@ -427,11 +429,6 @@ class Trainer:
             {"rank": r, "host": h, "compute_ms": c, "wait_ms": w, "peak_rss_mib": m}
             for r, h, (c, w, m) in zip(ranks, hosts, total[1:].view(workers, 3).tolist(), strict=True)
         ]
-        stragglers = {
-            "ranks": per_rank,
-            "stragglers": [found.record() for found in rule.found],
-            "straggler_rule": {"factor": cfg.train.straggler_factor, "window": cfg.train.straggler_window},
-        }
         if cfg.run.dump_params:
             torch.save(
                 {n: p.detach().cpu() for n, p in model.state_dict().items()},
@@ -440,7 +437,10 @@ class Trainer:
         return {
             **self.result(step, s.total_steps, meter.summary(cpu_s), train_loss, last_eval),
             **target.summary(),
-            **stragglers,
+            "ranks": per_rank,
+            "stragglers": [found.record() for found in rule.found],
+            "straggler_rule": {"factor": cfg.train.straggler_factor, "window": cfg.train.straggler_window},
+            "memory": self.memory.finish(step, model, optimizer, log),  # communication: every rank's figures
         }
 
     def result(

@@ -82,3 +82,21 @@ def reverse_buckets(sizes: Sequence[int], bucket_elems: int) -> list[list[int]]:
         buckets[-1].append(p)
         filled += sizes[p]
     return buckets
+
+
+def held_bytes(kinds: dict[str, Iterable[torch.Tensor]]) -> dict[str, int]:
+    """Bytes of memory behind each kind's tensors, every storage counted once: a view (a parameter
+    of a flat buffer, a tied weight) adds nothing once its storage is counted, under the first kind
+    that holds it, and a storage counts whole even where only a slice of it is in use."""
+    seen: set[tuple[str, int]] = set()
+    out = {}
+    for kind, tensors in kinds.items():
+        total = 0
+        for t in tensors:
+            storage = t.untyped_storage()
+            key = (t.device.type, storage.data_ptr())
+            if key not in seen and storage.nbytes():
+                seen.add(key)
+                total += storage.nbytes()
+        out[kind] = total
+    return out

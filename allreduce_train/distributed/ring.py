@@ -242,6 +242,15 @@ class MPIRingAllreduce(GradientExchange):
                     params[p].register_post_accumulate_grad_hook(lambda _p, b=bucket.index: self._grad_ready(b))
                 )
 
+    def flat_buffers(self) -> list[torch.Tensor]:
+        """Each bucket's flat buffer and the reduce-scatter scratch of a ring in flight (none at one rank:
+        nothing is sent)."""
+        return [
+            t
+            for b in self._buckets
+            for t in (b.flat, *(torch.from_numpy(s) for s in (b.ring.scratch if b.ring else ())))
+        ]
+
     # ------------------------------------------------------------ one step
     def _reset_step(self) -> None:
         self._missing = [len(b.members) * self._k for b in self._buckets]

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..buffers import element_size
+from ...memory import peak_rss_mib
+from ..buffers import element_size, held_bytes
 from ..mpi import poll
 from ..shardstate import leaves, pieces, shard_optimizer
 from .sharding import Layout
@@ -26,7 +27,8 @@ HEADER_BYTES = 2 * SLOT  # a reply's header: (server version, staleness)
 TAG_DONE = 32766  # worker -> server: this worker has finished
 # worker -> server: send me your state (one byte: STATE_FULL or STATE_BYTES); the pickled reply uses the same tag
 TAG_STATE = 32765
-STATE_FULL, STATE_BYTES = b"S", b"B"  # every bucket's optimizer state and master parameters; only their sizes
+# every bucket's optimizer state and master parameters; only their sizes (held_bytes) and the peak RSS
+STATE_FULL, STATE_BYTES = b"S", b"B"
 ELEM = 4  # bytes per float32 element: the servers' master parameters (ps_server_bytes)
 
 
@@ -230,24 +232,26 @@ class Server:
             out[b] = (self.param[b], states)
         return out
 
-    def held_bytes(self) -> tuple[int, int]:
-        """(parameter bytes, optimizer-state bytes) this server holds: its float32 master copy and
-        every tensor of its optimizers' state."""
-        params = sum(ELEM * len(p) for p in self.param.values())
-        state = sum(
-            v.numel() * v.element_size()
+    def held_bytes(self) -> dict[str, int]:
+        """Bytes this server holds (:meth:`GradientExchange.memory`'s kinds): its float32 master copy
+        (``params``), every tensor of its optimizers' state (``optimizer``) and its message buffers
+        (``buffers``: a push's inbox per worker and bucket, the replies' outbox). ``grads``: none kept
+        between steps (the averaged gradient is summed in the first inbox)."""
+        state = [
+            v
             for built in self.optimizers.values()
             if built is not None
             for st in built[0].state.values()
             for v in st.values()
             if isinstance(v, torch.Tensor)
-        )
-        return params, state
+        ]
+        raws = [torch.from_numpy(m[0]) for m in (*self.inbox.values(), *self.outbox.values())]
+        return held_bytes({"params": list(self.param.values()), "grads": [], "optimizer": state, "buffers": raws})
 
     def _send_state(self, dest: int, what: bytes) -> None:
         key = ("state", dest)
         self._wait_sends(key)  # the previous answer to this worker has left
-        answer = self.state() if what == STATE_FULL else self.held_bytes()
+        answer = self.state() if what == STATE_FULL else {**self.held_bytes(), "peak_rss_mib": peak_rss_mib()}
         data = self.state_out[dest] = np.frombuffer(pickle.dumps(answer), dtype=np.uint8).copy()
         self.out_reqs[key] = [self.pull.Isend([data, self.MPI.BYTE], dest=dest, tag=TAG_STATE)]
 
