@@ -121,13 +121,13 @@ class ShardedExchange(GradientExchange):
         parameter's group and its state (from ``state``, keyed by parameter)."""
         opt = self.user
         index = {id(p): i for i, p in enumerate(self.params)}
-        frozen = {id(p) for p in self._model_params}
+        of_model = {id(p) for p in self._model_params}  # a frozen one is left as it is
         group_of: list[int | None] = [None] * len(self.params)
         for g, group in enumerate(opt.param_groups):
             for p in group["params"]:
                 if id(p) in index:
                     group_of[index[id(p)]] = g
-                elif id(p) not in frozen:
+                elif id(p) not in of_model:
                     raise UserError(
                         f"--strategy sharded: the optimizer's group {g} holds a {tuple(p.shape)} tensor that is not "
                         "one of the model's parameters; build the optimizer over model.parameters()"
