@@ -9,7 +9,7 @@ of two: exact), and AdamW runs per element on the DTensor shard as on the whole 
 single-tensor path for both). At 3 ranks FSDP2 divides by 2 before and by 1.5 after the sum, the ring by 3
 after it: there the figures differ by rounding (1e-5, the tolerance of the engines' own comparisons).
 
-``long``: 9 jobs of 6 to 15 s each on this 2-core machine (make test-long, which CI runs).
+``long``: 12 jobs of 6 to 15 s each on this 2-core machine (make test-long, which CI runs).
 """
 
 import json
@@ -140,3 +140,14 @@ def test_gloo_serves_every_collective_and_both_of_pytorchs_sharding_apis_that_th
             value, other = value.split(" sum ")[1], other.split(" sum ")[1]
         assert value == other, name
     assert shards == {("shard (4, 5)", "shard (3, 5)")}
+
+
+def test_bf16_on_the_wire_reduce_scatters_stage_2s_gradients_as_the_rings_bf16_allreduce(tmp_path, ring_dir):
+    """--compression bf16 is FSDP2's reduce_dtype: each gradient rounded to bf16 before the sum, as the ring's
+    bucket is; the sum of two halves in bf16 is the ring's rounded sum halved, so bit for bit again."""
+    bf16 = ["--compression", "bf16"]
+    check(launch(2, ENGINE_RUN + ADAMW + RING + bf16 + run_args(tmp_path, "ring")))
+    check(launch(2, ENGINE_RUN + ADAMW + sharded(2) + bf16 + run_args(tmp_path, "s2")))
+    got = same_on_every_rank(tmp_path, "s2", 2)
+    assert_bit_identical(got, same_on_every_rank(tmp_path, "ring", 2))
+    assert rel_diff(got, load_params(ring_dir / "ring-0.pt")) > 1e-4  # the rounding happened
