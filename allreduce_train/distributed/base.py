@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .buffers import flatten, views
+from .buffers import flatten, held_bytes, views
 
 
 class GradientExchange(ABC):
@@ -125,6 +125,41 @@ class GradientExchange(ABC):
         """The model's state for a checkpoint, on the main rank (the parameter server's float32 master
         parameters where workers hold 16-bit-rounded ones)."""
         return model.state_dict()
+
+    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+        """The optimizer's state for a checkpoint, whole, on the main rank (None elsewhere): a collective over
+        the workers, where the state is sharded over them (``--strategy sharded`` gathers every worker's)."""
+        return optimizer.state_dict() if self.is_main else None
+
+    def memory(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+        """Bytes this rank holds (``params``, ``grads``, ``optimizer``: every tensor of the optimizer's
+        state, ``buffers``: the engine's own, :meth:`flat_buffers`), each tensor storage counted once.
+        Engines that keep state elsewhere (the parameter server's servers, the sharded optimizer)
+        override it; the formula to compare with is :func:`.memcost.per_rank`."""
+        params = list(model.parameters())
+        return held_bytes(
+            {
+                "params": params,
+                "grads": [p.grad for p in params if p.grad is not None],
+                "optimizer": [v for st in optimizer.state.values() for v in st.values() if isinstance(v, torch.Tensor)],
+                "buffers": self.flat_buffers(),
+            }
+        )
+
+    def flat_buffers(self) -> list[torch.Tensor]:
+        """The engine's own buffers that Python can see (the ring's buckets and their receive scratch);
+        none here (Horovod's fusion buffer lives in its C++ core, out of sight)."""
+        return []
+
+    def server_memory(self) -> list[dict[str, Any]]:
+        """On the main rank: a row like :meth:`memory`'s (with ``rank``, ``role`` and ``peak_rss_mib``)
+        for each rank that only serves and so never runs the trainer; none here."""
+        return []
+
+    def whole_parameters(self, model: torch.nn.Module) -> None:
+        """Make ``model``'s parameters whole on every worker until its next training step: a collective over
+        the workers where they are sharded (``--shard-stage 3``), nothing elsewhere."""
+        return None  # whole already: every rank holds every parameter
 
     def serve(self) -> None:
         """Run a non-worker rank until the workers finish."""

@@ -157,6 +157,10 @@ class TorchDistributed(GradientExchange):
         self._reset_step()
         return optimizer
 
+    def flat_buffers(self) -> list[torch.Tensor]:
+        """Each bucket's flat buffer (Gloo's and NCCL's own scratch is out of sight)."""
+        return [b["flat"] for b in self._buckets]
+
     # ------------------------------------------------------------ one step
     def _reset_step(self) -> None:
         self._missing = [len(b["members"]) * self._k for b in self._buckets]

@@ -113,6 +113,51 @@ def test_each_server_holds_its_share_of_adams_state_twice_its_parameters(runs):
         assert 2 * p <= s <= 2 * p + 4 * 64 and p < 4 * numel
 
 
+def test_memory_per_rank_counts_what_each_concept_holds(runs):
+    """metrics.json ``memory`` (and TensorBoard ``memory/``): the ring holds every parameter, gradient
+    and AdamW's two moments (exactly 2x the parameters' bytes, plus a 4-byte step count per tensor) on
+    every rank, beside its buckets; a dedicated PS's workers hold no optimizer state, its servers
+    the float32 master parameters and the moments between them; a colocated rank holds its worker's
+    model and a shard of both."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    numel = sum(p.numel() for p in load_params(runs / "ring-0.pt").values())
+    tensors = len(load_params(runs / "ring-0.pt"))  # LeNet-5: no buffers, so every entry is a parameter
+    rows = {}
+    for name, ranks in (("ring", 2), ("dedicated", 4), ("colocated", 2)):
+        memory = json.loads((runs / name / "metrics.json").read_text())["memory"]
+        for when in ("after_first_step", "end"):
+            assert [r["rank"] for r in memory[when]] == list(range(ranks)), (name, when)
+            for r in memory[when]:
+                assert {"params", "grads", "optimizer", "buffers", "total", "peak_rss_mib"} <= r.keys()
+                assert r["total"] == r["params"] + r["grads"] + r["optimizer"] + r["buffers"] and r["peak_rss_mib"] > 0
+        rows[name] = memory["end"]
+    for r in rows["ring"]:
+        assert (r["params"], r["grads"]) == (4 * numel, 4 * numel)
+        assert r["optimizer"] == 2 * r["params"] + 4 * tensors
+        assert r["buffers"] >= 4 * numel  # the buckets: every gradient once, and the ring's receive scratch
+    servers, workers = rows["dedicated"][:2], rows["dedicated"][2:]
+    assert [r["role"] for r in rows["dedicated"]] == ["server", "server", "worker", "worker"]
+    for r in workers:
+        assert (r["params"], r["grads"], r["optimizer"]) == (4 * numel, 4 * numel, 0)
+    assert sum(r["params"] for r in servers) == 4 * numel and all(r["grads"] == 0 for r in servers)
+    m = json.loads((runs / "dedicated" / "metrics.json").read_text())
+    assert [r["optimizer"] for r in servers] == m["ps_server_state_bytes"]
+    state = sum(r["optimizer"] for r in servers)
+    assert 8 * numel < state <= 8 * numel + 4 * 64  # the moments, and a step count per segment
+    master = [r["params"] - 4 * numel for r in rows["colocated"]]  # beside each worker's own model
+    assert sum(master) == 4 * numel and all(0 < b < 4 * numel for b in master)
+    state = sum(r["optimizer"] for r in rows["colocated"])
+    assert 8 * numel < state <= 8 * numel + 4 * 64
+    assert all(r["optimizer"] < rows["ring"][0]["optimizer"] for r in rows["colocated"])
+    acc = EventAccumulator(str(runs / "ring"))
+    acc.Reload()
+    for kind in ("params", "grads", "optimizer", "buffers"):
+        first, last = acc.Scalars(f"memory/{kind}_bytes/rank1")[0], acc.Scalars(f"memory/{kind}_bytes/rank1")[-1]
+        assert first.step == 1 and last.value == rows["ring"][1][kind]
+    assert acc.Scalars("memory/peak_rss_mib/rank0")[-1].value > 0
+
+
 @pytest.mark.long  # 2 jobs (~20 s); the same-count resume of every concept is in make test
 def test_resume_on_another_server_count_continues_bit_for_bit(runs, tmp_path):
     """Cut at step 5 on 2 dedicated servers; resumed on 1: the one server gets the whole of the

@@ -1,13 +1,18 @@
-"""The trainer keeps the memory a step frees (allreduce_train/memory.py)."""
+"""The trainer keeps the memory a step frees, counts what each rank holds and refuses a run that cannot fit
+(allreduce_train/memory.py)."""
 
 import os
 import subprocess
 import sys
 
 import pytest
+import torch
 
+from allreduce_train.distributed.buffers import held_bytes
+from allreduce_train.distributed.local import LocalExchange
 from allreduce_train.errors import UserError
-from allreduce_train.memory import keep_freed_memory
+from allreduce_train.memory import keep_freed_memory, state_bytes_per_param
+from lab.memory.model import parameters
 
 from helpers import RANKS, check
 
@@ -44,3 +49,53 @@ def test_a_users_own_malloc_setting_wins():
     assert keep_freed_memory({"ALLREDUCE_TRAIN_MALLOC": "glibc"}) == {}
     with pytest.raises(UserError, match="ALLREDUCE_TRAIN_MALLOC='kep': use keep"):
         keep_freed_memory({"ALLREDUCE_TRAIN_MALLOC": "kep"})
+
+
+def test_each_storage_counts_once_under_the_first_kind_that_holds_it():
+    flat = torch.zeros(100)
+    got = held_bytes(
+        {
+            "params": [flat[:60], flat[60:], flat],  # views of one buffer: its 400 bytes once
+            "grads": [flat[:10], torch.zeros(3)],  # the buffer again adds nothing; a tensor of its own does
+            "buffers": [torch.zeros(0)],
+        }
+    )
+    assert got == {"params": 400, "grads": 12, "buffers": 0}
+
+
+def test_a_rank_holds_adamws_two_moments_after_its_first_step():
+    """The base count in one process (--strategy none's exchange): AdamW's state is exactly twice the
+    parameters' bytes plus a 4-byte step count per tensor; nothing before its first step."""
+    model = torch.nn.Sequential(torch.nn.Linear(7, 5), torch.nn.ReLU(), torch.nn.Linear(5, 1, bias=False))
+    opt = torch.optim.AdamW(model.parameters())
+    ex = LocalExchange()
+    n = sum(p.numel() for p in model.parameters())
+    assert ex.memory(model, opt) == {"params": 4 * n, "grads": 0, "optimizer": 0, "buffers": 0}
+    model(torch.ones(2, 7)).sum().backward()
+    opt.step()
+    assert ex.memory(model, opt) == {"params": 4 * n, "grads": 4 * n, "optimizer": 8 * n + 4 * 3, "buffers": 0}
+
+
+def test_the_state_per_parameter_comes_from_one_step_of_the_optimizers_class():
+    params = [torch.nn.Parameter(torch.zeros(3))]
+    assert state_bytes_per_param(torch.optim.AdamW(params)) == 8
+    assert state_bytes_per_param(torch.optim.SGD(params, lr=0.1, momentum=0.9)) == 4
+    assert state_bytes_per_param(torch.optim.SGD(params, lr=0.1)) == 0
+
+
+def test_a_run_over_its_memory_limit_is_refused_in_one_line(tmp_path):
+    """Under ``prlimit --as`` (RLIMIT_AS: a rank has about 1 GiB of virtual memory before its model), a
+    model of 37M parameters with AdamW needs 0.41 GiB more by the ZeRO formula than the 0.3 GiB left:
+    exit 2 and one line naming the need and the limit, before any step allocates it."""
+    args = ["--model", "lab.memory.model:build", "--model-arg", "width=4096", "--model-arg", "depth=3"]
+    args += ["--dataset", "lab.memory.model:data", "--optimizer", "adamw", "--steps", "1", "--no-progress"]
+    args += ["--allreduce-engine", "mpi", "--run-dir", str(tmp_path)]
+    cmd = ["prlimit", f"--as={int(1.45 * (1 << 30))}", sys.executable, "-m", "allreduce_train", "train", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("allreduce_train: error: memory: --strategy allreduce needs"), lines
+    assert f"{parameters(4096, 3):,} parameters, 8 bytes of AdamW state each" in lines[0]
+    assert "under RLIMIT_AS 1.45 GiB" in lines[0]
+    assert "no sharded stage fits at 1 worker(s)" in lines[0]  # one worker: sharding divides by 1
+    assert not list(tmp_path.iterdir())  # no run directory left behind

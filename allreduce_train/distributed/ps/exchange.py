@@ -69,7 +69,8 @@ from ..mpi import (
     start_sum,
     sum_now,
 )
-from .optimizer import assemble, describe, server_side
+from ..shardstate import assemble
+from .optimizer import describe, server_side
 from .server import ELEM, STATE_BYTES, STATE_FULL, TAG_DONE, TAG_STATE, Server, message, push_slots
 from .sharding import plan
 
@@ -353,9 +354,34 @@ class ParameterServer(GradientExchange):
         """Every server's optimizer state (see :meth:`fetch_state`) and master parameters (flat, CPU), by parameter."""
         return assemble(self.layout, self.params, self._ask_servers(STATE_FULL))
 
-    def _server_bytes(self) -> list[tuple[int, int]]:
-        """(parameter bytes, optimizer-state bytes) held by each server."""
-        return [tuple(a) for a in self._ask_servers(STATE_BYTES)]
+    def _server_bytes(self) -> list[dict[str, Any]]:
+        """What each server holds (:meth:`.server.Server.held_bytes`) and its rank's peak RSS, by server index."""
+        return self._ask_servers(STATE_BYTES)
+
+    def flat_buffers(self) -> list[torch.Tensor]:
+        """This worker's push and reply messages, one per (bucket, server)."""
+        return [torch.from_numpy(m[0]) for m in (*self._out.values(), *self._in.values())] if self._started else []
+
+    def memory(self, model, optimizer) -> dict[str, int]:
+        """A worker holds its parameters, gradients and messages, and no optimizer state (it lives on
+        the servers); a colocated rank adds its server's: the float32 master shard, its optimizer
+        state and the server's message buffers."""
+        out = super().memory(model, optimizer)
+        if self._server is not None:
+            for kind, n in self._server.held_bytes().items():
+                out[kind] += n
+        return out
+
+    def server_memory(self) -> list[dict[str, Any]]:
+        """The dedicated servers' rows, asked by the main worker (colocated servers report with their workers)."""
+        if not (self.is_main and self._started) or self.pcfg.placement != "dedicated":
+            return []
+        # communication: one request to each server, answered from its serving loop
+        answers = self._server_bytes()
+        rows = [{"rank": r, "role": "server", **held} for r, held in zip(self.server_ranks, answers, strict=True)]
+        for row in rows:
+            row["total"] = row["params"] + row["grads"] + row["optimizer"] + row["buffers"]
+        return rows
 
     # ------------------------------------------------------------ collectives for the trainer
     def sum_over_workers(self, values: torch.Tensor) -> torch.Tensor:
@@ -403,7 +429,7 @@ class ParameterServer(GradientExchange):
             out["ps_server_bytes"] = [ELEM * n for n in self.layout.server_numel()]
         if self._started and self.is_main and not self._closed:
             # communication: each server's figure (the state an optimizer creates at its first step)
-            out["ps_server_state_bytes"] = [state for _, state in self._server_bytes()]
+            out["ps_server_state_bytes"] = [held["optimizer"] for held in self._server_bytes()]
         if self._started and self.is_worker:
             out["bytes_pushed_per_step"], out["bytes_pulled_per_step"] = self._step_bytes
             out["staleness_mean"] = self._stale_sum / max(1, self._stale_n)
