@@ -16,8 +16,9 @@ import argparse
 import dataclasses
 import re
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, get_type_hints
+from typing import Any, ClassVar, NoReturn, get_type_hints
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -28,7 +29,8 @@ from .errors import ConfigError
 
 DEFAULT_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 DATASETS = ("fashion-mnist", "ptb", "synthetic")
-STRATEGIES = ("allreduce", "ps", "none")  # distributed.create_exchange builds each
+STRATEGIES = ("allreduce", "ps", "sharded", "none")  # distributed.create_exchange builds each
+SHARD_STAGES = (1, 2, 3)  # --shard-stage: what of the training state --strategy sharded cuts into shards
 
 
 def _f(default: Any, help: str, choices: tuple | None = None) -> Any:
@@ -64,7 +66,7 @@ def _check_choices(section: Any) -> None:
         value = getattr(section, f.name)
         if choices and value not in choices:
             raise ConfigError(
-                f"{flag(key(section, f.name))}: unknown value {value!r}; choose one of: {', '.join(choices)}"
+                f"{flag(key(section, f.name))}: unknown value {value!r}; choose one of: {', '.join(map(str, choices))}"
             )
 
 
@@ -259,9 +261,18 @@ class ExchangeConfig:
 
     strategy: str = _f(
         "allreduce",
-        "gradient exchange: ring allreduce (Horovod) or parameter servers (ps); none = "
-        "every rank trains alone on its shard, the bound of docs/performance.md",
+        "gradient exchange: ring allreduce (Horovod) or parameter servers (ps); sharded = ZeRO "
+        "(--shard-stage; on --allreduce-engine's collectives); none = every rank trains alone on "
+        "its shard, the bound of docs/performance.md",
         STRATEGIES,
+    )
+    shard_stage: int = _f(
+        2,
+        "--strategy sharded (ZeRO): 1 = each worker keeps the optimizer state of 1/N of the parameters; "
+        "2 = also only its 1/N of the gradients (reduce-scattered while backward runs); 3 = also only its "
+        "1/N of the parameters (each module's gathered for its forward and again for its backward) "
+        "(docs/training.md)",
+        SHARD_STAGES,
     )
     allreduce_engine: str = _f(
         "horovod",
@@ -341,8 +352,8 @@ class ExchangeConfig:
 
     @property
     def engine(self) -> str:
-        """The engine that sums: horovod, mpi or torch (allreduce), ps, or none."""
-        return self.allreduce_engine if self.strategy == "allreduce" else self.strategy
+        """The engine that sums: horovod, mpi or torch (allreduce, sharded), ps, or none."""
+        return self.allreduce_engine if self.strategy in ("allreduce", "sharded") else self.strategy
 
 
 # The one table of combinations. distributed/ composes three kinds of thing -- an engine sums
@@ -359,6 +370,41 @@ SYNC_BATCHNORM_REFUSED = {  # --sync-batchnorm: why an engine has none, and what
     "none": ("--strategy none exchanges nothing", "--strategy allreduce"),
 }
 COMBINATIONS: tuple[tuple[Any, Any], ...] = (
+    (
+        lambda x, c: x.strategy == "sharded" and (x.average_every or x.diloco_every),
+        lambda x: (
+            "--average-every and --diloco-every let every worker step a whole model of its own; --strategy "
+            "sharded keeps 1/N of the training state per worker: use --strategy allreduce"
+        ),
+    ),
+    (
+        lambda x, c: x.strategy == "sharded" and x.compression == "powersgd",
+        lambda x: (
+            "--compression powersgd with --strategy sharded: low-rank factors cannot be reduce-scattered to "
+            "shard owners; use --compression fp16, bf16 or none"
+        ),
+    ),
+    (
+        lambda x, c: x.strategy == "sharded" and x.reduce_op != "average",
+        lambda x: (
+            "--reduce-op adasum with --strategy sharded: Adasum combines whole per-worker updates, the shard "
+            "owners sum gradients; use --reduce-op average"
+        ),
+    ),
+    (
+        lambda x, c: x.strategy == "sharded" and c is not None and c.train.precision == "16-mixed",
+        lambda x: (
+            "--precision 16-mixed with --strategy sharded: the loss scaler's unscale and inf/NaN check read "
+            "whole gradients, which the shards do not keep; use --precision bf16-mixed (no loss scaler)"
+        ),
+    ),
+    (
+        lambda x, c: x.strategy == "sharded" and x.engine == "mpi" and c is not None and c.mpi.algorithm != "ring",
+        lambda x: (
+            "--strategy sharded --allreduce-engine mpi runs the ring's reduce-scatter and allgather phases "
+            "apart; use --mpi-algorithm ring"
+        ),
+    ),
     (
         lambda x, c: x.average_every and x.strategy == "ps",
         lambda x: (
@@ -492,16 +538,23 @@ def check_combination(x: ExchangeConfig, whole: Any = None) -> None:
 class HorovodConfig:
     """--allreduce-engine horovod (the default): Horovod's own settings (distributed/horovod.py)."""
 
-    prefix: ClassVar[str] = "horovod"  # the flags: --horovod-backend
+    prefix: ClassVar[str] = "horovod"  # the flags: --horovod-backend, --horovod-bucket-bytes
     backend: str = _f(
         "mpi",
         "Horovod's controller and CPU collectives; gloo (one host only under mpirun) waits in "
         "blocking sockets, which helps on an oversubscribed host (docs/performance.md)",
         ("mpi", "gloo"),
     )
+    bucket_bytes: int = _f(
+        1 << 20,
+        "--strategy sharded: gradients reduce-scattered together (bytes on the wire, as --mpi-bucket-bytes), "
+        "each bucket enqueued as soon as backward has produced it; Horovod fuses the buckets ready in one "
+        "cycle up to HOROVOD_FUSION_THRESHOLD (docs/engines.md)",
+    )
 
     def __post_init__(self) -> None:
         _check_choices(self)
+        _check(self.bucket_bytes >= 4, "horovod_bucket_bytes", "must be >= 4 (one float32)", self.bucket_bytes)
 
 
 @dataclass
@@ -782,7 +835,7 @@ def add_field_argument(group: Any, section: str, cls: type, f: dataclasses.Field
         metavar = name.upper()
         if "choices" in f.metadata:  # shown in --help as {a,b}
             kwargs["choices"] = f.metadata["choices"]
-            metavar = "{" + ",".join(f.metadata["choices"]) + "}"
+            metavar = "{" + ",".join(map(str, f.metadata["choices"])) + "}"
         group.add_argument(flag(name), type=typ, metavar=metavar, **kwargs)
 
 
@@ -833,15 +886,50 @@ def _read_toml(path: str, values: dict[str, dict[str, Any]]) -> None:
             raise ConfigError(f"--config: unknown key {k!r} in [{section}] of {path}; keys are: {', '.join(known)}")
 
 
-def build_config(args: argparse.Namespace) -> Config:
-    """Merge defaults, the TOML file and the command line, then validate every section."""
+class _Refusal(argparse.ArgumentParser):
+    """A parser whose usage errors are :class:`ConfigError`s (one line, exit 2, from rank 0 only)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+
+def _parse(argv: Sequence[str]) -> argparse.Namespace:
+    parser = _Refusal(add_help=False)
+    add_arguments(parser)
+    args, unknown = parser.parse_known_args(list(argv))
+    if unknown:
+        raise ConfigError(
+            f"unknown argument {unknown[0]!r}: the arguments are the trainer's flags "
+            "(python -m allreduce_train train --help)"
+        )
+    return args
+
+
+def build_config(args: argparse.Namespace | Sequence[str] = (), overrides: Mapping[str, Any] | None = None) -> Config:
+    """Merge defaults, the TOML file (``--config``), ``overrides`` and the command line, then validate
+    every section.
+
+    ``args``: the trainer's flags (``["--epochs", "2"]``, ``sys.argv[1:]``), or what a parser that
+    :func:`add_arguments` built made of them. ``overrides``: the same settings by the flag's name with
+    ``_`` for ``-`` (``batch_size=32``, ``ps_placement="colocated"``); a flag given in ``args`` wins.
+    """
+    if not isinstance(args, argparse.Namespace):
+        args = _parse(args)
+    given = {dest: v for dest, v in vars(args).items() if "." in dest and v is not None}
+    owner = _owners()
+    for name, v in (overrides or {}).items():
+        if name not in owner:
+            raise ConfigError(
+                f"unknown setting {name}={v!r}: settings are the trainer's flags with _ for -, "
+                "e.g. batch_size=32 (python -m allreduce_train train --help)"
+            )
+        given.setdefault(".".join(owner[name]), v)
     values: dict[str, dict[str, Any]] = {s: {} for s in _sections()}
     if getattr(args, "config", None):
         _read_toml(args.config, values)
-    for dest, v in vars(args).items():
-        if "." in dest and v is not None:
-            section, name = dest.split(".", 1)
-            values[section][name] = v
+    for dest, v in given.items():
+        section, name = dest.split(".", 1)
+        values[section][name] = v
     _apply_model_defaults(values)
     if values["exchange"].get("diloco_every"):
         # DiLoCo's inner optimizer is AdamW in Douillard et al. 2023 (outer: Nesterov SGD, its own flags)

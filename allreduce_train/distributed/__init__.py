@@ -2,7 +2,8 @@
 
 * engines -- the collective primitives behind one small interface (:mod:`.base`): Horovod
   (:mod:`.horovod`), the mpi4py ring (:mod:`.ring`), torch.distributed (:mod:`.c10d`), the
-  parameter server (:mod:`.ps`), and one process or ``--strategy none`` (:mod:`.local`);
+  parameter server (:mod:`.ps`), ZeRO's shards on an engine's collectives (:mod:`.sharded`), and one
+  process or ``--strategy none`` (:mod:`.local`);
 * wire formats -- what of a gradient travels (:mod:`.wire`: float32, 16 bits, PowerSGD);
 * schedules -- when the workers agree (:mod:`.schedules`: synchronous, Adasum's, :mod:`.localsgd`,
   :mod:`.diloco`);
@@ -53,6 +54,10 @@ def create_exchange(cfg: Config) -> GradientExchange:
         from .ps import ParameterServer
 
         return ParameterServer(cfg.exchange, cfg.ps, grad_clip=cfg.optim.grad_clip, wire=wire)
+    if cfg.exchange.strategy == "sharded":  # ZeRO on --allreduce-engine's collectives (sharded/)
+        from .sharded import create_sharded
+
+        return create_sharded(cfg, wire)
     if cfg.exchange.strategy == "none":  # every rank alone: the no-exchange bound (docs/performance.md)
         from .local import NoExchange
 

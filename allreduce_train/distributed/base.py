@@ -126,6 +126,11 @@ class GradientExchange(ABC):
         parameters where workers hold 16-bit-rounded ones)."""
         return model.state_dict()
 
+    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+        """The optimizer's state for a checkpoint, whole, on the main rank (None elsewhere): a collective over
+        the workers, where the state is sharded over them (``--strategy sharded`` gathers every worker's)."""
+        return optimizer.state_dict() if self.is_main else None
+
     def memory(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
         """Bytes this rank holds (``params``, ``grads``, ``optimizer``: every tensor of the optimizer's
         state, ``buffers``: the engine's own, :meth:`flat_buffers`), each tensor storage counted once.
@@ -150,6 +155,11 @@ class GradientExchange(ABC):
         """On the main rank: a row like :meth:`memory`'s (with ``rank``, ``role`` and ``peak_rss_mib``)
         for each rank that only serves and so never runs the trainer; none here."""
         return []
+
+    def whole_parameters(self, model: torch.nn.Module) -> None:
+        """Make ``model``'s parameters whole on every worker until its next training step: a collective over
+        the workers where they are sharded (``--shard-stage 3``), nothing elsewhere."""
+        return None  # whole already: every rank holds every parameter
 
     def serve(self) -> None:
         """Run a non-worker rank until the workers finish."""

@@ -56,30 +56,121 @@ def chunk_bounds(numel: int, n: int) -> list[int]:
     return [numel * i // n for i in range(n + 1)]
 
 
-class _Bucket:
-    """One bucket's flat buffer and the state of its reduction (ring steps or one MPI request)."""
+def as_bytes(flat: torch.Tensor) -> np.ndarray:
+    """The memory of a flat CPU tensor for MPI (numpy has no bfloat16: its bits travel as int16)."""
+    return (flat.view(torch.int16) if flat.dtype == torch.bfloat16 else flat).numpy()
 
-    def __init__(
-        self, index: int, members: list[int], sizes: list[int], dtype: torch.dtype, rank: int, size: int
-    ) -> None:
-        self.index, self.members = index, members
-        self.flat = torch.zeros(sum(sizes[p] for p in members), dtype=dtype)
-        # the same memory, for MPI (numpy has no bfloat16: its bits travel as int16, MPI only moves them)
-        self.arr = (self.flat.view(torch.int16) if dtype == torch.bfloat16 else self.flat).numpy()
-        self.cut = chunk_bounds(len(self.flat), size)
+
+class Ring:
+    """The ring's phases over one flat buffer, by non-blocking messages on ``comm`` with ``tag``.
+
+    ``phases``: "allreduce" (both), "reduce_scatter" (this rank ends with :meth:`owned`'s chunk summed,
+    the rest of the buffer partial sums) or "allgather" (every rank's :meth:`owned` chunk, whole, to
+    every rank). Ring steps: 0 .. N-2 reduce-scatter, N-1 between the phases, N .. 2N-2 allgather.
+    Messages move only when :meth:`advance` runs; :meth:`done` once every step and send has completed.
+    """
+
+    def __init__(self, comm, MPI, flat: torch.Tensor, tag: int, rank: int, size: int, phases: str = "allreduce"):
+        self.comm, self.MPI, self.flat, self.tag, self.rank, self.size = comm, MPI, flat, tag, rank, size
+        self.arr = as_bytes(flat)  # the same memory, for MPI
+        self.cut = chunk_bounds(len(flat), size)
+        self.first = size - 1 if phases == "allgather" else 0
+        self.last = size - 1 if phases == "reduce_scatter" else 2 * size - 1
         # Reduce-scatter step t receives rank r-1's partial sum of chunk r-t-1 into a scratch of its own.
-        self.scratch = [np.empty(self.chunk(rank - t - 1).nbytes, dtype=np.uint8) for t in range(size - 1)]
-        # Ring steps: 0 .. N-2 reduce-scatter, N-1 between the phases, N .. 2N-2 allgather, 2N-1 done.
-        # MPI_Iallreduce: 0 in flight, 1 done. -1: not started in this training step.
-        self.step = -1
+        n_scratch = size - 1 if self.first == 0 else 0
+        self.scratch = [np.empty(self.chunk(rank - t - 1).nbytes, dtype=np.uint8) for t in range(n_scratch)]
+        self.step = -1  # not started
         self.recvs: list[Any] = []
         self.sends: list[Any] = []
         self.phase_sends: list[Any] = []
 
+    @staticmethod
+    def owned(rank: int, size: int) -> int:
+        """The chunk that ``rank`` holds summed after the reduce-scatter (the allgather passes it on)."""
+        return (rank + 1) % size
+
     def chunk(self, c: int) -> np.ndarray:
-        """Chunk ``c`` (mod N) of the bucket, as raw bytes."""
+        """Chunk ``c`` (mod N) of the buffer, as raw bytes."""
         c %= len(self.cut) - 1
         return self.arr[self.cut[c] : self.cut[c + 1]].view(np.uint8)
+
+    def start(self) -> None:
+        self.step = self.first
+        if self.first:  # the allgather alone: its first step is the turn between the phases
+            self._step()
+            return
+        # communication: every reduce-scatter receive is posted now, before the first send, into
+        # its own scratch (the allgather's receives come later: they land in the buffer itself)
+        left, MPI = (self.rank - 1) % self.size, self.MPI
+        self.recvs = [self.comm.Irecv([buf, MPI.BYTE], source=left, tag=self.tag) for buf in self.scratch]
+        self.sends = []
+        self._send(self.rank)
+
+    def _send(self, c: int) -> None:
+        # communication: chunk c to the right neighbour
+        self.sends.append(
+            self.comm.Isend([self.chunk(c), self.MPI.BYTE], dest=(self.rank + 1) % self.size, tag=self.tag)
+        )
+
+    def advance(self) -> bool:
+        """Move as far as the messages allow; True if any step completed."""
+        moved = False
+        while 0 <= self.step < self.last and self._step():
+            moved = True
+        return moved
+
+    def done(self) -> bool:
+        return self.step >= self.last and self.MPI.Request.Testall(self.sends + self.phase_sends)
+
+    def _step(self) -> bool:
+        """Complete ring step ``self.step`` if its receive has arrived; False if it has not."""
+        n, r, t = self.size, self.rank, self.step
+        if t < n - 1:  # reduce-scatter: add the left neighbour's partial sum of chunk r-t-1, pass it on
+            if not self.recvs[t].Test():
+                return False
+            c = (r - t - 1) % n
+            lo, hi = self.cut[c], self.cut[c + 1]
+            if hi > lo:  # an empty chunk (fewer elements than ranks) has nothing to add, and torch cannot view it
+                # numpy has no bfloat16: the scratch's bytes become the buffer's dtype in torch
+                self.flat[lo:hi].add_(torch.from_numpy(self.scratch[t]).view(self.flat.dtype))
+            self.step += 1
+            if t + 1 < n - 1:
+                self._send(c)
+                return True
+            # Chunk r+1 is summed. Before the allgather's receives may overwrite chunks, the
+            # reduce-scatter's sends of them must have left.
+            self.phase_sends, self.sends = self.sends, []
+            return True
+        if t == n - 1:  # between the phases
+            if not self.MPI.Request.Testall(self.phase_sends):
+                return False
+            # communication: the allgather's receives, straight into the buffer, then its first send
+            left = (r - 1) % n
+            self.recvs = [
+                self.comm.Irecv([self.chunk(r - s), self.MPI.BYTE], source=left, tag=self.tag) for s in range(n - 1)
+            ]
+            self._send(self.owned(r, n))
+            self.step += 1
+            return True
+        s = t - n  # allgather step s: chunk r-s has arrived complete; pass it on unless it is the last
+        if not self.recvs[s].Test():
+            return False
+        self.step += 1
+        if s + 1 < n - 1:
+            self._send((r - s) % n)
+        return True
+
+
+class _Bucket:
+    """One bucket's flat buffer and the state of its reduction (a :class:`Ring` or one MPI request)."""
+
+    def __init__(self, index: int, members: list[int], sizes: list[int], dtype: torch.dtype) -> None:
+        self.index, self.members = index, members
+        self.flat = torch.zeros(sum(sizes[p] for p in members), dtype=dtype)
+        self.arr = as_bytes(self.flat)
+        self.ring: Ring | None = None  # the ring of this step: its scratch lives while it does
+        self.request: Any = None  # MPI_Iallreduce's
+        self.started = False
 
 
 class MPIRingAllreduce(GradientExchange):
@@ -142,9 +233,7 @@ class MPIRingAllreduce(GradientExchange):
         buckets = plan(sizes, 1, max(sizes), elements_in(self.mpi_cfg.bucket_bytes, self.dtype)).buckets
         if len(buckets) > MAX_BUCKETS:
             raise UserError(f"{len(buckets)} buckets are too many message tags; raise --mpi-bucket-bytes")
-        self._buckets = [
-            _Bucket(b, members, sizes, self.dtype, self.rank, self.size) for b, members in enumerate(buckets)
-        ]
+        self._buckets = [_Bucket(b, members, sizes, self.dtype) for b, members in enumerate(buckets)]
         self._k = self.cfg.backward_passes_per_step
         self._reset_step()
         for bucket in self._buckets:
@@ -154,15 +243,20 @@ class MPIRingAllreduce(GradientExchange):
                 )
 
     def flat_buffers(self) -> list[torch.Tensor]:
-        """Each bucket's flat buffer and its reduce-scatter scratch (empty at one rank: nothing is sent)."""
-        return [t for b in self._buckets for t in (b.flat, *(torch.from_numpy(s) for s in b.scratch))]
+        """Each bucket's flat buffer and the reduce-scatter scratch of a ring in flight (none at one rank:
+        nothing is sent)."""
+        return [
+            t
+            for b in self._buckets
+            for t in (b.flat, *(torch.from_numpy(s) for s in (b.ring.scratch if b.ring else ())))
+        ]
 
     # ------------------------------------------------------------ one step
     def _reset_step(self) -> None:
         self._missing = [len(b.members) * self._k for b in self._buckets]
         self._next = 0  # buckets start in index order on every rank (MPI collectives must match)
         for b in self._buckets:
-            b.step = -1
+            b.started, b.ring, b.request = False, None, None
 
     def set_exchanging(self, on: bool) -> None:
         self._exchanging = on
@@ -180,83 +274,26 @@ class MPIRingAllreduce(GradientExchange):
         # the copy in is the cast to the wire's dtype; a parameter outside this step's loss sends zeros
         members = [self.params[p] for p in bucket.members]
         pack([p.grad for p in members], bucket.flat, [p.numel() for p in members])
-        bucket.step = 0
+        bucket.started = True
         if self.algorithm == "iallreduce":
             # communication: the whole bucket, summed by MPI's own algorithm
-            bucket.recvs = [self.comm.Iallreduce(self.MPI.IN_PLACE, bucket.arr, op=self.MPI.SUM)]
+            bucket.request = self.comm.Iallreduce(self.MPI.IN_PLACE, bucket.arr, op=self.MPI.SUM)
             return
-        # communication: every reduce-scatter receive is posted now, before the first send, into
-        # its own scratch (the allgather's receives come later: they land in the bucket itself)
-        left, MPI = (self.rank - 1) % self.size, self.MPI
-        bucket.recvs = [self.comm.Irecv([buf, MPI.BYTE], source=left, tag=bucket.index) for buf in bucket.scratch]
-        bucket.sends = []
-        self._send(bucket, self.rank)
-
-    def _send(self, bucket: _Bucket, c: int) -> None:
-        # communication: chunk c to the right neighbour
-        bucket.sends.append(
-            self.comm.Isend([bucket.chunk(c), self.MPI.BYTE], dest=(self.rank + 1) % self.size, tag=bucket.index)
-        )
+        bucket.ring = Ring(self.comm, self.MPI, bucket.flat, bucket.index, self.rank, self.size)
+        bucket.ring.start()
 
     def _advance(self) -> bool:
         """Move every bucket in flight as far as its messages allow; True if any moved."""
         moved = False
         for bucket in self._buckets[: self._next]:
-            if self.algorithm == "iallreduce":
-                if bucket.step == 0 and bucket.recvs[0].Test():
-                    bucket.step, moved = 1, True
-                continue
-            while not self._ring_done(bucket) and self._ring_step(bucket):
-                moved = True
+            if bucket.ring is not None:
+                moved = bucket.ring.advance() or moved
         return moved
 
-    def _ring_done(self, bucket: _Bucket) -> bool:
-        return bucket.step >= 2 * (self.size - 1) + 1
-
-    def _ring_step(self, bucket: _Bucket) -> bool:
-        """Complete ring step ``bucket.step`` if its receive has arrived; False if it has not."""
-        n, r, t = self.size, self.rank, bucket.step
-        if t < n - 1:  # reduce-scatter: add the left neighbour's partial sum of chunk r-t-1, pass it on
-            if not bucket.recvs[t].Test():
-                return False
-            c = (r - t - 1) % n
-            lo, hi = bucket.cut[c], bucket.cut[c + 1]
-            if hi > lo:  # an empty chunk (fewer elements than ranks) has nothing to add, and torch cannot view it
-                # numpy has no bfloat16: the scratch's bytes become the bucket's dtype in torch
-                bucket.flat[lo:hi].add_(torch.from_numpy(bucket.scratch[t]).view(bucket.flat.dtype))
-            bucket.step += 1
-            if t + 1 < n - 1:
-                self._send(bucket, c)
-                return True
-            # Chunk r+1 is summed. Before the allgather's receives may overwrite chunks, the
-            # reduce-scatter's sends of them must have left.
-            bucket.phase_sends, bucket.sends = bucket.sends, []
-            return True
-        if t == n - 1:  # between the phases
-            if not self.MPI.Request.Testall(bucket.phase_sends):
-                return False
-            # communication: the allgather's receives, straight into the bucket, then its first send
-            left = (r - 1) % n
-            bucket.recvs = []
-            for s in range(n - 1):
-                bucket.recvs.append(
-                    self.comm.Irecv([bucket.chunk(r - s), self.MPI.BYTE], source=left, tag=bucket.index)
-                )
-            self._send(bucket, (r + 1) % n)
-            bucket.step += 1
-            return True
-        s = t - n  # allgather step s: chunk r-s has arrived complete; pass it on unless it is the last
-        if not bucket.recvs[s].Test():
-            return False
-        bucket.step += 1
-        if s + 1 < n - 1:
-            self._send(bucket, (r - s) % n)
-        return True
-
     def _bucket_done(self, bucket: _Bucket) -> bool:
-        if self.algorithm == "iallreduce":
-            return bucket.step == 1
-        return self._ring_done(bucket) and self.MPI.Request.Testall(bucket.sends)
+        if bucket.request is not None:
+            return bucket.request.Test()
+        return bucket.ring is not None and bucket.ring.done()
 
     def synchronize(self) -> None:
         if not self._buckets:  # one worker: nothing to exchange

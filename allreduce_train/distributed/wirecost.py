@@ -81,3 +81,16 @@ def diloco_bytes_per_step(numel: int, workers: int, every: int) -> float:
     """DiLoCo (``--diloco-every H``): no gradient travels; one ring allreduce of the float32
     parameter delta per H steps, averaged over the period."""
     return ring_bytes(numel, workers) / every
+
+
+def sharded_bytes_per_step(numel: int, workers: int, stage: int, compression: str = "none") -> float:
+    """Bytes each worker sends per step under ``--strategy sharded --shard-stage S``: the gradients'
+    reduce-scatter at the wire's element size ((N-1)/N of them, half a ring allreduce) and the float32
+    parameters' all-gather (the other half). Stages 1 and 2 gather once, after the update: the ring's
+    volume at float32; stage 3 gathers twice (each module's parameters for forward, again for backward),
+    1.5x the ring's. Nothing at one worker."""
+    if stage not in (1, 2, 3):
+        raise ValueError(f"shard stage must be 1, 2 or 3 (got {stage!r})")
+    gathers = 2 if stage == 3 else 1
+    half = ring_bytes(numel, workers, 1) / 2  # (N-1)/N elements: one reduce-scatter or one all-gather
+    return half * (element_bytes(compression) + 4 * gathers)

@@ -38,7 +38,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..common import engines, recipe, tblog, usermodel
+from ..common import costmodel, engines, recipe, sharded, tblog, usermodel
 from ..common.jobs import TRAINER, free_port, loadavg, local_launcher, read_json, run
 
 RANK_MODULE = "lab.bench.rank"  # the bare loops, on every rank
@@ -57,6 +57,31 @@ TRAINER_IMPLS = {
     # step (--strategy none), i.e. what N ranks reach on this machine with a free network
     BOUND: ["--strategy", "none"],
 }
+# The sharded stages beside the ring on each engine (lab/common/sharded.py names them: the ring's name plus
+# -zeroS), offered where the trainer accepts them: ring implementation -> its --allreduce-engine
+RINGS = {"trainer": "horovod", "trainer-mpi": "mpi", "trainer-torch": "torch"}
+# the sharded stages run at 2 ranks and more only: one rank holds every shard and exchanges nothing
+SHARDED_MIN_NP = 2
+# what the bench reports stages 1 and 2 against: they move the ring's bytes (issue 41: within 5 % at 2 ranks)
+SHARDED_WITHIN = 0.05
+
+
+def sharded_impls() -> dict[str, tuple[str, int, str]]:
+    """{name: (the ring implementation beside it, stage, engine)} of the sharded stages the trainer accepts."""
+    return {
+        f"{ring}{sharded.suffix(stage)}": (ring, stage, engine)
+        for ring, engine in RINGS.items()
+        for stage in sharded.STAGES
+        if sharded.accepted(stage, engine)
+    }
+
+
+def runs_at(impl: str, np: int, spec: BenchSpec | None = None) -> bool:
+    """Whether ``impl`` (or the sharded implementation a variant varies) is timed at ``np`` ranks."""
+    base = spec.variant(impl).base if spec else impl
+    return np >= SHARDED_MIN_NP or base not in sharded_impls()
+
+
 # The optimizer every implementation runs, so that the update costs the same everywhere (the
 # trainer would otherwise take a model's recipe, e.g. the LSTM's clipping and no momentum); the user's
 # recipe flags come after these and override them.
@@ -170,7 +195,7 @@ def trainer_based(impl: str) -> bool:
 
 def default_impls() -> list[str]:
     # "trainer" is the allreduce strategy on Horovod; the other engine and strategies by their name
-    return ["trainer", *BASELINES, *TRAINER_IMPLS]
+    return ["trainer", *BASELINES, *TRAINER_IMPLS, *sharded_impls()]
 
 
 def job_args(impl: str, model: str, spec: BenchSpec, result: str, run_dir: str, name: str) -> tuple[str, list[str]]:
@@ -193,7 +218,10 @@ def job_args(impl: str, model: str, spec: BenchSpec, result: str, run_dir: str, 
     variant = spec.variant(impl)
     impl = variant.base
     if trainer_based(impl):
-        exchange = TRAINER_IMPLS.get(impl, ["--strategy", "allreduce"])
+        zero = sharded_impls().get(impl)
+        exchange = (
+            list(sharded.flags(zero[1], zero[2])) if zero else TRAINER_IMPLS.get(impl, ["--strategy", "allreduce"])
+        )
         never = str(warmup + steps + 1)  # evaluation and checkpoints only after the last timed step
         return TRAINER, [
             *common,
@@ -253,6 +281,7 @@ def run_job(impl: str, model: str, np: int, spec: BenchSpec, out: str, tag: str)
         record["samples_per_sec"] = m.get("wall_samples_per_sec", m["samples_per_sec"])
         record["workers"] = m.get("workers", np)
         record["cpu_ms_per_step"] = m.get("cpu_ms_per_step")
+        record["comm_wait_ms"] = m.get("comm_wait_ms")  # the ring's exchange wait prices sharded stage 3's
         record["recipe"] = recipe.ran(m)
     else:
         record["error"] = job.error_line()
@@ -273,6 +302,7 @@ def summarise(jobs: list[dict[str, Any]], spec: BenchSpec, impls: list[str]) -> 
                 "ratios": {},
                 "efficiency": {},
                 "of_bound": {},
+                "sharded": {},
                 "rounds": len({j["tag"] for j in mine}),
             }
             loads = [j["loadavg_before"][0] for j in mine if j["loadavg_before"]]
@@ -305,6 +335,7 @@ def summarise(jobs: list[dict[str, Any]], spec: BenchSpec, impls: list[str]) -> 
                 pairs = [r[impl] / r[BOUND] for r in by_tag.values() if r.get(impl) and r.get(BOUND)]
                 if pairs:
                     row["of_bound"][impl] = {"median": statistics.median(pairs), "min": min(pairs), "max": max(pairs)}
+            row["sharded"] = sharded_pairs(mine, spec, impls, model, np)
             rows.append(row)
     for row in rows:  # scaling efficiency: throughput at N ranks / (N x throughput at 1 rank)
         one = next((r for r in rows if r["model"] == row["model"] and r["np"] == 1), None)
@@ -336,7 +367,9 @@ def long_table(rows: list[dict[str, Any]], impls: list[str]) -> str:
                 f"{s['median']:.0f} ({s['min']:.0f}-{s['max']:.0f})"
                 + ("" if s["n"] == r["rounds"] else f" [{s['n']} of {r['rounds']}]")
                 if s
-                else "failed",
+                else "failed"
+                if runs_at(i, r["np"])
+                else "-",
                 "1" if i == "trainer" else f"{q['median']:.2f} ({q['min']:.2f}-{q['max']:.2f})" if q else "-",
                 "1" if i == BOUND else f"{b['median']:.2f} ({b['min']:.2f}-{b['max']:.2f})" if b else "-",
                 f"{e:.2f}" if e is not None and r["np"] > 1 else "-",
@@ -347,6 +380,80 @@ def long_table(rows: list[dict[str, Any]], impls: list[str]) -> str:
     if loads:
         lines += ["", f"1-minute load when the jobs started: {min(loads):.1f}-{max(loads):.1f}"]
     return "\n".join(lines)
+
+
+def sharded_pairs(
+    mine: list[dict[str, Any]],
+    spec: BenchSpec,
+    impls: list[str],
+    model: str,
+    np: int,
+    zero: dict[str, tuple[str, int, str]] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Each sharded stage against the ring on its engine, from the jobs of the same rounds: samples/s
+    sharded / ring (median, min, max of the pairs); for stage 3 also the cost model's figure for the same
+    ratio: its bytes over the ring's (1.5x) applied to the ring's measured exchange wait W of the same round,
+    T / (T + 0.5 W) with T the ring's step. ``zero``: the sharded implementations (:func:`sharded_impls`)."""
+    by_tag: dict[str, dict[str, dict[str, Any]]] = {}
+    for j in mine:
+        if "samples_per_sec" in j:
+            by_tag.setdefault(j["tag"], {})[j["impl"]] = j
+    # the ratio of the bytes is the model's whatever its size: a megabyte of float32 gradient
+    zero3, whole = (
+        costmodel.method_cost(m, costmodel.ALLREDUCE, np, 1e6) for m in (costmodel.Method(shard=3), costmodel.BASELINE)
+    )
+    more = zero3.volume / whole.volume if whole.volume else 1.0
+    out = {}
+    for impl, (ring, stage, _) in (sharded_impls() if zero is None else zero).items():
+        both = [r for r in by_tag.values() if impl in r and ring in r and impl in impls]
+        if not both:
+            continue
+        pairs = [r[impl]["samples_per_sec"] / r[ring]["samples_per_sec"] for r in both]
+        entry: dict[str, Any] = {
+            "ring": ring,
+            "stage": stage,
+            "median": statistics.median(pairs),
+            "min": min(pairs),
+            "max": max(pairs),
+        }
+        if stage == 3:
+            predicted = []
+            for r in both:
+                if r[ring].get("comm_wait_ms") is not None:
+                    step = np * spec.batch_for(model) / r[ring]["samples_per_sec"]  # seconds per global batch
+                    predicted.append(step / (step + (more - 1) * r[ring]["comm_wait_ms"] / 1e3))
+            entry["bytes_over_ring"] = more
+            entry["model"] = statistics.median(predicted) if predicted else None
+        out[impl] = entry
+    return out
+
+
+def sharded_lines(rows: list[dict[str, Any]]) -> str:
+    """Below the table: each sharded stage over the ring on its engine (samples/s, same-round pairs); stages 1
+    and 2 against the 5 % they should be within (they move the ring's bytes), stage 3 against the cost model."""
+    lines = []
+    for r in rows:
+        for impl, e in r["sharded"].items():
+            fig = f"{e['median']:.3f} ({e['min']:.3f}-{e['max']:.3f})"
+            line = f"- {r['model']}, {r['np']} ranks: {impl} / {e['ring']} = {fig}"
+            if e["stage"] < 3:
+                near = abs(e["median"] - 1) <= SHARDED_WITHIN
+                line += (
+                    f", {'within' if near else 'NOT within'} {100 * SHARDED_WITHIN:.0f} % of the ring "
+                    "(the same bytes and messages)"
+                )
+            else:
+                model = f"{e['model']:.3f}" if e.get("model") else "- (no exchange wait recorded)"
+                line += (
+                    f"; the cost model's {e['bytes_over_ring']:.1f}x of the ring's bytes on the ring's measured "
+                    f"exchange wait predicts {model} (its latency per gathered module not counted: no latency "
+                    "is measured here)"
+                )
+            lines.append(line)
+    if not lines:
+        return ""
+    head = "Sharded beside the ring on the same engine (samples/s, same-round pairs; > 1: the sharded stage is faster):"
+    return "\n\n" + "\n".join([head, "", *lines])
 
 
 def table(rows: list[dict[str, Any]], impls: list[str]) -> str:
@@ -369,7 +476,9 @@ def table(rows: list[dict[str, Any]], impls: list[str]) -> str:
         cells = [r["model"], str(r["np"])]
         for i in impls:
             s = r["impls"].get(i)
-            cells.append(f"{s['median']:.0f} ({s['min']:.0f}-{s['max']:.0f})" if s else "failed")
+            cells.append(
+                f"{s['median']:.0f} ({s['min']:.0f}-{s['max']:.0f})" if s else "failed" if runs_at(i, r["np"]) else "-"
+            )
         for k in ratio_keys:
             q = r["ratios"].get(k)
             cells.append(f"{q['median']:.2f} ({q['min']:.2f}-{q['max']:.2f})" if q else "-")
@@ -491,7 +600,7 @@ def run_bench(spec: BenchSpec) -> int:
             for rep in range(spec.repeats):
                 # rotate the order every round, so no implementation always runs right after another
                 order = impls[rep % len(impls) :] + impls[: rep % len(impls)]
-                for impl in order:
+                for impl in (i for i in order if runs_at(i, np, spec)):
                     j = run_job(impl, model, np, spec, out, f"r{rep}")
                     jobs.append(j)
                     fig = f"{j['samples_per_sec']:.0f} samples/s" if "samples_per_sec" in j else f"FAILED: {j['error']}"
@@ -502,7 +611,7 @@ def run_bench(spec: BenchSpec) -> int:
                         flush=True,
                     )
     rows = summarise(jobs, spec, impls)
-    text = recipe_lines(spec, jobs) + table(rows, impls) + concept_engine(rows)
+    text = recipe_lines(spec, jobs) + table(rows, impls) + concept_engine(rows) + sharded_lines(rows)
     report = {
         "spec": asdict(spec),
         "impls": impls,

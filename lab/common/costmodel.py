@@ -13,7 +13,15 @@ A dedicated server receives N shards of S/K bytes and sends as many back, so its
 N*S/K each way while a worker's carries S: whichever is larger bounds the exchange. A colocated
 PS (every worker serves 1/N of the parameters) is an all-to-all reduce followed by an all-gather:
 the same bytes and messages as the ring, so the model cannot tell them apart; any measured
-difference is the implementation's. Compute and exchange are added (no overlap), so predicted
+difference is the implementation's. The sharded concept (``--strategy sharded``, ZeRO stages 1-3) runs
+on the allreduce engines and is a :class:`Method` of the ring (``zero1``, ``zero2``, ``zero3``):
+
+    sharded, stages 1-2   2(N-1) alpha      + 2(N-1)/N * S/B                 (reduce-scatter + all-gather)
+    sharded, stage 3      (N-1)(2M+1) alpha + 3(N-1)/N * S/B                 (M gathered modules)
+
+Stages 1 and 2 reduce-scatter the gradients and all-gather the updated parameters: the ring's bytes
+and messages. Stage 3 gathers each of M modules' parameters twice (forward, backward): 1.5x the bytes,
+and a latency per gathered module. Compute and exchange are added (no overlap), so predicted
 step times are upper bounds for an exchange that overlaps the backward pass.
 
 Communication-reduction methods (docs/concepts.md: 16-bit, PowerSGD, local SGD) change the
@@ -21,7 +29,8 @@ messages and bytes per step and add compute of their own: :class:`Method` names 
 trainer's flags or a label such as ``powersgd-r4``), :func:`method_cost` says what it costs on an
 exchange, and :func:`predict_method` is :func:`predict` for it (the gradient given as its tensor
 shapes, lab/common/gradients.py). The extra compute is charged at one core's memory bandwidth and
-float32 rate (:class:`Host`), added like the exchange.
+float32 rate (:class:`Host`), added like the exchange. Sharded stages 1-3 (``zeroS``) move the
+bytes of allreduce_train/distributed/wirecost.py ``sharded_bytes_per_step``.
 
 Calibration: :func:`fit_alpha_beta` fits alpha and B of one exchange from a size sweep (commbench)
 by least squares on relative error; compute is the measured single-worker step minus its wait.
@@ -36,7 +45,7 @@ from dataclasses import dataclass
 
 # The bytes-per-step formulas and PowerSGD's rule of which matrices it compresses: the trainer's own
 # (torch-free), so the model charges what the product sends.
-from allreduce_train.distributed.wirecost import compressible
+from allreduce_train.distributed.wirecost import compressible, sharded_bytes_per_step
 from allreduce_train.distributed.wirecost import dims as _dims
 
 ALLREDUCE = "allreduce"
@@ -216,12 +225,14 @@ class Method:
     """A communication-reduction concept, as the trainer's flags set it: ``compression`` (none, fp16,
     bf16, powersgd: ``--compression``), ``rank`` (``--powersgd-rank``), ``every`` (local SGD's H,
     ``--average-every``; 0 and 1 both mean every step is synchronous) and ``outer`` (DiLoCo's H,
-    ``--diloco-every``; 0 = off)."""
+    ``--diloco-every``; 0 = off) and ``shard`` (the sharded concept's stage, ``--strategy sharded
+    --shard-stage``: 1-3; 0 = not sharded)."""
 
     compression: str = NONE
     rank: int = 1
     every: int = 1
     outer: int = 0
+    shard: int = 0
 
     def __post_init__(self) -> None:
         if self.compression not in COMPRESSIONS:
@@ -240,6 +251,13 @@ class Method:
                 "DiLoCo (--diloco-every H >= 1) sends float32 parameter deltas only: no --compression, "
                 "no --average-every"
             )
+        if self.shard not in (0, 1, 2, 3):
+            raise ValueError(f"shard stage must be 1, 2 or 3 (0: not sharded; got {self.shard})")
+        if self.shard and (self.compression == POWERSGD or self.period > 1):
+            raise ValueError(
+                "the sharded concept (--strategy sharded) refuses --compression powersgd, --average-every and "
+                "--diloco-every: zeroS combines with fp16 or bf16 only (zero2+fp16)"
+            )
 
     @property
     def period(self) -> int:
@@ -253,8 +271,11 @@ class Method:
 
     @property
     def label(self) -> str:
-        """A short name: ``fp32``, ``fp16``, ``bf16``, ``powersgd-r4``, ``localsgd-h4``, ``localsgd-h4+fp16``."""
+        """A short name: ``fp32``, ``fp16``, ``bf16``, ``powersgd-r4``, ``localsgd-h4``, ``localsgd-h4+fp16``,
+        ``zero2``, ``zero2+fp16``."""
         base = {NONE: "fp32", POWERSGD: f"powersgd-r{self.rank}"}.get(self.compression, self.compression)
+        if self.shard:
+            return f"zero{self.shard}" + ("" if self.compression == NONE else f"+{base}")
         if self.outer:
             return f"diloco-h{self.outer}"
         if self.period == 1:
@@ -271,8 +292,16 @@ class Method:
     @classmethod
     def parse(cls, text: str) -> Method:
         """``fp32`` (or ``none``), ``fp16``, ``bf16``, ``powersgd-rR``, ``localsgd-hH``, ``localsgd-hH+fp16``
-        (as :attr:`label` writes them); ValueError otherwise."""
+        ``zeroS``, ``zeroS+fp16`` (as :attr:`label` writes them); ValueError otherwise."""
         t = text.strip().lower()
+        if t.startswith("zero"):
+            stage, sep, rest = t[len("zero") :].partition("+")
+            if stage not in ("1", "2", "3"):
+                raise ValueError(f"method {text!r}: the sharded concept is zero1, zero2 or zero3 (ZeRO's stages)")
+            inner = cls.parse(rest) if sep else cls()
+            if sep and inner.compression not in (FP16, BF16):
+                raise ValueError(f"method {text!r}: a sharded stage combines with fp16 or bf16 only (zero2+fp16)")
+            return cls(inner.compression, shard=int(stage))
         if t.startswith("diloco-h"):
             h = t[len("diloco-h") :]
             if not h.isdigit() or int(h) < 1:
@@ -284,6 +313,8 @@ class Method:
             if not h.isdigit() or int(h) < 1:
                 raise ValueError(f"method {text!r}: local SGD is localsgd-hH with H >= 1, e.g. localsgd-h4")
             inner = cls.parse(rest) if sep else cls()
+            if inner.shard:
+                raise ValueError(f"method {text!r}: the sharded concept refuses local SGD (--average-every)")
             return cls(inner.compression, inner.rank, int(h))
         if sep:
             raise ValueError(f"method {text!r}: only local SGD combines with another method (localsgd-h4+fp16)")
@@ -294,7 +325,8 @@ class Method:
         if t.startswith("powersgd-r") and t[len("powersgd-r") :].isdigit():
             return cls(POWERSGD, int(t[len("powersgd-r") :]))
         raise ValueError(
-            f"unknown method {text!r}; choose fp32, fp16, bf16, powersgd-rR, localsgd-hH[+fp16] or diloco-hH"
+            f"unknown method {text!r}; choose fp32, fp16, bf16, powersgd-rR, localsgd-hH[+fp16], diloco-hH "
+            "or zeroS[+fp16] (S = 1, 2, 3)"
         )
 
 
@@ -333,7 +365,13 @@ class MethodCost:
 
 
 def method_cost(
-    method: Method, kind: str, n: int, grad: float | Iterable[Shape], servers: int = 1, host: Host = HOST
+    method: Method,
+    kind: str,
+    n: int,
+    grad: float | Iterable[Shape],
+    servers: int = 1,
+    host: Host = HOST,
+    modules: int = 0,
 ) -> MethodCost:
     """What ``method`` costs per step on exchange ``kind`` with ``n`` workers, for a gradient given as
     its float32 tensor shapes (or, except for PowerSGD, its float32 bytes):
@@ -352,7 +390,12 @@ def method_cost(
       period; H = 1 is synchronous SGD: the gradients only;
     * DiLoCo every H (allreduce only): no gradient travels; one float32 allreduce of the parameter
       delta per H steps (allreduce_train/distributed/wirecost.py ``diloco_bytes_per_step``), and the
-      outer step's memory traffic (DILOCO_BYTES per parameter), both amortised over the H steps.
+      outer step's memory traffic (DILOCO_BYTES per parameter), both amortised over the H steps;
+    * sharded stage S (``zeroS``, allreduce engines only): the gradients reduce-scattered at the wire's element
+      size and the float32 parameters all-gathered (wirecost ``sharded_bytes_per_step``); stages 1-2: 2(N-1)
+      messages, the ring's; stage 3: (N-1) for the gradients' reduce-scatter and (N-1) per gathered module
+      twice (forward, backward): (N-1)(2M+1), with M = ``modules`` (0: one per tensor of ``grad``, the most
+      a model can have); 16 bits: the gradients' casts, as on the ring.
     """
     _check(kind, n, servers)
     shapes = as_shapes(grad)
@@ -364,6 +407,15 @@ def method_cost(
         raise ValueError(f"DiLoCo averages over an allreduce only (the trainer refuses --diloco-every with {kind})")
     if h > 1 and kind != ALLREDUCE:
         raise ValueError(f"local SGD averages over an allreduce only (the trainer refuses --average-every with {kind})")
+    if method.shard and kind != ALLREDUCE:
+        raise ValueError(f"the sharded concept runs on the allreduce engines' collectives, not on {kind}")
+    if method.shard:
+        if n == 1:  # one worker owns every shard: nothing travels, nothing is cast
+            return MethodCost(0.0, 0.0, 0.0, 0.0)
+        gathers = 2 * (modules or len(shapes)) if method.shard == 3 else 1
+        volume = sharded_bytes_per_step(numel, n, method.shard, method.compression)
+        casts = 2 * CAST_BYTES * numel / host.mem_bw if method.elem == 2 else 0.0
+        return MethodCost((n - 1) * (1.0 + gathers), volume, casts, 0.0)
     if method.outer:
         if n == 1:  # one worker's average is its own delta: nothing travels
             return MethodCost(0.0, 0.0, DILOCO_BYTES * numel / host.mem_bw / h, 0.0)
@@ -427,18 +479,20 @@ def predict_method(
     net: Network,
     servers: int = 1,
     host: Host = HOST,
+    modules: int = 0,
 ) -> MethodPrediction:
     """:func:`predict` for a communication-reduction ``method``: step = compute + the method's extra
     compute + its exchange (averaged over a local SGD period). ``grad``: the float32 gradient as its
-    tensor shapes (a model's parameters; PowerSGD needs them), or its bytes. For ``BASELINE`` (fp32, every step) this is
+    tensor shapes (a model's parameters; PowerSGD needs them), or its bytes; ``modules``: the modules sharded
+    stage 3 gathers (:func:`method_cost`). For ``BASELINE`` (fp32, every step) this is
     :func:`predict`; speedup is against the same method at one worker."""
     if compute_s < 0:
         raise ValueError(f"compute time must be >= 0 (got {compute_s!r})")
     if batch < 1:
         raise ValueError(f"batch must be >= 1 (got {batch})")
     shapes = grad if isinstance(grad, (int, float)) else as_shapes(grad)
-    cost = method_cost(method, kind, n, shapes, servers, host)
-    one = method_cost(method, kind, 1, shapes, servers, host)
+    cost = method_cost(method, kind, n, shapes, servers, host, modules)
+    one = method_cost(method, kind, 1, shapes, servers, host, modules)
     ex = cost.exchange_s(net)
     step = compute_s + cost.extra_compute_s + ex
     step_one = compute_s + one.extra_compute_s + one.exchange_s(net)

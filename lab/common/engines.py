@@ -8,6 +8,11 @@ machinery. The colocated PS moves the same bytes per link and step as the ring (
 way), so on the same engine the ring/PS ratio is the concept's difference, and on the same
 concept the Horovod/mpi ratio is the implementation's; the Horovod ring against the PS, the
 comparison a reader sees first, is the product of the two.
+
+The sharded concept (ZeRO stages 1-3, ``--strategy sharded``) runs on the ring's engines: stages 1 and 2
+move the ring's bytes too (a reduce-scatter of the gradients, an all-gather of the parameters), so on
+the same engine sharded / ring and sharded / colocated PS are concept differences of the same kind;
+stage 3 gathers the parameters twice (1.5x the bytes, lab/common/costmodel.py).
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ ENGINES = {
     TORCH: "torch.distributed (buckets from gradient hooks, Gloo/NCCL all_reduce)",
 }
 RING, PS_COLOCATED, PS_DEDICATED = "ring allreduce", "PS colocated", "PS dedicated"
+SHARDED = {stage: f"sharded, stage {stage}" for stage in (1, 2, 3)}
+CONCEPTS = (RING, *SHARDED.values(), PS_COLOCATED, PS_DEDICATED)
 
 # what each experiment calls its implementations -> (concept, engine)
 SCALING = {
@@ -26,12 +33,17 @@ SCALING = {
     "allreduce-mpi": (RING, MPI4PY),
     "ps-colocated": (PS_COLOCATED, MPI4PY),
     "ps-dedicated": (PS_DEDICATED, MPI4PY),
+    **{f"allreduce-zero{s}": (c, HOROVOD) for s, c in SHARDED.items()},
+    **{f"allreduce-mpi-zero{s}": (c, MPI4PY) for s, c in SHARDED.items()},
 }
 BENCH = {
     "trainer": (RING, HOROVOD),
     "trainer-mpi": (RING, MPI4PY),
     "trainer-torch": (RING, TORCH),
     "trainer-ps": (PS_COLOCATED, MPI4PY),
+    **{f"trainer-zero{s}": (c, HOROVOD) for s, c in SHARDED.items()},
+    **{f"trainer-mpi-zero{s}": (c, MPI4PY) for s, c in SHARDED.items()},
+    **{f"trainer-torch-zero{s}": (c, TORCH) for s, c in SHARDED.items()},
 }
 
 
@@ -48,7 +60,7 @@ def markdown(
     c = cells(speed, names)
     if not c:
         return []
-    concepts = [k for k in (RING, PS_COLOCATED, PS_DEDICATED) if any(key[0] == k for key in c)]
+    concepts = [k for k in CONCEPTS if any(key[0] == k for key in c)]
     engines = [e for e in (HOROVOD, MPI4PY, TORCH) if any(key[1] == e for key in c)]
     out = [
         f"{title} ({unit}):",
@@ -89,4 +101,25 @@ def verdict(c: dict[tuple[str, str], float]) -> str:
             f"Horovod ring / colocated PS = {hr / mp:.2f}, concept and implementation together "
             "(the mpi engine was not measured, so they cannot be told apart)."
         )
+    said += sharded_verdict(c)
     return " ".join(said) if said else "One concept or one engine only: nothing to separate."
+
+
+def sharded_verdict(c: dict[tuple[str, str], float]) -> list[str]:
+    """The sharded stages against the ring on the same engine, and stages 1-2 against the colocated PS (the
+    same bytes per link and step both ways); ratios > 1: the sharded stage is faster."""
+    said = []
+    for stage, k in SHARDED.items():
+        ratios = [f"{c[(k, e)] / c[(RING, e)]:.2f} on {e}" for e in ENGINES if (k, e) in c and (RING, e) in c]
+        if ratios:
+            moved = "1.5x the ring's bytes (parameters gathered twice)" if stage == 3 else "the ring's bytes"
+            said.append(f"Sharded stage {stage} / ring, same engine = {', '.join(ratios)} ({moved}).")
+    ps = c.get((PS_COLOCATED, MPI4PY))
+    vs_ps = [f"stage {s} {c[(SHARDED[s], MPI4PY)] / ps:.2f}" for s in (1, 2) if ps and (SHARDED[s], MPI4PY) in c]
+    if vs_ps:
+        said.append(
+            f"Sharded / colocated PS, same engine (mpi4py): {', '.join(vs_ps)}: the same bytes, as collectives "
+            "(reduce-scatter, all-gather) with the update on the worker, against sends from gradient hooks to the "
+            "owning servers with the update on the servers."
+        )
+    return said

@@ -101,6 +101,15 @@ def shapes(w: Workload) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(p.shape) for p in model.parameters() if p.requires_grad)
 
 
+def modules(w: Workload) -> int:
+    """The model's modules that hold trainable parameters of their own: what sharded stage 3 gathers one at a
+    time (lab/common/gradients.py ``owning_modules``)."""
+    from .gradients import owning_modules
+
+    model, _ = build(w)
+    return owning_modules(model)
+
+
 def nbytes(w: Workload) -> int:
     """Bytes of the model's float32 gradient."""
     return 4 * sum(math.prod(s) for s in shapes(w))

@@ -61,6 +61,7 @@ COLOURS = {
     "powersgd": "#ff7f0e",
     "localsgd": "#2ca02c",
     "localsgd+": "#98df8a",
+    "zero": "#5e3c99",
 }
 TB_RUN = "concept-map"
 # Steps to the target over float32's, 4 emulated hosts (docs/time_to_accuracy.md, "What they add": LeNet-5 to
@@ -80,7 +81,10 @@ class MapError(ValueError):
 
 
 def colour(label: str) -> str:
-    """A method's colour: one per concept (every PowerSGD rank alike, local SGD lighter with 16 bits)."""
+    """A method's colour: one per concept (every PowerSGD rank alike, local SGD lighter with 16 bits, every
+    sharded stage alike)."""
+    if label.startswith("zero"):
+        return COLOURS["zero"]
     if label.startswith("localsgd"):
         return COLOURS["localsgd+" if "+" in label else "localsgd"]
     return COLOURS.get("powersgd" if label.startswith("powersgd") else label, "black")
@@ -104,12 +108,15 @@ def winners(
     lat_us: list[float],
     host: costmodel.Host,
     steps: dict[str, float] | None = None,
+    modules: int = 0,
 ) -> tuple[list[list[int]], list[list[float]]]:
     """Per (latency, bandwidth): the index of the fastest method, and its step / the fp32 ring's step. With
     ``steps`` (label -> steps to the target over float32's): the fastest to the target, and its time over fp32's;
-    a method missing from ``steps`` is never picked."""
+    a method missing from ``steps`` is never picked. ``modules``: what sharded stage 3 gathers one at a time
+    (costmodel.method_cost); stages 1 and 2 cost the ring's exchange, so they tie with fp32 and never win a
+    point of the map (listed first, fp32 takes the tie): the sharded concept saves memory, not time."""
     weight = [1.0 if steps is None or m.label == "fp32" else steps.get(m.label, math.inf) for m in methods]
-    costs = [costmodel.method_cost(m, costmodel.ALLREDUCE, n, shapes, host=host) for m in methods]
+    costs = [costmodel.method_cost(m, costmodel.ALLREDUCE, n, shapes, host=host, modules=modules) for m in methods]
     base = costmodel.method_cost(costmodel.BASELINE, costmodel.ALLREDUCE, n, shapes, host=host)
     best, gain = [], []
     for lat in lat_us:
@@ -537,10 +544,12 @@ def main(args: argparse.Namespace) -> int:
         compute_s = cfg["compute_ms"][model] / 1e3
         steps = ratios.get(model)
         for n in cfg["workers"]:
-            grids[(model, n)] = winners(methods, shapes, n, compute_s, cfg["bw"], cfg["lat"], host, steps)
+            grids[(model, n)] = winners(
+                methods, shapes, n, compute_s, cfg["bw"], cfg["lat"], host, steps, gradients.modules(model)
+            )
             ref = {}
             for g, u in REFERENCE_LINKS:
-                best, gain = winners(methods, shapes, n, compute_s, [g], [u], host, steps)
+                best, gain = winners(methods, shapes, n, compute_s, [g], [u], host, steps, gradients.modules(model))
                 ref[f"{g:g}/{u:g}"] = {"best": methods[best[0][0]].label, "over_fp32": gain[0][0]}
             reference.setdefault(model, {})[str(n)] = ref
     png = os.path.join(out, "concept_map.png")

@@ -29,6 +29,14 @@ only: for other worker counts it is used as it is and every such answer says so.
 miss (lab/common/trust.py), an answer whose margin is within the miss says "not decided"; so does one that rests on
 a concept whose check on the emulated hosts missed the model's prediction by more than that factor.
 
+Memory (``--memory-per-rank 16GiB``): beside the fastest concept, the fastest of those whose per-rank memory fits
+(allreduce_train/distributed/memcost.py ``per_rank``: parameters, gradients and optimizer state of each rank;
+activations and the engine's buffers apart). The ring's concepts (float32, 16-bit, PowerSGD, local SGD) hold the
+whole model on every rank; the sharded stages (``zero1``, ``zero2``, ``zero3``, which then join the candidates)
+hold 1/N of the optimizer state, of the gradients too, of the parameters too. It rests on the model's parameter
+count and the recipe's optimizer state per parameter (measured here: the optimizer after one step, e.g. AdamW 8
+bytes, SGD with momentum 4, plain SGD 0). A concept that does not fit is named with what it needs.
+
 Output (``--out``, default runs/recommend/<time>): the summary on stdout (one screen), report.md,
 recommend.json (every input with its source, every cell) and recommend.png (the map: the fastest concept to the
 target by link rate and workers, the asked points circled, the undecided region hatched), steps/ (the grid).
@@ -49,6 +57,7 @@ from typing import Any
 from ..common import costmodel, recipe, trust, usermodel
 
 DEFAULT_METHODS = ("fp32", "fp16", "powersgd-r4", "localsgd-h4", "localsgd-h16")
+SHARDED_METHODS = ("zero1", "zero2", "zero3")  # join the candidates when --memory-per-rank asks what fits
 MEASURED_WORKERS = 2  # the emulated hosts the steps ratios are measured on
 ENGINE = "mpi"  # the grid's ring on mpi4py: the engine the cost model's ring matched (0.98-1.12, trust.py)
 
@@ -72,10 +81,17 @@ class Inputs:
     failed: dict[str, str] = field(default_factory=dict)  # concept label -> its job's error line (a crash, not slow)
     host: costmodel.Host = costmodel.HOST
     recipe: str = ""  # the recipe asked for (lab/common/recipe.py describe)
+    modules: int = 0  # the modules sharded stage 3 gathers (0: one per tensor, costmodel.method_cost)
+    memory_limit: float = 0.0  # --memory-per-rank in bytes (0: not asked)
+    state_bytes_per_param: float = 0.0  # the recipe's optimizer state per parameter (bytes)
 
     @property
     def grad_bytes(self) -> int:
         return 4 * sum(math.prod(s) for s in self.shapes)
+
+    @property
+    def n_params(self) -> int:
+        return sum(math.prod(s) for s in self.shapes)
 
 
 def tta_method(label: str) -> str:
@@ -99,6 +115,50 @@ def parse_latency(text: str) -> float:
     if not (v >= 0 and math.isfinite(v)):
         raise RecommendError(f"--latency {text!r}: must be >= 0")
     return v
+
+
+SIZE_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
+
+
+def parse_size(text: str, flag: str = "--memory-per-rank") -> float:
+    """``512MiB``, ``16GiB``, ``2G`` (binary, as Slurm's --mem), ``16GB`` (decimal), ``1.5TiB`` -> bytes."""
+    import re
+
+    m = re.fullmatch(r"([0-9.]+)\s*(?:([kmgt])(i?)(b?)|(b?))", text.strip().lower())
+    try:
+        v = float(m.group(1)) if m else math.nan
+    except ValueError:
+        v = math.nan
+    if m and m.group(2):
+        decimal = m.group(4) and not m.group(3)  # GB: 1000s; G, GiB: 1024s
+        v *= (1000 if decimal else 1024) ** SIZE_POWERS[m.group(2)]
+    if not (v > 0 and math.isfinite(v)):
+        raise RecommendError(f"{flag} {text!r}: write a size such as 512MiB, 16GiB or 2G")
+    return v
+
+
+def fmt_bytes(n: float) -> str:
+    """Bytes in the binary units --memory-per-rank is written in: GiB, MiB or KiB, whichever is >= 1."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if n >= scale:
+            return f"{n / scale:.{2 if unit == 'GiB' else 1}f} {unit}"
+    return f"{n / 2**10:.1f} KiB"
+
+
+def memory_need(inp: Inputs, label: str, n: int) -> float:
+    """Bytes of parameters, gradients and optimizer state one of ``n`` workers holds under concept ``label``
+    (memcost.per_rank: a ring concept holds the whole model, zeroS its stage's shards)."""
+    from allreduce_train.distributed.memcost import per_rank
+
+    stage = costmodel.Method.parse(label).shard
+    need = per_rank(
+        inp.n_params,
+        n,
+        "sharded" if stage else "ring",
+        stage=stage,
+        state_bytes_per_param=inp.state_bytes_per_param,
+    )
+    return float(need["total"])
 
 
 def parse_links(text: str) -> list[tuple[str, float]]:
@@ -137,7 +197,15 @@ def predict_cell(
     steps, rel = {}, {}
     for label in ["fp32", *[m for m in methods if m != "fp32"]]:
         p = costmodel.predict_method(
-            costmodel.Method.parse(label), costmodel.ALLREDUCE, n, inp.shapes, compute, inp.batch, net, host=inp.host
+            costmodel.Method.parse(label),
+            costmodel.ALLREDUCE,
+            n,
+            inp.shapes,
+            compute,
+            inp.batch,
+            net,
+            host=inp.host,
+            modules=inp.modules,
         )
         steps[label] = p.step_s
         ratio = 1.0 if label == "fp32" else inp.steps_ratio.get(label)
@@ -150,7 +218,17 @@ def predict_cell(
     best = order[0]
     runner = order[1] if len(order) > 1 else None
     margin = runner is None or trust.decisive(rel[best], rel[runner], base_ex, compute)
+    memory: dict[str, Any] = {}
+    if inp.memory_limit:
+        need = {m: memory_need(inp, m, n) for m in ["fp32", *[m for m in methods if m != "fp32"]]}
+        fitting = [m for m in order if need[m] <= inp.memory_limit]
+        memory = {
+            "memory_need": need,
+            "fits": [m for m in need if need[m] <= inp.memory_limit],
+            "fastest_fitting": fitting[0] if fitting else None,
+        }
     return {
+        **memory,
         "workers": n,
         "bandwidth": bandwidth,
         "winner": best,
@@ -259,9 +337,38 @@ def summary(
         lines.append(f"not ranked, {m} failed: {line}")
     if check:
         lines.append(check_line(check))
+    if inp.memory_limit:
+        lines += ["", *memory_lines(inp, cells, links), ""]
     if out:
         lines.append(f"-> {out}/report.md, recommend.json, recommend.png")
     return "\n".join(lines)
+
+
+def memory_lines(inp: Inputs, cells: list[dict[str, Any]], links: list[str]) -> list[str]:
+    """The "fits in M per rank" answer: per worker count, what each concept needs per rank, and per link the
+    fastest concept to the target among those that fit."""
+    out = [
+        f"fits in {fmt_bytes(inp.memory_limit)} per rank (parameters, gradients, optimizer state; "
+        f"{inp.n_params:,} parameters, {inp.state_bytes_per_param:g} bytes of optimizer state each "
+        f"[{inp.sources.get('state', 'given')}]; activations and buffers apart):",
+        "",
+        "| workers | " + " | ".join(f"fastest that fits, {link}" for link in links) + " | does not fit (needs) |",
+        "|---:|" + "---|" * (len(links) + 1),
+    ]
+    for n in dict.fromkeys(c["workers"] for c in cells):
+        mine = [next(c for c in cells if c["workers"] == n and c["link"] == link) for link in links]
+        row = [str(n)]
+        for c in mine:
+            f = c["fastest_fitting"]
+            if f is None:
+                row.append("none fits")
+            else:
+                row.append(f"{f} {c['time_vs_fp32'][f]:.2f}" + ("" if f == c["winner"] else f" (not {c['winner']})"))
+        need = mine[0]["memory_need"]
+        over = [f"{m} {fmt_bytes(b)}" for m, b in need.items() if m not in mine[0]["fits"]]
+        row.append(", ".join(over) if over else "-")
+        out.append("| " + " | ".join(row) + " |")
+    return out
 
 
 def check_line(check: dict[str, Any]) -> str:
@@ -276,6 +383,31 @@ def check_line(check: dict[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------------- measurements
+
+
+def measure_state_bytes(w: usermodel.Workload, flags: list[str] | tuple[str, ...] = ()) -> float:
+    """Bytes of optimizer state per trainable parameter of the recipe's optimizer (the task's own when it has
+    one): built on the model as the trainer builds it, one step on zero gradients (optimizers create their
+    state on the first step), its state's tensors counted. AdamW: 8 (two moments), SGD with momentum: 4."""
+    import torch
+
+    from allreduce_train.optim import build_optimizer
+
+    cfg = usermodel.config(w, flags)
+    model, task = usermodel.build(w)
+    opt = build_optimizer(cfg.optim, model, task)
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    # a state tensor per parameter counts; per-tensor scalars (Adam's step count) are not per parameter
+    held = sum(
+        v.nelement() * v.element_size()
+        for st in opt.state.values()
+        for v in st.values()
+        if torch.is_tensor(v) and v.dim() > 0
+    )
+    return held / max(1, sum(p.numel() for p in params))
 
 
 def measure_compute(
@@ -451,13 +583,17 @@ COLOURS = {
     "powersgd": "#ff7f0e",
     "localsgd": "#2ca02c",
     "localsgd-h16": "#98df8a",
+    "zero": "#5e3c99",
 }
 
 
 def colour(label: str) -> str:
-    """One colour per concept (concept-map's), local SGD H = 16 lighter than the other periods."""
+    """One colour per concept (concept-map's), local SGD H = 16 lighter than the other periods, every sharded
+    stage alike."""
     if label in COLOURS:
         return COLOURS[label]
+    if label.startswith("zero"):
+        return COLOURS["zero"]
     return COLOURS.get(
         "powersgd" if label.startswith("powersgd") else "localsgd" if label.startswith("localsgd") else label, "black"
     )
@@ -561,7 +697,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--methods",
         default=",".join(DEFAULT_METHODS),
-        help=f"concepts to compare (default: {','.join(DEFAULT_METHODS)}; fp32 is always in)",
+        help=f"concepts to compare (default: {','.join(DEFAULT_METHODS)}; fp32 is always in; the sharded "
+        "stages are zero1, zero2, zero3)",
+    )
+    p.add_argument(
+        "--memory-per-rank",
+        default="",
+        metavar="SIZE",
+        help="memory per rank (e.g. 16GiB, 512MiB, 2G): also answer which concept is fastest among those whose "
+        "parameters, gradients and optimizer state fit; adds zero1,zero2,zero3 to --methods",
     )
     p.add_argument("--batch-size", type=int, default=64, help="per worker, as the trainer's (default: 64)")
     p.add_argument(
@@ -635,6 +779,9 @@ def recommend(args: argparse.Namespace) -> dict[str, Any]:
         raise RecommendError(str(e)) from None
     workers, links = _ints(args.workers, "--workers"), parse_links(args.link)
     latency, methods = parse_latency(args.latency), parse_methods(args.methods)
+    memory_limit = parse_size(args.memory_per_rank) if args.memory_per_rank else 0.0
+    if memory_limit:
+        methods += [m for m in SHARDED_METHODS if m not in methods]
     if args.batch_size < 1 or args.compute_ms < 0 or args.max_epochs < 1 or args.evals_per_epoch < 1:
         raise RecommendError("--batch-size, --max-epochs and --evals-per-epoch must be >= 1, --compute-ms >= 0")
     parse_links(args.measure_rate)
@@ -655,7 +802,9 @@ def recommend(args: argparse.Namespace) -> dict[str, Any]:
         if flags:
             recipe.check(w, [*flags, *args.extra])
         shapes = [tuple(s) for s in usermodel.shapes(w)]
+        modules = usermodel.modules(w)
         compute = args.compute_ms / 1e3 if args.compute_ms else measure_compute(w, args.batch_size, flags)
+        state = measure_state_bytes(w, flags) if memory_limit else 0.0
     except UserError as e:
         raise RecommendError(str(e)) from None
     sources = {
@@ -664,6 +813,8 @@ def recommend(args: argparse.Namespace) -> dict[str, Any]:
         else "measured here: 1 worker, 1 thread, median of 12 steps of the recipe",
         "shapes": "measured here: the model's trainable parameters",
     }
+    if memory_limit:
+        sources["state"] = "measured here: the recipe's optimizer after one step"
     os.makedirs(out, exist_ok=True)
     if args.steps_from:
         results = os.path.join(args.steps_from, "results.json")
@@ -707,6 +858,9 @@ def recommend(args: argparse.Namespace) -> dict[str, Any]:
         sources,
         failed,
         recipe=recipe.describe(flags),
+        modules=modules,
+        memory_limit=memory_limit,
+        state_bytes_per_param=state,
     )
     check = emulated_check(jobs, inp, methods)
     cells = plan(inp, workers, links, methods, check)

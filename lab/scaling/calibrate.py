@@ -139,7 +139,15 @@ def _predict(
     if v.method == costmodel.BASELINE:
         return costmodel.predict(v.kind, n, nbytes, compute_s, batch, net, servers=max(1, v.servers))
     return costmodel.predict_method(
-        v.method, v.kind, n, gradients.shapes(model), compute_s, batch, net, servers=max(1, v.servers)
+        v.method,
+        v.kind,
+        n,
+        gradients.shapes(model),
+        compute_s,
+        batch,
+        net,
+        servers=max(1, v.servers),
+        modules=gradients.modules(model),
     )
 
 

@@ -156,6 +156,7 @@ def job_hparams(cfg: GridConfig, job: Job) -> dict[str, Any]:
     """What a job ran, as the HParams view shows it (the trainer's defaults where no flag says)."""
     flags = [*job.variant.flags, *cfg.extra]
     ps = job.variant.strategy == "ps"
+    # the sharded stages run on the allreduce engines (--allreduce-engine, Horovod by default)
     engine = engines.MPI4PY if ps or tblog.flag_value(flags, "--allreduce-engine", "") == "mpi" else engines.HOROVOD
     return {
         "model": job.model,
@@ -253,7 +254,9 @@ def run(
     records = []
     for i, job in enumerate(jobs, 1):
         try:
-            rec = run_job(cfg, job, out, launcher, cycle_ms if job.variant.strategy == "allreduce" else None)
+            # the Horovod cycle time of every job on Horovod's collectives: the ring's and the sharded stages'
+            on_horovod = job.variant.strategy in ("allreduce", "sharded")
+            rec = run_job(cfg, job, out, launcher, cycle_ms if on_horovod else None)
         except KeyboardInterrupt:  # Ctrl-C also ended the job's ranks: report what was measured
             notes.append(f"interrupted after {i - 1} of {len(jobs)} jobs")
             break

@@ -119,7 +119,15 @@ def compare(rate: str, res: dict[str, Any], cfg: scaling.GridConfig) -> list[dic
         n, k, kind = job["workers"], max(1, job["servers"]), v.kind
         compute_s = max(0.0, (job["step_ms"] - job["comm_wait_ms"]) / 1e3)
         p = costmodel.predict_method(
-            v.method, kind, n, gradients.shapes(job["model"]), compute_s, plan.batch_size, net, servers=k
+            v.method,
+            kind,
+            n,
+            gradients.shapes(job["model"]),
+            compute_s,
+            plan.batch_size,
+            net,
+            servers=k,
+            modules=gradients.modules(job["model"]),
         )
         # bytes each way through the busiest link per step: the ring (and a colocated PS) move
         # 2(N-1)/N x S through every link; a dedicated server's link carries N x S/K, a worker's S

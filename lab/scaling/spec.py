@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from ..common import costmodel
+from ..common import costmodel, sharded
 
 DEFAULT_MODELS = ("lenet5", "ptb-lstm-small", "resnet18")
 DEFAULT_WORKERS = (1, 2)
@@ -36,7 +36,8 @@ POWERSGD_RANK, LOCALSGD_PERIOD = 4, 4
 
 def concept_variants(base: Variant) -> list[Variant]:
     """The concepts a base exchange runs in the trainer (the rest it refuses): 16-bit on every exchange
-    (bf16 not on Horovod), PowerSGD and local SGD on the allreduce engines."""
+    (bf16 not on Horovod), PowerSGD and local SGD on the allreduce engines, and the sharded stages on the
+    allreduce engines where the trainer accepts them (``allreduce-mpi-zero2``: :func:`sharded_variants`)."""
     C = costmodel
     concepts: list[tuple[str, tuple[str, ...], costmodel.Method, str]] = [
         ("fp16", ("--compression", "fp16"), C.Method(C.FP16), "16-bit (fp16) on the wire")
@@ -71,6 +72,29 @@ def concept_variants(base: Variant) -> list[Variant]:
             method,
         )
         for suffix, flags, method, what in concepts
+    ] + sharded_variants(base)
+
+
+def sharded_variants(base: Variant) -> list[Variant]:
+    """The sharded stages on an allreduce base's engine (the trainer's --strategy sharded takes the same
+    --allreduce-engine), each where the trainer accepts it; the cost model prices them as the ring's
+    collectives (costmodel ``Method(shard=S)``)."""
+    if base.strategy != "allreduce":
+        return []
+    engine = base.flags[base.flags.index("--allreduce-engine") + 1] if "--allreduce-engine" in base.flags else ""
+    return [
+        Variant(
+            f"{base.name}{sharded.suffix(stage)}",
+            "sharded",
+            (*base.flags, "--shard-stage", str(stage)),
+            0,
+            costmodel.ALLREDUCE,
+            base.commbench_impl,
+            f"sharded data parallel, ZeRO stage {stage}, on the engine of: {base.description}",
+            costmodel.Method(shard=stage),
+        )
+        for stage in sharded.STAGES
+        if sharded.accepted(stage, engine)
     ]
 
 

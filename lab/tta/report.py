@@ -101,6 +101,7 @@ CONCEPT_COLOR = {
     "powersgd": "#762a83",
     "localsgd": "#35978f",
     "diloco": "#c51b7d",
+    "sharded": "#5e3c99",
 }
 LONG_PERIOD_COLOR = "#003c30"  # local SGD with H > 4
 
@@ -301,8 +302,21 @@ def cost_model_method(method: str) -> tuple[Any, str, int]:
         "localsgd": dict(average_every=m.param),
         "diloco": dict(diloco_every=m.param),
     }
+    if m.concept == "sharded":
+        return costmodel.Method(shard=m.param), kind, 1
     flags = by_concept.get(m.concept, dict(compression=m.concept))
     return costmodel.Method.from_flags(**flags), kind, max(1, m.servers)
+
+
+def gathered_modules(model: str) -> int:
+    """The modules sharded stage 3 gathers for a registered ``model``; 0 (one per tensor, the cost model's
+    most) for a user's model."""
+    from ..common import gradients
+
+    try:
+        return gradients.modules(model)
+    except KeyError:
+        return 0
 
 
 def add_model_ratios(jobs: list[dict[str, Any]]) -> None:
@@ -327,6 +341,7 @@ def add_model_ratios(jobs: list[dict[str, Any]]) -> None:
             j["global_batch"] // j["workers"],
             link_network(j["link_rate"]),
             servers,
+            modules=gathered_modules(j["model"]),
         )
         j.update(
             compute_ms=1e3 * compute_s,

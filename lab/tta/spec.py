@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..common import sharded
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -51,8 +53,8 @@ class Method:
     servers: int  # processes that only serve
     synchronous: bool
     description: str
-    concept: str = "none"  # docs/concepts.md: none, fp16, bf16, powersgd, localsgd, diloco
-    param: int = 0  # PowerSGD's rank r or local SGD's (DiLoCo's) period H; 0 otherwise
+    concept: str = "none"  # docs/concepts.md: none, fp16, bf16, powersgd, localsgd, diloco; sharded
+    param: int = 0  # PowerSGD's rank r, local SGD's (DiLoCo's) period H or the sharded stage; 0 otherwise
 
     @property
     def sync_peer(self) -> str:
@@ -168,6 +170,23 @@ def methods() -> dict[str, Method]:
                     h,
                 )
             )
+    # The sharded concept (ZeRO stages 1-3) on each allreduce engine, where the trainer accepts it: the ring
+    # method's name plus the stage (lab/common/sharded.py)
+    for engine in engines:
+        for stage in sharded.STAGES:
+            if sharded.accepted(stage, engine):
+                out.append(
+                    Method(
+                        f"ring-{engine}{sharded.suffix(stage)}",
+                        sharded.flags(stage, engine),
+                        0,
+                        True,
+                        f"sharded data parallel, ZeRO stage {stage}, on the {engine} engine's reduce-scatter and "
+                        "all-gather",
+                        "sharded",
+                        stage,
+                    )
+                )
     for mode in ("sync", "async"):
         for place in ("dedicated", "colocated"):
             flags, servers, what = placements[place]
@@ -188,11 +207,14 @@ def methods() -> dict[str, Method]:
 
 def method_groups() -> dict[str, list[str]]:
     """Names --methods expands: ``exchanges`` (the six without a concept, the default), ``concepts`` (every
-    allreduce method: float32, the 16-bit baseline, PowerSGD, local SGD; and the PS's 16-bit methods), ``all``."""
+    allreduce method: float32, the 16-bit baseline, PowerSGD, local SGD; and the PS's 16-bit methods),
+    ``sharded`` (the sharded stages beside the float32 ring on each engine), ``all``."""
     table = methods()
-    concepts = [n for n, m in table.items() if m.name.startswith("ring-")]
+    concepts = [n for n, m in table.items() if m.name.startswith("ring-") and m.concept != "sharded"]
     concepts += [n for n, m in table.items() if m.name.startswith("ps-") and m.concept != "none"]
-    return {"exchanges": list(EXCHANGES), "concepts": concepts, "all": list(table)}
+    zero = [n for n, m in table.items() if m.concept == "sharded"]
+    rings = [n for n in ("ring-horovod", "ring-mpi") if any(z.startswith(n + "-") for z in zero)]
+    return {"exchanges": list(EXCHANGES), "concepts": concepts, "sharded": [*rings, *zero], "all": list(table)}
 
 
 @dataclass

@@ -110,6 +110,19 @@ def test_winners_follow_the_link():
     assert best == [[1]]
 
 
+def test_the_sharded_stages_never_win_a_point_per_step_and_stage_3_loses_where_latency_counts():
+    methods = [cm.Method.parse(m) for m in ("fp32", "zero1", "zero2", "zero3")]
+    shapes, modules = gradients.shapes("resnet18"), gradients.modules("resnet18")
+    bw, lat = [0.1, 1.0, 100.0], [1.0, 1000.0]
+    best, gain = cmap.winners(methods, shapes, 16, 0.1, bw, lat, cm.HOST, modules=modules)
+    assert best == [[0, 0, 0], [0, 0, 0]]  # stages 1-2 tie with fp32 (the same bytes and messages), 3 moves more
+    assert all(g == pytest.approx(1.0) for row in gain for g in row)
+    only3 = [cm.Method(shard=3)]  # alone: its step over fp32's, 1.5x the bytes and (N-1)(2M+1) messages
+    _, slow = cmap.winners(only3, shapes, 16, 0.1, bw, lat, cm.HOST, modules=modules)
+    assert all(g > 1 for row in slow for g in row) and slow[1][2] > slow[0][2]  # latency: a cost per gathered module
+    assert cmap.colour("zero2") == cmap.colour("zero3") != cmap.colour("fp32")
+
+
 @pytest.mark.parametrize(
     "argv, flag",
     [

@@ -7,18 +7,22 @@ import os
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from lab.common import costmodel, trust
+from lab.common import costmodel, trust, usermodel
 from lab.recommend.main import (
     Inputs,
     RecommendError,
     emulated_check,
     judge,
+    measure_state_bytes,
+    memory_need,
     parse_latency,
     parse_links,
+    parse_size,
     plan,
     predict_cell,
     steps_from,
@@ -110,6 +114,46 @@ def test_parsers_name_their_flag():
         parse_latency("soon")
     with pytest.raises(RecommendError, match="--link"):
         parse_links("fast")
+
+
+def test_sizes_read_as_slurm_and_the_si_write_them():
+    assert parse_size("512MiB") == 512 * 2**20 and parse_size("16GiB") == 16 * 2**30
+    assert parse_size("2G") == 2 * 2**30 and parse_size("16GB") == 16e9 and parse_size("100") == 100
+    for bad in ("lots", "0G", "-1G", "2Q", "GiB"):
+        with pytest.raises(RecommendError, match="--memory-per-rank"):
+            parse_size(bad)
+
+
+def test_the_fastest_that_fits_is_the_fastest_of_the_concepts_whose_shards_fit():
+    # 525,312 parameters with AdamW (8 bytes of state each): replicated 16 bytes each (8.0 MiB); at 8 workers
+    # zero1 holds 4 + 4 + 8/8 (4.5 MiB), zero2 4 + 4/8 + 8/8 (2.8 MiB), zero3 16/8 (1.0 MiB)
+    ratios = {"fp16": 1.0, "zero1": 1.0, "zero2": 1.0, "zero3": 1.0}
+    inp = replace(inputs(ratios=ratios), memory_limit=4 * 2**20, state_bytes_per_param=8.0)
+    methods = ["fp32", "fp16", "zero1", "zero2", "zero3"]
+    c = predict_cell(inp, 8, 1e9 / 8, methods)
+    need = c["memory_need"]
+    assert need["fp32"] == need["fp16"] == 16 * inp.n_params
+    assert need["zero1"] == pytest.approx((8 + 1) * inp.n_params) and need["zero3"] == pytest.approx(2 * inp.n_params)
+    assert need["zero1"] > inp.memory_limit > need["zero2"] > need["zero3"]
+    assert c["fits"] == ["zero2", "zero3"]
+    assert c["winner"] == "fp16"  # half the bytes: the fastest, but it holds the whole model
+    assert c["fastest_fitting"] == "zero2"  # the ring's bytes and messages, beside zero3's 1.5x
+    text = summary(inp, plan(inp, [8], [("1gbit", 1e9 / 8)], methods), methods, None)
+    assert "fits in 4.0 MiB per rank" in text
+    assert "| 8 | zero2 1.00 (not fp16) | fp32 8.0 MiB, fp16 8.0 MiB, zero1 4.5 MiB |" in text
+    # plain SGD: no optimizer state; every concept fits in 4.1 MiB (fp32: 4 + 4 bytes per parameter, 4.0 MiB)
+    sgd = replace(inp, memory_limit=4.1 * 2**20, state_bytes_per_param=0.0)
+    assert predict_cell(sgd, 8, 1e9 / 8, methods)["fastest_fitting"] == "fp16"
+    # nothing fits: said, with every need
+    tiny = replace(inp, memory_limit=2**20)
+    assert memory_need(tiny, "zero3", 8) > tiny.memory_limit
+    assert "| 8 | none fits |" in summary(tiny, plan(tiny, [8], [("1gbit", 1e9 / 8)], methods), methods, None)
+
+
+@pytest.mark.parametrize("flags, want", [(["--optimizer", "adamw"], 8), ([], 4), (["--momentum", "0"], 0)])
+def test_the_optimizer_state_per_parameter_is_measured_from_the_recipes_optimizer(flags, want):
+    w = usermodel.from_args("lenet5", dataset="synthetic")
+    assert measure_state_bytes(w, flags) == want  # AdamW's two moments, SGD's momentum buffer, plain SGD none
 
 
 # What lab/tta/main.py records for a job that failed (ok false, the job's one error line from lab/common/jobs.py)
@@ -324,6 +368,32 @@ def test_recommend_prints_a_time_to_accuracy_answer_for_a_users_model(tmp_path):
     assert (out / "recommend.png").stat().st_size > 10_000
 
 
+def test_recommend_answers_what_fits_in_the_memory_per_rank_beside_the_fastest(tmp_path):
+    # the grid's sharded jobs as the time-to-accuracy grid names them (ring-mpi-zeroS), under AdamW
+    d = grid(tmp_path / "b")
+    res = json.loads((d / "results.json").read_text())
+    res["config"] = {"recipe": ["--optimizer", "adamw"]}
+    base = next(j for j in res["jobs"] if j["method"] == "ring-mpi")
+    res["jobs"] += [{**base, "method": f"ring-mpi-zero{s}", "seconds_to_target": 10.0 + s} for s in (1, 2, 3)]
+    (d / "results.json").write_text(json.dumps(res))
+    out = tmp_path / "out"
+    common = ["recommend", "--model", "userpkg.net:build", "--model-arg", "hidden=8", "--target", "eval/loss<=1"]
+    proc = lab(
+        [*common, "--steps-from", str(d), "--compute-ms", "5", "--workers", "2,64", "--link", "1gbit"]
+        + ["--methods", "fp16", "--optimizer", "adamw", "--memory-per-rank", "70KiB", "--out", str(out)],
+        user_env(tmp_path),
+    )
+    assert proc.returncode == 0, proc.stderr
+    # 6,370 parameters, AdamW's 8 bytes each, measured: replicated 16 bytes each (99.5 KiB) does not fit; at 2
+    # workers zero1 holds 12 (74.6 KiB) and does not either, zero2 10 (62.2 KiB) does; at 64 zero1 does
+    assert "fits in 70.0 KiB per rank" in proc.stdout and "6,370 parameters, 8 bytes" in proc.stdout
+    cells = {c["workers"]: c for c in json.loads((out / "recommend.json").read_text())["cells"]}
+    assert cells[2]["fits"] == ["zero2", "zero3"] and cells[2]["fastest_fitting"] == "zero2"
+    assert cells[64]["fits"] == ["zero1", "zero2", "zero3"] and cells[64]["fastest_fitting"] in cells[64]["fits"]
+    assert cells[2]["memory_need"]["fp32"] == 16 * 6370
+    assert "| 2 | zero2 1.00 (not fp16) | fp32 99.5 KiB, fp16 99.5 KiB, zero1 74.6 KiB |" in proc.stdout
+
+
 @pytest.mark.long  # a time-to-accuracy grid of 2 jobs, then recommend (~40 s): make test-long, .ci/run
 def test_recommend_names_a_concept_whose_real_job_crashed_as_failed_with_its_error_line(tmp_path):
     env, grid_dir = user_env(tmp_path), tmp_path / "grid"
@@ -356,6 +426,7 @@ def test_recommend_names_a_concept_whose_real_job_crashed_as_failed_with_its_err
         (["--model", "userpkg.net:missing"], "has no attribute 'missing'"),
         (["--model", "userpkg.net:build", "--workers", "1"], "--workers"),
         (["--model", "userpkg.net:build", "--target", "accuracy"], "--target"),
+        (["--model", "userpkg.net:build", "--memory-per-rank", "16 gigs"], "--memory-per-rank"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, needle):

@@ -4,8 +4,9 @@ checks before sending it, and the servers' per-segment state joined back per par
 import pytest
 import torch
 
-from allreduce_train.distributed.ps.optimizer import assemble, describe
+from allreduce_train.distributed.ps.optimizer import describe
 from allreduce_train.distributed.ps.sharding import plan
+from allreduce_train.distributed.shardstate import assemble
 from allreduce_train.errors import UserError
 
 

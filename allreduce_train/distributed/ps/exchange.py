@@ -69,7 +69,8 @@ from ..mpi import (
     start_sum,
     sum_now,
 )
-from .optimizer import assemble, describe, server_side
+from ..shardstate import assemble
+from .optimizer import describe, server_side
 from .server import ELEM, STATE_BYTES, STATE_FULL, TAG_DONE, TAG_STATE, Server, message, push_slots
 from .sharding import plan
 

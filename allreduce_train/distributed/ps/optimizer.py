@@ -3,7 +3,7 @@ worker holds, and the servers' state assembled back into the class's own format.
 
 The servers run the optimizer itself (:class:`.server.Server` builds the class over its segments of
 each bucket); a worker holds an instance of a subclass of the user's class without state
-(:func:`server_side`), whose ``state_dict()`` gathers every server's slices (:func:`assemble`).
+(:func:`server_side`), whose ``state_dict()`` gathers every server's slices (:func:`..shardstate.assemble`).
 """
 
 from __future__ import annotations
@@ -16,10 +16,7 @@ from typing import Any
 import torch
 
 from ...errors import UserError
-from .server import build, per_element, whole
-from .sharding import Layout
-
-Pieces = list[tuple[tuple[int, int], torch.Size, dict[str, Any]]]  # a parameter's segments: (lo, hi), shape, state
+from ..shardstate import build
 
 
 def describe(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> dict[str, Any]:
@@ -61,43 +58,6 @@ def describe(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> di
             if (st := optimizer.state.get(p))
         },
     }
-
-
-def assemble(
-    layout: Layout, params: list[torch.Tensor], answers: list[dict[int, tuple[torch.Tensor, list[dict[str, Any]]]]]
-) -> tuple[list[dict[str, Any]], list[torch.Tensor]]:
-    """Every server's answer (:meth:`.server.Server.state`, by server index) as each parameter's
-    optimizer state ({} where none: no step yet, or not in the optimizer; on the parameter's device)
-    and master parameters (flat, CPU)."""
-    sizes = layout.sizes
-    master = [torch.zeros(n) for n in sizes]
-    parts: list[Pieces] = [[] for _ in sizes]
-    for s, answer in enumerate(answers):
-        for b, (flat, states) in answer.items():
-            off = 0
-            for (p, lo, hi), st in zip(layout.segments[(b, s)], states, strict=True):
-                master[p][lo:hi] = flat[off : off + hi - lo]
-                off += hi - lo
-                shape = params[p].shape if whole((p, lo, hi), sizes) else torch.Size([hi - lo])
-                parts[p].append(((lo, hi), shape, st))
-    return [_joined(p, sorted(pieces, key=lambda x: x[0])) for p, pieces in zip(params, parts, strict=True)], master
-
-
-def _joined(p: torch.Tensor, pieces: Pieces) -> dict[str, Any]:
-    """Parameter ``p``'s state from its segments' (sorted by position): per-element tensors joined in
-    the parameter's shape, the rest (``step``) from the first segment."""
-    if not pieces or not pieces[0][2] or any(set(st) != set(pieces[0][2]) for _, _, st in pieces):
-        return {}  # none yet (an asynchronous fetch can fall between two servers' first steps)
-    out: dict[str, Any] = {}
-    for key, first in pieces[0][2].items():
-        if per_element(first, pieces[0][1]):
-            full = torch.empty(p.numel(), dtype=first.dtype)
-            for (lo, hi), _, st in pieces:
-                full[lo:hi] = st[key].reshape(-1)
-            out[key] = full.view_as(p).to(p.device)
-        else:
-            out[key] = first
-    return out
 
 
 class _ServerSide(torch.optim.Optimizer):

@@ -10,18 +10,17 @@ buffer: a header of float64 slots and the payload of a (bucket, server) segment.
 
 from __future__ import annotations
 
-import copy
 import pickle
 from typing import Any
 
 import numpy as np
 import torch
 
-from ...errors import UserError
 from ...memory import peak_rss_mib
 from ..buffers import element_size, held_bytes
 from ..mpi import poll
-from .sharding import Layout, Range
+from ..shardstate import leaves, pieces, shard_optimizer
+from .sharding import Layout
 
 SLOT = 8  # bytes per header slot (a float64)
 HEADER_BYTES = 2 * SLOT  # a reply's header: (server version, staleness)
@@ -47,37 +46,6 @@ def message(
     head = slots * SLOT
     raw = np.zeros(head + element_size(dtype) * numel, dtype=np.uint8)
     return raw, raw[:head].view(np.float64), torch.from_numpy(raw[head:]).view(dtype)
-
-
-def whole(r: Range, sizes: list[int]) -> bool:
-    """Whether a segment is its parameter entire (it then keeps the parameter's shape)."""
-    p, lo, hi = r
-    return lo == 0 and hi == sizes[p]
-
-
-def per_element(value: Any, shape: torch.Size) -> bool:
-    """Whether a piece of optimizer state has one entry per element of its parameter (Adam's
-    moments, SGD's momentum: sliced and reassembled by segment) rather than being one value for the
-    whole tensor (``step``: copied to every segment)."""
-    return isinstance(value, torch.Tensor) and value.shape == shape
-
-
-# How a step runs, not what it computes: the servers run on CPU, whatever device the workers use.
-PLACE_KEYS = {"foreach": None, "fused": None, "capturable": False}
-
-
-def build(cls: type, groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
-    """``cls`` over parameter groups (``params`` and every hyperparameter), as Horovod's
-    DistributedOptimizer builds its subclass: from the groups alone, with :data:`PLACE_KEYS` at
-    their CPU defaults. A constructor that needs more is refused with one line."""
-    try:
-        return cls([{**g, **{k: v for k, v in PLACE_KEYS.items() if k in g}} for g in groups])
-    except TypeError as e:
-        raise UserError(
-            f"--strategy ps builds {cls.__qualname__} on the servers from its parameter groups alone "
-            f"({cls.__qualname__}(param_groups)), which failed: {e}; give its constructor's other "
-            "arguments defaults"
-        ) from None
 
 
 class Server:
@@ -122,16 +90,10 @@ class Server:
         }
         # Each segment as a tensor of its own for the optimizer: a view of the bucket's flat master
         # copy, so that step() updates what the replies send (no copy either way).
-        self.leaves = {
-            b: [
-                piece.view(params[p].shape) if whole((p, lo, hi), layout.sizes) else piece
-                for (p, lo, hi), piece in zip(self.segments[b], self._pieces(self.param[b], b), strict=True)
-            ]
-            for b in self.buckets
-        }
+        self.leaves = {b: leaves(self.param[b], self.segments[b], params) for b in self.buckets}
         opt = payload["optimizer"]
         self.groups = len(opt["groups"])
-        self.optimizers = {b: self._optimizer(b, opt, layout.sizes, params) for b in self.buckets}
+        self.optimizers = {b: shard_optimizer(opt, self.segments[b], self.leaves[b], params) for b in self.buckets}
         self.version = dict.fromkeys(self.buckets, 0)  # updates applied to each bucket
         # Pushes and pulls travel in the wire dtype (16-bit with --compression); the parameters and
         # optimizer state here stay float32 (master weights), and so does the checkpoint's state message.
@@ -150,39 +112,6 @@ class Server:
         self.status = MPI.Status()
         self.empty = np.zeros(0, dtype=np.uint8)
         self.request = np.zeros(1, dtype=np.uint8)
-
-    def _pieces(self, flat: torch.Tensor, b: int) -> list[torch.Tensor]:
-        """Bucket ``b``'s segments as 1-D views of ``flat`` (its master parameters or a gradient)."""
-        out, off = [], 0
-        for _, lo, hi in self.segments[b]:
-            out.append(flat[off : off + hi - lo])
-            off += hi - lo
-        return out
-
-    def _optimizer(
-        self, b: int, opt: dict[str, Any], sizes: list[int], params: list[torch.Tensor]
-    ) -> tuple[torch.optim.Optimizer, list[int]] | None:
-        """The user's optimizer class over bucket ``b``'s segments, with the groups of their parameters,
-        and the user's group index of each of its groups (None: no segment is in the optimizer)."""
-        cls, groups, group_of, state = opt["cls"], opt["groups"], opt["group_of"], opt["state"]
-        members: dict[int, list[torch.Tensor]] = {}
-        for (p, _, _), leaf in zip(self.segments[b], self.leaves[b], strict=True):
-            if group_of[p] is not None:  # a parameter the optimizer does not hold stays as it is
-                members.setdefault(group_of[p], []).append(leaf)
-        if not members:
-            return None
-        order = sorted(members)
-        optimizer = build(cls, [{**groups[g], "params": members[g]} for g in order])
-        for (p, lo, hi), leaf in zip(self.segments[b], self.leaves[b], strict=True):
-            if p in state and group_of[p] is not None:  # fresh or loaded from a checkpoint: this segment's slice
-                full = whole((p, lo, hi), sizes)
-                optimizer.state[leaf] = {
-                    k: (v.clone() if full else v.reshape(-1)[lo:hi].clone())
-                    if per_element(v, params[p].shape)
-                    else copy.deepcopy(v)  # one for each segment: step() increments it in place
-                    for k, v in state[p].items()
-                }
-        return optimizer, order
 
     @property
     def finished(self) -> bool:
@@ -275,7 +204,7 @@ class Server:
             optimizer, order = built
             for group, g in zip(optimizer.param_groups, order, strict=True):
                 group["lr"] = lrs[g]
-            for leaf, piece in zip(self.leaves[b], self._pieces(grad, b), strict=True):
+            for leaf, piece in zip(self.leaves[b], pieces(grad, self.segments[b]), strict=True):
                 leaf.grad = piece.view_as(leaf)
             optimizer.step()
             for leaf in self.leaves[b]:

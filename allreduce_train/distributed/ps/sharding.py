@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..buffers import reverse_buckets
+
 
 @dataclass(frozen=True)
 class Chunk:
@@ -79,15 +81,7 @@ def plan(sizes: list[int], num_servers: int, split_elems: int, bucket_elems: int
         chunks.append(Chunk(p, lo, hi, s))
     chunks.sort(key=lambda c: (c.param, c.lo))
 
-    buckets: list[list[int]] = []
-    filled = 0
-    for p in reversed(range(len(sizes))):
-        if not buckets or (filled + sizes[p] > bucket_elems and filled > 0):
-            buckets.append([])
-            filled = 0
-        buckets[-1].append(p)
-        filled += sizes[p]
-
+    buckets = reverse_buckets(sizes, bucket_elems)
     by_param: dict[int, list[Chunk]] = {}
     for c in chunks:
         by_param.setdefault(c.param, []).append(c)

@@ -1,0 +1,281 @@
+"""``ShardedExchange``: ZeRO stages 1 and 2 over any engine's :class:`.collectives.ShardCollectives`.
+
+Every worker computes the whole model's gradients on its own batch, as with the ring; what differs is
+where they go and what is kept (:mod:`.layout` says who owns what):
+
+* the gradients leave bucket by bucket from backward's hooks, as the ring's do, in a *reduce-scatter*:
+  each worker ends with the sum of its own shard of every bucket (the ring's first phase alone);
+* each worker updates only its shard, with the user's optimizer class over views of it
+  (:func:`..shardstate.shard_optimizer`): the optimizer state is 1/N per worker (stage 1 and up);
+* an *allgather* of the updated shards (the ring's second phase) gives every worker the whole model.
+
+Stage 1 keeps the full-size gradient buckets from one step to the next; stage 2 frees each parameter's
+gradient as soon as it is in its bucket and each bucket once its reduce-scatter is done, keeping only
+this worker's shard (float32) to the update. Both move the ring's bytes. ``--grad-clip`` is applied
+here, over the shards (the global norm from every worker's sum of its shard's squares, as the parameter
+servers clip), since no worker holds the whole gradient; the trainer then finds no ``.grad`` to clip.
+Everything a run needs besides the shards (metrics, votes, broadcast, BatchNorm's buffers, abort) is
+the engine's (``engine``, a :class:`..base.GradientExchange`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ...config import ExchangeConfig
+from ...errors import UserError
+from ..base import GradientExchange
+from ..buffers import elements_in, pack
+from ..shardstate import PLACE_KEYS, assemble, leaves, pieces, shard_optimizer
+from .collectives import ShardCollectives
+from .layout import make_layout
+from .optimizer import sharded_optimizer
+from .params import ShardedParams
+
+WHERE = "--strategy sharded builds it over each worker's shard"
+
+
+class ShardedExchange(GradientExchange):
+    """``--strategy sharded``: see the module docstring. ``bucket_bytes``: the gradients' bucket size on the
+    wire (the engine's, e.g. ``--mpi-bucket-bytes``); ``wire``: their dtype in the reduce-scatter."""
+
+    name = "sharded"
+
+    def __init__(
+        self,
+        x: ExchangeConfig,
+        engine: GradientExchange,
+        coll: ShardCollectives,
+        *,
+        grad_clip: float,
+        wire: torch.dtype,
+        bucket_bytes: int,
+    ) -> None:
+        self.engine, self.coll = engine, coll
+        self.rank, self.size = engine.rank, engine.size
+        self.local_rank, self.local_size = engine.local_rank, engine.local_size
+        self.stage, self.k, self.clip, self.wire = x.shard_stage, x.backward_passes_per_step, grad_clip, wire
+        self.bucket_elems = elements_in(bucket_bytes, wire)
+        self.params: list[torch.Tensor] = []
+        self._hooks: list[Any] = []
+        self._closed = False
+
+    def describe(self) -> dict[str, Any]:
+        out = {**self.engine.describe(), "shard_stage": self.stage}
+        if self.params:
+            out["shard_buckets"] = len(self.layout.buckets)
+        return out
+
+    # ------------------------------------------------------------ set-up
+    def prepare(self, model, optimizer, every_step: bool = True):
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise UserError(
+                f"--strategy sharded runs a torch.optim.Optimizer per shard; got a {type(optimizer).__name__}"
+            )
+        self.engine.broadcast_state(model, optimizer)  # communication: rank 0's model and optimizer state
+        self._model_params = list(model.parameters())
+        params = [p for p in self._model_params if p.requires_grad]
+        for p in params:
+            if p.dtype != torch.float32:
+                raise UserError(f"--strategy sharded shards float32 parameters; got {p.dtype} {tuple(p.shape)}")
+        self.params = params
+        sizes = [p.numel() for p in params]
+        self.layout = lay = make_layout(sizes, self.bucket_elems, self.coll.bounds, self.size)
+        n = len(lay.buckets)
+        # each parameter a view of its bucket's flat buffer (stage 3: gathered where used)
+        self.store = ShardedParams(params, lay, self.rank, self.coll, self.stage)
+        self.mine = self.store.mine
+        self.segs = [lay.segments.get((b, self.rank), []) for b in range(n)]
+        self.leaves = [leaves(shard, self.segs[b], params) for b, shard in enumerate(self.store.shard)]
+        self.user = optimizer
+        self.reshard(optimizer.state)
+        optimizer.state.clear()  # the whole state is in the shards now: 1/N of it here
+        # stage 1: the full-size gradient buckets, kept; stage 2: made per step, freed after their reduce-scatter
+        self.gflat: list[torch.Tensor | None] = [
+            torch.empty(lay.numel(b), dtype=self.wire) if self.stage == 1 else None for b in range(n)
+        ]
+        self.gshard: list[torch.Tensor | None] = [None] * n
+        self._handles: list[Any] = [None] * n
+        self._reset_step()
+        for b, members in enumerate(lay.buckets):
+            for p in members:
+                self._hooks.append(params[p].register_post_accumulate_grad_hook(lambda _p, b=b: self._grad_ready(b)))
+        if self.stage == 3:
+            self._hooks += self.store.attach(model, params)
+        self.optimizer = sharded_optimizer(optimizer, self)
+        return self.optimizer
+
+    def _described(self, state: Any) -> dict[str, Any]:
+        """What :func:`..shardstate.shard_optimizer` builds from: the user's class, groups, each
+        parameter's group and its state (from ``state``, keyed by parameter)."""
+        opt = self.user
+        index = {id(p): i for i, p in enumerate(self.params)}
+        frozen = {id(p) for p in self._model_params}
+        group_of: list[int | None] = [None] * len(self.params)
+        for g, group in enumerate(opt.param_groups):
+            for p in group["params"]:
+                if id(p) in index:
+                    group_of[index[id(p)]] = g
+                elif id(p) not in frozen:
+                    raise UserError(
+                        f"--strategy sharded: the optimizer's group {g} holds a {tuple(p.shape)} tensor that is not "
+                        "one of the model's parameters; build the optimizer over model.parameters()"
+                    )
+        return {
+            "cls": type(opt),
+            "groups": [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups],
+            "group_of": group_of,
+            "state": {i: dict(state[p]) for i, p in enumerate(self.params) if state.get(p)},
+        }
+
+    def reshard(self, state: Any) -> None:
+        """Build this worker's shard optimizers, each segment with its slice of ``state`` (the user's
+        optimizer's, keyed by parameter: fresh, or a whole checkpoint's of any worker count)."""
+        described = self._described(state)
+        self.shards = [
+            shard_optimizer(described, self.segs[b], self.leaves[b], self.params, WHERE)
+            for b in range(len(self.layout.buckets))
+        ]
+
+    # ------------------------------------------------------------ one step
+    def _reset_step(self) -> None:
+        self._missing = [len(members) * self.k for members in self.layout.buckets]
+        self._next = 0  # buckets start in index order on every rank (the engines' collectives must match)
+
+    def _grad_ready(self, b: int) -> None:
+        self._missing[b] -= 1
+        while self._next < len(self._missing) and self._missing[self._next] <= 0:
+            self._start(self._next)
+            self._next += 1
+        progress = getattr(self.coll, "progress", None)
+        if progress is not None:  # an engine without a thread of its own: move the messages on between layers
+            progress()
+
+    def _start(self, b: int) -> None:
+        members = [self.params[p] for p in self.layout.buckets[b]]
+        flat = self.gflat[b]
+        if flat is None:
+            flat = self.gflat[b] = torch.empty(self.layout.numel(b), dtype=self.wire)
+        # the copy in is the cast to the wire's dtype; a parameter outside this step's loss sends zeros
+        pack([p.grad for p in members], flat, [p.numel() for p in members])
+        if self.stage >= 2:
+            for p in members:
+                p.grad = None  # in the bucket now: the full gradient is not kept
+        self._handles[b] = self.coll.start_reduce_scatter(b, flat)  # communication
+        self.store.free(b)  # stage 3: no more of backward needs these parameters
+
+    def synchronize(self) -> None:
+        # A bucket whose gradients were not all produced (a parameter outside this step's loss) starts now.
+        while self._next < len(self._missing):
+            self._start(self._next)
+            self._next += 1
+        self.coll.wait(self._handles, "the reduce-scatter of the gradients")  # communication
+        for b, (lo, hi) in enumerate(self.mine):
+            flat = self.gflat[b]
+            assert flat is not None
+            shard = flat[lo:hi]
+            # the average of this worker's shard, float32 (the ring's division, element for element)
+            if self.wire != torch.float32:
+                shard = shard.float()
+            elif self.stage >= 2:
+                shard = shard.clone()
+            self.gshard[b] = shard.div_(self.size)
+            if self.stage >= 2:
+                self.gflat[b] = None
+        for p in self.params:
+            p.grad = None  # the whole gradients are not the averaged ones: nothing above reads them
+        for b in range(len(self.layout.buckets)):
+            self.store.free(b)  # stage 3: what backward gathered of a parameter outside the loss
+        self._handles = [None] * len(self._handles)
+        self._reset_step()
+
+    def apply(self, optimizer) -> None:
+        optimizer.step()
+
+    def step(self) -> None:
+        """Clip over the shards, update this worker's shard, allgather the parameters."""
+        if self.clip > 0:
+            self._clip()
+        for b, built in enumerate(self.shards):
+            shard = self.gshard[b]
+            if built is not None and shard is not None:
+                opt, order = built
+                for group, g in zip(opt.param_groups, order, strict=True):
+                    mine = self.optimizer.param_groups[g]  # as the trainer or a scheduler set it this step
+                    group.update({k: v for k, v in mine.items() if k != "params" and k not in PLACE_KEYS})
+                for leaf, piece in zip(self.leaves[b], pieces(shard, self.segs[b]), strict=True):
+                    leaf.grad = piece.view_as(leaf)
+                opt.step()
+                for leaf in self.leaves[b]:
+                    leaf.grad = None
+            self.gshard[b] = None
+        if self.stage == 3:
+            self.store.release()  # gathered where the next forward pass uses them
+            return
+        self.store.allgather(list(range(len(self.layout.buckets))))  # communication: every worker's shard
+
+    def whole_parameters(self, model) -> None:
+        self.store.make_whole()  # communication (stage 3)
+
+    def _clip(self) -> None:
+        """torch.nn.utils.clip_grad_norm_ of the averaged gradient, from the shards (as the PS's servers)."""
+        mine = sum(float(g.double().pow(2).sum()) for g in self.gshard if g is not None)
+        total = self.engine.sum_over_workers(torch.tensor([mine], dtype=torch.float64))  # communication
+        # A non-finite norm makes the update non-finite on every worker: the next step's loss vote stops the
+        # run (the trainer's Diverged), and the parameters' check keeps it from a checkpoint.
+        coef = self.clip / (math.sqrt(float(total[0])) + 1e-6)
+        if coef < 1.0 or not math.isfinite(coef):
+            for g in self.gshard:
+                if g is not None:
+                    g.mul_(coef)
+
+    # ------------------------------------------------------------ checkpoints
+    def gather_state(self) -> list[dict[str, Any]]:
+        """Every parameter's optimizer state in the user's class's format, whole (collective over the workers)."""
+        mine = {}
+        for b, built in enumerate(self.shards):
+            if self.segs[b]:
+                states = [dict(built[0].state.get(leaf, {})) if built else {} for leaf in self.leaves[b]]
+                mine[b] = (self.store.shard[b].cpu(), states)
+        answers = self.engine.allgather_object(mine)  # communication
+        return assemble(self.layout, self.params, answers)[0]
+
+    def optimizer_state_dict(self, optimizer) -> dict[str, Any] | None:
+        state = optimizer.state_dict()  # communication: every worker's shard
+        return state if self.is_main else None
+
+    # ------------------------------------------------------------ the engine's collectives
+    def sum_over_workers(self, values: torch.Tensor) -> torch.Tensor:
+        return self.engine.sum_over_workers(values)
+
+    def sum_tensors(self, tensors: list[torch.Tensor], name: str = "") -> list[torch.Tensor]:
+        return self.engine.sum_tensors(tensors, name)
+
+    def start_vote(self, flags: torch.Tensor) -> None:
+        self.engine.start_vote(flags)
+
+    def end_vote(self) -> torch.Tensor:
+        return self.engine.end_vote()
+
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
+        return self.engine.broadcast_object(obj, root)
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        return self.engine.allgather_object(obj)
+
+    def stats(self) -> dict[str, float]:
+        return self.engine.stats()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for h in self._hooks:
+            h.remove()
+        self.engine.close()
+
+    def abort(self, code: int) -> None:
+        self.engine.abort(code)
