@@ -193,6 +193,7 @@ class MemoryLog:
         held = self.ex.memory(model, optimizer)
         out: dict[str, Any] = {"rank": self.ex.rank, "role": "worker", **held, "total": sum(held.values())}
         out["peak_rss_mib"] = peak_rss_mib()
+        out["peak_vm_mib"] = _status_kib("VmPeak") / 1024  # what RLIMIT_AS bounds
         cuda = peak_cuda_mib(self.device)
         if cuda is not None:
             out["peak_cuda_mib"] = cuda
@@ -209,7 +210,7 @@ class MemoryLog:
             {
                 f"memory/{k}{'' if k.endswith('mib') else '_bytes'}/rank{r['rank']}": float(r[k])
                 for r in rows
-                for k in (*KINDS, "total", "peak_rss_mib", "peak_cuda_mib")
+                for k in (*KINDS, "total", "peak_rss_mib", "peak_vm_mib", "peak_cuda_mib")
                 if k in r
             },
         )

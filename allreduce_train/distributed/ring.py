@@ -351,6 +351,29 @@ class MPIRingAllreduce(GradientExchange):
             return self._vote
         return end_sum(self._vote_sum, self._wait, "the other workers (the step's vote)")
 
+    def broadcast_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Rank 0's parameters and buffers straight into every rank's own tensors, one non-blocking
+        MPI_Ibcast of raw bytes each, and its optimizer state pickled (empty when fresh). The base's
+        pickled state dict would hold the model twice more for a moment (the pickle and its copy): a
+        model that fits its memory limit only sharded could not start (``make bench-memory``). Tensors
+        MPI cannot take as they are (on a GPU, not contiguous) and modules with extra state go the
+        base's way."""
+        tensors = list({id(t): t for t in (*model.parameters(), *model.buffers())}.values())
+        plain = all(t.device.type == "cpu" and t.is_contiguous() for t in tensors) and all(
+            type(m).get_extra_state is torch.nn.Module.get_extra_state for m in model.modules()
+        )
+        if not plain:
+            super().broadcast_state(model, optimizer)
+            return
+        with torch.no_grad():
+            for t in tensors:
+                raw = t.detach().reshape(-1).view(torch.uint8).numpy()  # the tensor's own memory, as bytes
+                # communication: rank 0's tensor into this rank's
+                self._wait(self.world.Ibcast([raw, self.MPI.BYTE], root=0).Test, "rank 0's parameters")
+        state = self.broadcast_object(optimizer.state_dict() if self.is_main else None)  # communication
+        if not self.is_main:
+            optimizer.load_state_dict(state)
+
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:
         if self.size == 1:
             return obj

@@ -99,16 +99,19 @@ def formula(method: str, n_params: int, workers: int, role: str) -> dict[str, fl
 
 
 def rank_rows(method: str, workers: int, n_params: int, metrics: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per rank of a finished job: measured bytes (at its end) beside the formula's."""
+    """One row per rank of a finished job: the bytes it held after its first step (while it trains: at the
+    end stage 3 gathers the whole parameters for the last evaluation and the returned model) beside the
+    formula's, and its peak RSS over the run."""
     out = []
-    for r in metrics["memory"]["end"]:
+    peaks = {r["rank"]: r["peak_rss_mib"] for r in metrics["memory"]["end"]}
+    for r in metrics["memory"]["after_first_step"]:
         want = formula(method, n_params, workers, r["role"])
         row: dict[str, Any] = {"method": method, "workers": workers, "rank": r["rank"], "role": r["role"]}
         row.update({k: r[k] for k in KINDS})
         row.update({f"formula_{k}": want[k] for k in ("params", "grads", "optimizer")})
         held, expected = r["params"] + r["grads"] + r["optimizer"], sum(want.values())
         row["ratio"] = held / expected if expected else float("nan")
-        row["peak_rss_mib"] = r["peak_rss_mib"]
+        row["peak_rss_mib"] = peaks[r["rank"]]
         out.append(row)
     return out
 
@@ -129,9 +132,9 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def markdown(summ: list[dict[str, Any]], skipped: list[str], n_params: int, fit: dict[str, Any] | None) -> str:
     mib = lambda v: f"{v / MIB:.1f}"  # noqa: E731 -- a column format, used a dozen times below
     lines = [
-        f"Per-rank memory, MiB (the largest rank of each role), AdamW, {n_params:,} parameters; measured at the "
-        "end of each job (metrics.json `memory`) beside the ZeRO formula (allreduce_train/distributed/memcost.py). "
-        "ratio = measured (params + grads + optimizer) / formula.",
+        f"Per-rank memory, MiB (the largest rank of each role), AdamW, {n_params:,} parameters; measured after "
+        "each job's first step (metrics.json `memory`) beside the ZeRO formula "
+        "(allreduce_train/distributed/memcost.py). ratio = measured (params + grads + optimizer) / formula.",
         "",
         "| method | N | role | params | grads | optimizer | buffers | formula p / g / o | ratio | peak RSS MiB |",
         "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
