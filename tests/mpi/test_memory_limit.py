@@ -3,7 +3,7 @@
 Under an RLIMIT_AS set on mpirun and every rank (lab/memory/limited.py), between what the ring needs by the
 ZeRO formula and what stage 3 needs: the ring is refused before its first step, on every rank alike, with
 one line naming the need, the limit and the stages that fit (exit 2, no traceback, no rank left running);
-the same limit with a stage that fits trains."""
+the same limit with a stage that fits by the formula should train (not yet: see its xfail)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import sys
 
 import pytest
 
-from allreduce_train.config import STRATEGIES
 from allreduce_train.distributed.memcost import per_rank
 from lab.memory.model import parameters
 
@@ -48,7 +47,13 @@ def test_the_ring_over_its_limit_is_refused_in_one_line_naming_the_stages_that_f
     assert "Traceback" not in proc.stderr and not (tmp_path / "ring").exists()
 
 
-@pytest.mark.skipif("sharded" not in STRATEGIES, reason="--strategy sharded is not in this tree yet")
+@pytest.mark.xfail(
+    strict=True,
+    reason="not yet: stage 3 holds what the formula says after its first step (0.65 GiB per rank here), but its "
+    "step peaks at 0.7 GiB of virtual memory over its model, and the end of the run (whole parameters, the "
+    "checkpoint's optimizer state gathered on every rank through allgather_object) at 5.5 GiB per rank, more "
+    "than the ring: measured without a limit, metrics.json memory peak_vm_mib",
+)
 def test_the_same_limit_trains_sharded_at_stage_3(tmp_path):
     flags = ["--strategy", "sharded", "--shard-stage", "3", "--allreduce-engine", "mpi", "--steps", "2"]
     check(limited(2, flags + run_args(tmp_path, "zero3")))
