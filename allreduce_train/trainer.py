@@ -1,10 +1,10 @@
 """The training loop, shared by every gradient-exchange strategy.
 
-The distributed recipe, in Horovod's order: the strategy has initialised the process group and knows the
-local rank -> pin the device to it -> threads = cores / ranks on this host -> seeds -> this worker's data
-shard -> LR scaled by the worker count with linear warm-up -> parameters and optimizer state broadcast from
-rank 0 (fresh or resumed) -> the exchange-wrapped optimizer -> the shard order set per epoch. Figures are
-reduced over workers before they are logged.
+The distributed recipe, in Horovod's order: the strategy has initialised the process group and
+knows the local rank -> pin the device to it -> threads = cores / ranks on this host -> seeds ->
+this worker's data shard -> LR scaled by the worker count with linear warm-up -> parameters and
+optimizer state broadcast from rank 0 (fresh or resumed) -> the exchange-wrapped optimizer ->
+the shard order set per epoch. Figures are reduced over workers before they are logged.
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ RUN = [
     "--steps",
     str(STEPS),
     "--eval-every",
-    str(STEPS),
+    "3",
     "--checkpoint-every",
     "3",
     "--optimizer",
@@ -180,9 +180,11 @@ def test_stage_3_trains_and_ends_as_the_ring_on_every_rank(jobs):
     ring, sharded = jobs.params(jobs.ring(2), 2), jobs.params(jobs.sharded(3, 2), 2)
     for mine in sharded:
         assert identical(mine, ring[0])
-    final = jobs.metrics(jobs.sharded(3, 2))["final"]
-    assert final["train_loss"] < 2.2  # from ln(10) = 2.30 at the start
-    assert final["eval_accuracy"] == jobs.metrics(jobs.ring(2))["final"]["eval_accuracy"]
+    evals = jobs.metrics(jobs.sharded(3, 2))["evals"]
+    assert [e["step"] for e in evals] == [3, 6] and evals[1]["eval_loss"] < evals[0]["eval_loss"]
+    assert evals == [
+        {**e, "seconds": s["seconds"]} for e, s in zip(jobs.metrics(jobs.ring(2))["evals"], evals, strict=True)
+    ]
 
 
 @LONG
@@ -219,3 +221,22 @@ def test_grad_clip_is_applied_over_the_shards(jobs):
     assert identical(clipped[0], clipped[1])
     assert rel_diff(clipped[0], ring) < 1e-5  # the norm's last bits: see the module docstring
     assert rel_diff(ring, jobs.params(jobs.ring(2), 2)[0]) > 1e-3  # the clipping did clip
+
+
+@pytest.mark.parametrize("stage", [pytest.param(2, id="stage2"), pytest.param(3, id="stage3", marks=LONG)])
+def test_each_worker_holds_half_the_optimizer_state_and_gradients_of_the_ring_at_2_ranks(jobs, stage):
+    """metrics.json's memory after the first step, per rank: half the gradients and AdamW's two moments of
+    half the elements, and at stage 3 half the parameters (the tied weight once). A bucket of an odd number
+    of elements gives one worker one element more; each segment of a parameter keeps a step counter (4
+    bytes) of its own."""
+    run = jobs.sharded(stage, 2)
+    slack = 8 * jobs.metrics(run)["shard_buckets"]
+    steps = 4 * (len(jobs.checkpoint(run)["optimizer"]["state"]) + jobs.metrics(run)["shard_buckets"])
+    ring = jobs.metrics(jobs.ring(2))["memory"]["after_first_step"]
+    for r, mine in zip(ring, jobs.metrics(run)["memory"]["after_first_step"], strict=True):
+        assert abs(mine["grads"] - r["grads"] / 2) <= slack
+        assert abs(mine["optimizer"] - r["optimizer"] / 2) <= slack + steps
+        if stage == 3:  # its shards, and the NaN its freed parameters point at
+            assert abs(mine["params"] - r["params"] / 2) <= slack + 4
+        else:
+            assert mine["params"] == r["params"]

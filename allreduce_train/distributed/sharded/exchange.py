@@ -28,7 +28,7 @@ import torch
 from ...config import ExchangeConfig
 from ...errors import UserError
 from ..base import GradientExchange
-from ..buffers import elements_in, pack
+from ..buffers import elements_in, held_bytes, pack
 from ..shardstate import PLACE_KEYS, assemble, leaves, pieces, shard_optimizer
 from .collectives import ShardCollectives
 from .layout import make_layout
@@ -97,7 +97,15 @@ class ShardedExchange(GradientExchange):
         self.gflat: list[torch.Tensor | None] = [
             torch.empty(lay.numel(b), dtype=self.wire) if self.stage == 1 else None for b in range(n)
         ]
-        self.gshard: list[torch.Tensor | None] = [None] * n
+        # this worker's averaged gradient shard of each bucket, float32 on the parameters' device, kept from step
+        # to step (stage 1 with a float32 wire on CPU: a view of its bucket, averaged in place as the ring does)
+        device = self.store.nan.device
+        self._in_bucket = [g is not None and self.wire == torch.float32 and device.type == "cpu" for g in self.gflat]
+        self.gshard = [
+            g[lo:hi] if inplace and g is not None else torch.empty(hi - lo, device=device)
+            for g, inplace, (lo, hi) in zip(self.gflat, self._in_bucket, self.mine, strict=True)
+        ]
+        self._averaged = False  # whether gshard holds this step's average (synchronize() ran, step() did not yet)
         self._handles: list[Any] = [None] * n
         self._reset_step()
         for b, members in enumerate(lay.buckets):
@@ -113,13 +121,13 @@ class ShardedExchange(GradientExchange):
         parameter's group and its state (from ``state``, keyed by parameter)."""
         opt = self.user
         index = {id(p): i for i, p in enumerate(self.params)}
-        frozen = {id(p) for p in self._model_params}
+        of_model = {id(p) for p in self._model_params}  # a frozen one is left as it is
         group_of: list[int | None] = [None] * len(self.params)
         for g, group in enumerate(opt.param_groups):
             for p in group["params"]:
                 if id(p) in index:
                     group_of[index[id(p)]] = g
-                elif id(p) not in frozen:
+                elif id(p) not in of_model:
                     raise UserError(
                         f"--strategy sharded: the optimizer's group {g} holds a {tuple(p.shape)} tensor that is not "
                         "one of the model's parameters; build the optimizer over model.parameters()"
@@ -176,13 +184,9 @@ class ShardedExchange(GradientExchange):
         for b, (lo, hi) in enumerate(self.mine):
             flat = self.gflat[b]
             assert flat is not None
-            shard = flat[lo:hi]
-            # the average of this worker's shard, float32 (the ring's division, element for element)
-            if self.wire != torch.float32:
-                shard = shard.float()
-            elif self.stage >= 2:
-                shard = shard.clone()
-            self.gshard[b] = shard.div_(self.size)
+            if not self._in_bucket[b]:
+                self.gshard[b].copy_(flat[lo:hi])  # widened to float32 (exactly), on the parameters' device
+            self.gshard[b].div_(self.size)  # the average: the ring's division, element for element
             if self.stage >= 2:
                 self.gflat[b] = None
         for p in self.params:
@@ -190,6 +194,7 @@ class ShardedExchange(GradientExchange):
         for b in range(len(self.layout.buckets)):
             self.store.free(b)  # stage 3: what backward gathered of a parameter outside the loss
         self._handles = [None] * len(self._handles)
+        self._averaged = True
         self._reset_step()
 
     def apply(self, optimizer) -> None:
@@ -197,11 +202,14 @@ class ShardedExchange(GradientExchange):
 
     def step(self) -> None:
         """Clip over the shards, update this worker's shard, allgather the parameters."""
+        if not self._averaged:
+            raise RuntimeError("--strategy sharded: step() without this step's gradients (synchronize() first)")
+        self._averaged = False
         if self.clip > 0:
             self._clip()
         for b, built in enumerate(self.shards):
             shard = self.gshard[b]
-            if built is not None and shard is not None:
+            if built is not None:
                 opt, order = built
                 for group, g in zip(opt.param_groups, order, strict=True):
                     mine = self.optimizer.param_groups[g]  # as the trainer or a scheduler set it this step
@@ -211,7 +219,6 @@ class ShardedExchange(GradientExchange):
                 opt.step()
                 for leaf in self.leaves[b]:
                     leaf.grad = None
-            self.gshard[b] = None
         if self.stage == 3:
             self.store.release()  # gathered where the next forward pass uses them
             return
@@ -222,15 +229,31 @@ class ShardedExchange(GradientExchange):
 
     def _clip(self) -> None:
         """torch.nn.utils.clip_grad_norm_ of the averaged gradient, from the shards (as the PS's servers)."""
-        mine = sum(float(g.double().pow(2).sum()) for g in self.gshard if g is not None)
+        mine = sum(float(g.double().pow(2).sum()) for g in self.gshard)
         total = self.engine.sum_over_workers(torch.tensor([mine], dtype=torch.float64))  # communication
         # A non-finite norm makes the update non-finite on every worker: the next step's loss vote stops the
         # run (the trainer's Diverged), and the parameters' check keeps it from a checkpoint.
         coef = self.clip / (math.sqrt(float(total[0])) + 1e-6)
         if coef < 1.0 or not math.isfinite(coef):
             for g in self.gshard:
-                if g is not None:
-                    g.mul_(coef)
+                g.mul_(coef)
+
+    def memory(self, model, optimizer) -> dict[str, int]:
+        """What this worker holds: the parameters (stage 3: its shards and the buckets gathered now), the
+        gradients (stage 1: the full-size buckets; every stage: its averaged shard), its shards' optimizer
+        state, and the engine's own buffers."""
+        params = [*model.parameters(), *self.store.shard, *(f for f in self.store.flat if f is not None)]
+        grads = [*(p.grad for p in model.parameters() if p.grad is not None), *self.gshard]
+        grads += [g for g in self.gflat if g is not None]
+        state = [
+            v
+            for built in self.shards
+            if built is not None
+            for st in built[0].state.values()
+            for v in st.values()
+            if isinstance(v, torch.Tensor)
+        ]
+        return held_bytes({"params": params, "grads": grads, "optimizer": state, "buffers": self.engine.flat_buffers()})
 
     # ------------------------------------------------------------ checkpoints
     def gather_state(self) -> list[dict[str, Any]]:

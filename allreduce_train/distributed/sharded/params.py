@@ -35,10 +35,11 @@ class ShardedParams:
         self, params: list[torch.Tensor], layout: ShardLayout, rank: int, coll: ShardCollectives, stage: int
     ) -> None:
         self.layout, self.coll, self.stage, self.params = layout, coll, stage, params
+        device = params[0].device if params else torch.device("cpu")  # the model's (none: nothing to train)
         whole: list[torch.Tensor] = []
         with torch.no_grad():
             for b in range(len(layout.buckets)):
-                flat = torch.empty(layout.numel(b), dtype=torch.float32, device=params[0].device)
+                flat = torch.empty(layout.numel(b), dtype=torch.float32, device=device)
                 for p, view in self._views(b, flat):
                     view.copy_(p)
                     p.data = view
@@ -52,7 +53,7 @@ class ShardedParams:
         self.resident = {f.data_ptr(): b for b, f in enumerate(whole)}  # a gathered buffer -> its bucket
         self.flat: list[torch.Tensor | None] = list(whole)  # stage 3: None while freed
         self.users = [0] * len(self.flat)  # modules in their forward pass that use each bucket
-        self.nan = torch.full((), float("nan"), device=params[0].device)
+        self.nan = torch.full((), float("nan"), device=device)
         self._saving: Any = None
 
     def _views(self, b: int, flat: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
