@@ -60,9 +60,10 @@ def main(argv: list[str]) -> None:
                 if comm.is_main:
                     print(f"step {step}: loss {mean:.4f} (mean over {comm.num_workers} workers)", flush=True)
             if comm.stop_requested():  # communication: a stop signal reached a worker (preemption)
-                if comm.is_main:  # the same parameters and optimizer state on every worker
+                # on every rank: under --strategy sharded gathering the whole state is a collective
+                state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}
+                if comm.is_main:  # the whole state, written once
                     os.makedirs(os.path.dirname(checkpoint), exist_ok=True)
-                    state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}
                     torch.save(state, checkpoint + ".tmp")
                     os.replace(checkpoint + ".tmp", checkpoint)  # atomic: the last good one is never half-written
                 dump(cfg, comm, model)
