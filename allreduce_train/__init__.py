@@ -6,7 +6,8 @@ The public surface (everything else may change between versions):
 - :func:`fit` -- train your model and data, or your :class:`Task`, with the trainer's own loop.
 - :class:`Task` -- your model, data, loss, evaluation and per-worker state (subclass it).
 - :func:`init` -- the exchange for a script with its own loop: a :class:`Communicator`.
-- :class:`Communicator` -- rank, worker count, ``distributed_optimizer``, ``shard``, ``sum``/``mean``.
+- :class:`Communicator` -- rank, worker count, ``distributed_optimizer``, ``shard``, ``sum``/``mean``,
+  ``stop_requested``/``exit_preempted`` (preemption).
 - :class:`DistributedOptimizer` -- an optimizer whose ``step()`` applies the averaged gradient.
 
 The command line: ``python -m allreduce_train train|models`` (docs/training.md); your own code

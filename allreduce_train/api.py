@@ -10,7 +10,10 @@ Two levels (docs/own_model.md):
 - :func:`init` gives a script with its own loop the exchange itself, as Horovod's ``hvd.init()``
   and ``hvd.DistributedOptimizer`` do: a :class:`Communicator` with the rank, the worker count,
   :meth:`Communicator.distributed_optimizer` (parameters and optimizer state broadcast from rank
-  0, gradients averaged over the workers in ``step()``), sums for metrics, and the sharded sampler.
+  0, gradients averaged over the workers in ``step()``), sums for metrics, the sharded sampler, and
+  the stop vote of preemption (:meth:`Communicator.stop_requested`).
+
+Both run on the job's core (job.py), as the command line does.
 
 Settings are the trainer's flags with ``_`` for ``-`` (``batch_size=32``, ``strategy="ps"``,
 ``ps_placement="colocated"``, ``compression="fp16"``); ``argv`` (e.g. ``sys.argv[1:]``) is read
@@ -20,49 +23,12 @@ adds ``--resume auto``) reach a script that passes its arguments on.
 
 from __future__ import annotations
 
-import argparse
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
-from .errors import UserError
-
 __all__ = ["Communicator", "DistributedOptimizer", "fit", "init"]
-
-
-def _config(argv: list[str] | None, settings: dict[str, Any]):
-    """A validated Config from a command line and keyword settings (the command line wins)."""
-    from .config import _owners, add_arguments, build_config
-    from .errors import ConfigError
-
-    parser = argparse.ArgumentParser(prog=sys.argv[0] if sys.argv and sys.argv[0] else "script", add_help=False)
-    add_arguments(parser)
-    ns, unknown = parser.parse_known_args(argv or [])
-    if unknown:
-        raise ConfigError(
-            f"unknown argument {unknown[0]!r}: the arguments given to fit()/init() are the trainer's "
-            "flags (python -m allreduce_train train --help)"
-        )
-    owners = _owners()
-    for name, value in settings.items():
-        if name not in owners:
-            raise ConfigError(
-                f"unknown setting {name}={value!r}: settings are the trainer's flags with _ for -, "
-                "e.g. batch_size=32 (python -m allreduce_train train --help)"
-            )
-        section, field = owners[name]
-        if getattr(ns, f"{section}.{field}", None) is None:
-            setattr(ns, f"{section}.{field}", value)
-    return build_config(ns)
-
-
-def _exit(code: int) -> None:
-    from .cli import env_rank
-    from .errors import record_exit
-
-    record_exit(env_rank(), code)
-    raise SystemExit(code)
 
 
 def _reference(obj: Any) -> str:
@@ -97,9 +63,7 @@ def fit(
     (SystemExit with docs/faults.md's codes: 2 bad input, 65 diverged, 69 stalled, 75 preempted),
     after one line from the lowest failing rank.
     """
-    from . import preempt
-    from .cli import fail_before_init, run_job
-    from .memory import keep_freed_memory
+    from . import job
     from .usertask import Task
 
     if isinstance(optimizer, str):
@@ -118,15 +82,9 @@ def fit(
         label = _reference(type(task))
         if optimizer is not None:
             task._optimizer = optimizer  # read when the trainer builds the optimizer (usertask.TaskAdapter)
-    preempt.install()  # a stop signal: finish the step, checkpoint, exit 75
-    try:
-        keep_freed_memory()
-        cfg = _config(argv, {"model": label, **settings})
-    except UserError as e:
-        _exit(fail_before_init(str(e)))
-    code, result = run_job(cfg, task)
+    code, result = job.run(job.configure(argv, {"model": label, **settings}), task)
     if code:
-        _exit(code)
+        job.exit(code)
     return result if result is not None and result.get("is_main") else None
 
 
@@ -261,6 +219,35 @@ class Communicator:
         """A picklable object from ``root`` to every rank."""
         return self._ex.broadcast_object(obj, root)  # communication
 
+    def stop_requested(self) -> bool:
+        """Whether a stop signal (SIGTERM, SIGUSR1: preemption, docs/faults.md) reached any worker:
+        the same answer on every worker, so all of them stop after the same step. Every worker calls
+        it at the same point of the loop (after ``step()``, every step or every N); when it says so,
+        write your checkpoint and call :meth:`exit_preempted`. :func:`init` records the signals
+        instead of dying of them, as the trainer does: a loop that never asks runs on until the
+        launcher's ``--grace-period`` is out (exit 143, nothing saved)."""
+        from . import preempt
+
+        flag = torch.tensor([float(bool(preempt.requested()))])
+        return bool(self.sum(flag).item() > 0)  # communication: every worker's flag, one 8-byte sum
+
+    def exit_preempted(self, step: int) -> NoReturn:
+        """End this worker after :meth:`stop_requested` said so and your checkpoint is written: the
+        main rank prints ``preempted (SIGUSR1) after step S``, the process group is left, and the
+        process exits 75 (EX_TEMPFAIL: a scheduler requeues it; start again from your checkpoint).
+        Every worker calls it."""
+        from . import job, preempt
+        from .errors import EXIT_PREEMPTED
+
+        if self.is_main:
+            signame = preempt.requested() or "a signal to another rank"
+            print(f"allreduce_train: preempted ({signame}) after step {step}", file=sys.stderr, flush=True)
+        # communication: every worker waits here for the main one, whose checkpoint is written and whose
+        # line is out by now (mpirun ends the whole job as soon as one rank exits non-zero)
+        self.sum(torch.zeros(1))
+        self.close()
+        job.exit(EXIT_PREEMPTED)
+
     def close(self) -> None:
         """Leave the process group (every rank, at the end)."""
         self._ex.close()
@@ -274,16 +261,12 @@ def init(argv: list[str] | None = None, **settings: Any) -> Communicator:
     ranks serve inside this call until the workers close, then leave the process (exit 0): only
     workers return. Bad settings: one line from rank 0, exit 2.
     """
-    from .cli import fail_before_init
-    from .distributed import create_exchange
+    from . import job
 
-    try:
-        cfg = _config(argv, settings)
-        ex = create_exchange(cfg)
-    except UserError as e:
-        _exit(fail_before_init(str(e)))
+    cfg = job.configure(argv, settings)
+    ex = job.connect(cfg)
     if not ex.is_worker:
         ex.serve()
         ex.close()
-        _exit(0)
+        job.exit(0)
     return Communicator(ex, cfg)

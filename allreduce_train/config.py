@@ -16,8 +16,9 @@ import argparse
 import dataclasses
 import re
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, get_type_hints
+from typing import Any, ClassVar, NoReturn, get_type_hints
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -537,16 +538,23 @@ def check_combination(x: ExchangeConfig, whole: Any = None) -> None:
 class HorovodConfig:
     """--allreduce-engine horovod (the default): Horovod's own settings (distributed/horovod.py)."""
 
-    prefix: ClassVar[str] = "horovod"  # the flags: --horovod-backend
+    prefix: ClassVar[str] = "horovod"  # the flags: --horovod-backend, --horovod-bucket-bytes
     backend: str = _f(
         "mpi",
         "Horovod's controller and CPU collectives; gloo (one host only under mpirun) waits in "
         "blocking sockets, which helps on an oversubscribed host (docs/performance.md)",
         ("mpi", "gloo"),
     )
+    bucket_bytes: int = _f(
+        1 << 20,
+        "--strategy sharded: gradients reduce-scattered together (bytes on the wire, as --mpi-bucket-bytes), "
+        "each bucket enqueued as soon as backward has produced it; Horovod fuses the buckets ready in one "
+        "cycle up to HOROVOD_FUSION_THRESHOLD (docs/engines.md)",
+    )
 
     def __post_init__(self) -> None:
         _check_choices(self)
+        _check(self.bucket_bytes >= 4, "horovod_bucket_bytes", "must be >= 4 (one float32)", self.bucket_bytes)
 
 
 @dataclass
@@ -878,15 +886,50 @@ def _read_toml(path: str, values: dict[str, dict[str, Any]]) -> None:
             raise ConfigError(f"--config: unknown key {k!r} in [{section}] of {path}; keys are: {', '.join(known)}")
 
 
-def build_config(args: argparse.Namespace) -> Config:
-    """Merge defaults, the TOML file and the command line, then validate every section."""
+class _Refusal(argparse.ArgumentParser):
+    """A parser whose usage errors are :class:`ConfigError`s (one line, exit 2, from rank 0 only)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+
+def _parse(argv: Sequence[str]) -> argparse.Namespace:
+    parser = _Refusal(add_help=False)
+    add_arguments(parser)
+    args, unknown = parser.parse_known_args(list(argv))
+    if unknown:
+        raise ConfigError(
+            f"unknown argument {unknown[0]!r}: the arguments are the trainer's flags "
+            "(python -m allreduce_train train --help)"
+        )
+    return args
+
+
+def build_config(args: argparse.Namespace | Sequence[str] = (), overrides: Mapping[str, Any] | None = None) -> Config:
+    """Merge defaults, the TOML file (``--config``), ``overrides`` and the command line, then validate
+    every section.
+
+    ``args``: the trainer's flags (``["--epochs", "2"]``, ``sys.argv[1:]``), or what a parser that
+    :func:`add_arguments` built made of them. ``overrides``: the same settings by the flag's name with
+    ``_`` for ``-`` (``batch_size=32``, ``ps_placement="colocated"``); a flag given in ``args`` wins.
+    """
+    if not isinstance(args, argparse.Namespace):
+        args = _parse(args)
+    given = {dest: v for dest, v in vars(args).items() if "." in dest and v is not None}
+    owner = _owners()
+    for name, v in (overrides or {}).items():
+        if name not in owner:
+            raise ConfigError(
+                f"unknown setting {name}={v!r}: settings are the trainer's flags with _ for -, "
+                "e.g. batch_size=32 (python -m allreduce_train train --help)"
+            )
+        given.setdefault(".".join(owner[name]), v)
     values: dict[str, dict[str, Any]] = {s: {} for s in _sections()}
     if getattr(args, "config", None):
         _read_toml(args.config, values)
-    for dest, v in vars(args).items():
-        if "." in dest and v is not None:
-            section, name = dest.split(".", 1)
-            values[section][name] = v
+    for dest, v in given.items():
+        section, name = dest.split(".", 1)
+        values[section][name] = v
     _apply_model_defaults(values)
     if values["exchange"].get("diloco_every"):
         # DiLoCo's inner optimizer is AdamW in Douillard et al. 2023 (outer: Nesterov SGD, its own flags)

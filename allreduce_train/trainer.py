@@ -55,7 +55,7 @@ class Setup:
 
 class Trainer:
     """Builds a run (:meth:`build`), trains it (:meth:`run`) and reports it (:meth:`report`) through
-    any :class:`GradientExchange`; ranks that only serve never get here (cli.cmd_train)."""
+    any :class:`GradientExchange`; ranks that only serve never get here (job.run)."""
 
     def __init__(self, cfg: Config, exchange: GradientExchange, run_dir: str, task: Any = None) -> None:
         """``task``: a user's :class:`~.usertask.Task` object (:func:`allreduce_train.fit`); else the
@@ -230,14 +230,14 @@ class Trainer:
     def save_checkpoint(self, model, optimizer, step: int, latest: bool = True, best: bool = False) -> None:
         """Write the checkpoint of step ``step`` (collective over the workers; the main rank writes) as
         the latest and/or as the best evaluation so far (:class:`checkpoint.Kept`)."""
+        self.agree_buffers(model)
         # Every worker checks its own copy (identical parameters, so all decide alike): a diverged
         # model never replaces the last good checkpoint.
         for name, p in model.named_parameters():
             if not torch.isfinite(p).all():
                 raise Diverged(step, f"parameter {name}", p[~torch.isfinite(p)].flatten()[0].item())
-        self.agree_buffers(model)
-        # communication: every worker's RNG and task state (an LSTM's hidden state), so that a resumed
-        # run continues bit-exactly mid-epoch (dropout masks, the text's state)
+        # communication: every worker's RNG and task state (an LSTM's hidden state), so that a resumed run
+        # continues bit-exactly mid-epoch (dropout masks, the text's state); the optimizer's state (if sharded)
         sch = self.schedule
         mine = WorkerState(
             torch.get_rng_state(),
@@ -247,8 +247,7 @@ class Trainer:
             schedule={sch.state_key: sch.state_dict(model, optimizer)} if sch.state_key else {},
             cuda_rng=torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
         )
-        workers = self.ex.gather_from_workers(mine.to_dict())
-        optimizer_state = self.ex.optimizer_state_dict(optimizer)  # communication where the state is sharded
+        workers, optimizer_state = self.ex.gather_from_workers(mine.to_dict()), self.ex.optimizer_state_dict(optimizer)
         if self.ex.is_main:
             state = {
                 "model": self.ex.model_state_dict(model),
@@ -262,8 +261,9 @@ class Trainer:
             self.kept.write(state, latest, best)
 
     def agree_buffers(self, model) -> None:
-        """BatchNorm's running statistics (every floating-point buffer) averaged over the workers, unless
-        --no-average-buffers: the model evaluated, saved and returned is then the same on every rank."""
+        """The parameters whole (--shard-stage 3 gathers them) and BatchNorm's running statistics averaged over the
+        workers, unless --no-average-buffers: the model evaluated, saved and returned is the same on every rank."""
+        self.ex.whole_parameters(model)  # communication where the parameters are sharded
         if self.cfg.exchange.average_buffers:
             average_buffers(model, self.ex)  # communication: two grouped sums of the buffers
 

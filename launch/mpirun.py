@@ -26,7 +26,7 @@ import shlex
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from typing import Any
 from .bound import GRACE_PERIOD, exit_dir, run_bounded, why
 from .elastic import PROBE_TIMEOUT, Elastic, ElasticError, host_arg, parse_host_list, read_hostfile
 from .exitcodes import EXIT_DIR_ENV, EXIT_INTERRUPTED, EXIT_OK, EXIT_STALLED, EXIT_USAGE, NOT_RESTARTED
-from .specflags import trailing
+from .specflags import add_flags, option, spec_from_args, trainer_args_option
 
 # Forwarded to every rank when set here (plus every HOROVOD_* and NCCL_* variable).
 FORWARD_VARS = (
@@ -107,31 +107,152 @@ def allreduce_mca(rules: str, user_mca: list[tuple[str, str]]) -> list[tuple[str
     return [("coll_tuned_use_dynamic_rules", "1"), ("coll_tuned_dynamic_rules_filename", rules)]
 
 
+# Every job's Open MPI parameters unless the user gives the key (Horovod's guidance for TCP clusters).
+DEFAULT_MCA = (("pml", "ob1"), ("btl", "^openib"))
+MCA_HELP = "extra Open MPI parameter, e.g. --mca btl_tcp_if_include eth0 (repeatable)"
+
+
+def add_mca_arg(p: Any, default: Any = None, help: str = MCA_HELP) -> None:
+    """``--mca KEY VALUE`` (repeatable), the one declaration of the flag (its pairs: :func:`parse_mca`);
+    ``default`` is what a spec field's ``add`` hook is given: the flag starts from no pairs whatever it is."""
+    p.add_argument("--mca", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"), help=help)
+
+
+def parse_mca(items: list[list[str]]) -> list[tuple[str, str]]:
+    """The parsed ``--mca`` flags -> (key, value) pairs."""
+    return [(key, value) for key, value in items]
+
+
+def mca_option() -> Any:
+    """A spec field that is the ``--mca`` flag (python -m launch, slurm, k8s)."""
+    return option([], add=add_mca_arg, parse=parse_mca)
+
+
+def merged_mca(
+    user: list[tuple[str, str]], rules: str = "", defaults: tuple[tuple[str, str], ...] | list = DEFAULT_MCA
+) -> list[tuple[str, str]]:
+    """The job's -mca pairs in their order: the ``defaults`` whose key the user does not give (Open MPI
+    refuses a parameter listed twice, e.g. --mca btl tcp,self beside btl ^openib), the pairs that load
+    the allreduce ``rules`` (:func:`allreduce_mca`), then the user's."""
+    mine = {key for key, _ in user}
+    return [*((k, v) for k, v in defaults if k not in mine), *allreduce_mca(rules, user), *user]
+
+
+def mpirun_start(mpirun: str, np: int | str, is_root: bool) -> list[str]:
+    """``mpirun [--allow-run-as-root] -np NP``; ``np`` may be a word a batch shell expands ($SLURM_NTASKS)."""
+    return [mpirun, *(["--allow-run-as-root"] if is_root else []), "-np", str(np)]  # Open MPI refuses root otherwise
+
+
+# Horovod's guidance for Open MPI: let each rank's threads use its share of the cores
+PLACEMENT = ("-bind-to", "none", "-map-by", "slot")
+
+
+def mca_words(pairs: list[tuple[str, str]]) -> list[str]:
+    return [w for key, value in pairs for w in ("-mca", key, value)]
+
+
+def forward_words(environ: dict[str, str], extra_env: dict[str, str] | None = None) -> list[str]:
+    """mpirun's ``-x`` words: the variables of ``environ`` the ranks need (:func:`forwarded_env`) by name,
+    then ``extra_env``'s with their values (a name in both is passed with its value)."""
+    extra_env = extra_env or {}
+    words = [w for name in forwarded_env(environ) if name not in extra_env for w in ("-x", name)]
+    return words + [w for name, value in extra_env.items() for w in ("-x", f"{name}={value}")]
+
+
+ELASTIC = "elastic restarts (docs/faults.md)"
+
+
 @dataclass
 class LaunchSpec:
-    """One job: how many ranks, where, and what each rank runs."""
+    """One job of ``python -m launch``: how many ranks, where, what each rank runs and how the launcher
+    watches it. A field given with :func:`~launch.specflags.option` is the flag of the same name
+    (:func:`make_parser` generates them, in this order); the rest are set by code."""
 
-    np: int = 1
-    hosts: str = ""  # "host1:4,host2:4"
-    hostfile: str = ""
-    oversubscribe: bool = False
-    mca: list[tuple[str, str]] = field(default_factory=list)  # extra -mca key value pairs
-    module: str = TRAINER  # every rank runs ``python -m module *module_args *trainer_args``
-    module_args: list[str] = field(default_factory=lambda: ["train"])
-    script: str = ""  # a user's script instead: every rank runs ``python script *trainer_args``
-    trainer_args: list[str] = field(default_factory=list)
+    np: int = option(1, "number of ranks (default: %(default)s)", flag=("-np", "--np"))
+    hosts: str = option("", "comma-separated host:slots list, e.g. node1:4,node2:4", flag=("-H", "--hosts"))
+    hostfile: str = option("", "Open MPI hostfile (lines like `node1 slots=4`)")
+    oversubscribe: bool = option(False, "allow more ranks than cores/slots")
+    mca: list[tuple[str, str]] = mca_option()  # extra -mca key value pairs
+    # "ring": RING_RULES under app_dir for every rank; "auto": Open MPI's choice; None: ring when the job
+    # spans hosts (-H, --hostfile, emulated hosts), else auto (:func:`allreduce_choice`)
+    mpi_allreduce: str | None = option(
+        None,
+        add=lambda p, default: add_mpi_allreduce_arg(
+            p, default, "ring with -H/--hostfile (or emulated hosts), auto on one host"
+        ),
+    )
+    timeout: float = option(0, "stop the job after this long (default: none)", metavar="SECONDS")
+    # every rank runs ``python -m module command *trainer_args`` (the command for the trainer only) ...
+    command: str = option("train", "allreduce_train subcommand to run on every rank (default: %(default)s)")
+    # ... or ``python script *trainer_args``
+    script: str = option(
+        "",
+        "run your own script on every rank (`python FILE.py ARGS`; allreduce_train.fit or init "
+        "inside, docs/own_model.md) instead of the trainer; ARGS after `--`",
+        metavar="FILE.py",
+    )
+    module: str = option(
+        TRAINER, "run `python -m MODULE ARGS` on every rank instead of the trainer (experiments' rank programs)"
+    )
+    max_restarts: int = option(
+        0,
+        "relaunch a failed job (a rank killed, a stall, a rank preempted) up to N times with "
+        "--resume auto (default: 0); pin the run with the trainer's --name",
+        metavar="N",
+    )
+    min_np: int = option(
+        0,
+        "with --max-restarts and -H/--hostfile: before a restart, ask every host to answer (a "
+        "bounded ssh probe in batch mode through mpirun's own plm_rsh_agent) and continue on those "
+        "that do, with up to -np ranks, as long as M fit; fewer: exit 69 (default: no probe)",
+        metavar="M",
+        group=ELASTIC,
+    )
+    host_discovery_script: str = option(
+        "",
+        "instead of -H/--hostfile: an executable that prints the hosts available now, one "
+        "host:slots line each (as horovodrun's); run before the first attempt and before each "
+        "restart (--min-np defaults to -np)",
+        metavar="PATH",
+        group=ELASTIC,
+    )
+    probe_timeout: float = option(
+        PROBE_TIMEOUT,
+        f"how long one host has to answer the probe (default: {PROBE_TIMEOUT:g})",
+        metavar="SECONDS",
+        group=ELASTIC,
+    )
+    grace_period: float = option(
+        GRACE_PERIOD,
+        "once a rank has failed or a stop was asked for (SIGTERM, Ctrl-C), the time mpirun has to "
+        "end the job before the launcher kills it, e.g. when it waits for a host it cannot "
+        f"reach (default: {GRACE_PERIOD:g})",
+        metavar="SECONDS",
+    )
+    trainer_args: list[str] = trainer_args_option()
     python: str = sys.executable
     mpirun: str = "mpirun"
     # Hosts that are not real (the lab's emulated cluster): an object with exec_prefix() (where mpirun
     # runs), host_list(np) (-H unless ``hosts`` names some of them), mca() and env() (what every rank gets).
     cluster: Any = None
-    allreduce_rules: str = ""  # an Open MPI coll/tuned rules file for every rank (RING_RULES); empty: Open MPI's
+    app_dir: str = str(RING_RULES.parent.parent)  # the checkout the ranks run from (an image's for Kubernetes)
 
 
 def forwarded_env(environ: dict[str, str]) -> list[str]:
     names = [v for v in FORWARD_VARS if v in environ]
     names += sorted(v for v in environ if v.startswith(FORWARD_PREFIXES))
     return names
+
+
+def allreduce_choice(spec: LaunchSpec) -> str:
+    """``--mpi-allreduce`` as given, else ring when the job spans hosts and auto on one host."""
+    return spec.mpi_allreduce or ("ring" if spec.hosts or spec.hostfile or spec.cluster else "auto")
+
+
+def mca_pairs(spec: LaunchSpec) -> list[tuple[str, str]]:
+    """The -mca pairs of ``spec``'s mpirun line (an emulated cluster's transport replaces btl ^openib)."""
+    defaults = [DEFAULT_MCA[0], *spec.cluster.mca()] if spec.cluster else DEFAULT_MCA
+    return merged_mca(spec.mca, ring_rules(allreduce_choice(spec), spec.app_dir), defaults)
 
 
 def build_command(spec: LaunchSpec, environ: dict[str, str] | None = None, is_root: bool | None = None) -> list[str]:
@@ -149,119 +270,29 @@ def build_command(spec: LaunchSpec, environ: dict[str, str] | None = None, is_ro
         # In the command itself, so that the printed line is safe to copy: see no_gl_probe
         cmd += ["env", "HWLOC_COMPONENTS=-gl"]
         environ = no_gl_probe(environ)  # ... and forwarded to the ranks with -x
-    cmd.append(spec.mpirun)
-    if is_root:
-        cmd.append("--allow-run-as-root")  # Open MPI refuses root otherwise
-    cmd += ["-np", str(spec.np)]
+    cmd += mpirun_start(spec.mpirun, spec.np, is_root)
     if spec.hosts or cluster:  # an emulated cluster's hosts by name after an elastic restart, else spread evenly
         cmd += ["-H", spec.hosts or cluster.host_list(spec.np)]
     if spec.hostfile:
         cmd += ["--hostfile", spec.hostfile]
     if spec.oversubscribe:
         cmd.append("--oversubscribe")
-    cmd += ["-bind-to", "none", "-map-by", "slot"]
-    # A key the user gives is the user's: Open MPI refuses a parameter listed twice on the line
-    # (e.g. --mca btl tcp,self beside the default btl ^openib, or the emulated cluster's own).
-    mine = {key for key, _ in spec.mca}
-    defaults = [("pml", "ob1"), *(cluster.mca() if cluster else [("btl", "^openib")])]  # cluster: btl tcp,self
-    for key, value in defaults:
-        if key not in mine:
-            cmd += ["-mca", key, value]
-    for key, value in [*allreduce_mca(spec.allreduce_rules, spec.mca), *spec.mca]:
-        cmd += ["-mca", key, value]
-    extra_env = cluster.env() if cluster else {}
-    for name in forwarded_env(environ):
-        if name not in extra_env:
-            cmd += ["-x", name]
-    for name, value in extra_env.items():
-        cmd += ["-x", f"{name}={value}"]
-    program = [spec.script] if spec.script else ["-m", spec.module, *spec.module_args]
-    cmd += [spec.python, *program, *spec.trainer_args]
-    return cmd
+    cmd += [*PLACEMENT, *mca_words(mca_pairs(spec))]
+    cmd += forward_words(environ, cluster.env() if cluster else None)
+    program = [spec.script] if spec.script else ["-m", spec.module, *([spec.command] if spec.module == TRAINER else [])]
+    return [*cmd, spec.python, *program, *spec.trainer_args]
 
 
 def make_parser() -> argparse.ArgumentParser:
+    """``python -m launch``'s flags: :class:`LaunchSpec`'s, and --dry-run."""
     p = argparse.ArgumentParser(
         prog="python -m launch",
         description="Run allreduce_train under mpirun. Trainer arguments go after `--`. For a scheduler: "
         "`python -m launch slurm --help` (sbatch), `python -m launch k8s --help` (Kubernetes MPIJob).",
         epilog="example: python -m launch -np 4 -H node1:2,node2:2 -- --model lenet5 --epochs 2",
     )
-    p.add_argument("-np", "--np", type=int, default=1, help="number of ranks (default: 1)")
-    p.add_argument("-H", "--hosts", default="", help="comma-separated host:slots list, e.g. node1:4,node2:4")
-    p.add_argument("--hostfile", default="", help="Open MPI hostfile (lines like `node1 slots=4`)")
-    p.add_argument("--oversubscribe", action="store_true", help="allow more ranks than cores/slots")
-    p.add_argument(
-        "--mca",
-        nargs=2,
-        action="append",
-        default=[],
-        metavar=("KEY", "VALUE"),
-        help="extra Open MPI parameter, e.g. --mca btl_tcp_if_include eth0 (repeatable)",
-    )
-    add_mpi_allreduce_arg(p, None, "ring with -H/--hostfile (or emulated hosts), auto on one host")
-    p.add_argument(
-        "--timeout", type=float, default=0, metavar="SECONDS", help="stop the job after this long (default: none)"
-    )
-    p.add_argument(
-        "--command", default="train", help="allreduce_train subcommand to run on every rank (default: train)"
-    )
-    p.add_argument(
-        "--script",
-        default="",
-        metavar="FILE.py",
-        help="run your own script on every rank (`python FILE.py ARGS`; allreduce_train.fit or init "
-        "inside, docs/own_model.md) instead of the trainer; ARGS after `--`",
-    )
-    p.add_argument(
-        "--module",
-        default=TRAINER,
-        help="run `python -m MODULE ARGS` on every rank instead of the trainer (experiments' rank programs)",
-    )
-    p.add_argument(
-        "--max-restarts",
-        type=int,
-        default=0,
-        metavar="N",
-        help="relaunch a failed job (a rank killed, a stall, a rank preempted) up to N times with "
-        "--resume auto (default: 0); pin the run with the trainer's --name",
-    )
-    e = p.add_argument_group("elastic restarts (docs/faults.md)")
-    e.add_argument(
-        "--min-np",
-        type=int,
-        default=0,
-        metavar="M",
-        help="with --max-restarts and -H/--hostfile: before a restart, ask every host to answer (a "
-        "bounded ssh probe in batch mode through mpirun's own plm_rsh_agent) and continue on those "
-        "that do, with up to -np ranks, as long as M fit; fewer: exit 69 (default: no probe)",
-    )
-    e.add_argument(
-        "--host-discovery-script",
-        default="",
-        metavar="PATH",
-        help="instead of -H/--hostfile: an executable that prints the hosts available now, one "
-        "host:slots line each (as horovodrun's); run before the first attempt and before each "
-        "restart (--min-np defaults to -np)",
-    )
-    e.add_argument(
-        "--probe-timeout",
-        type=float,
-        default=PROBE_TIMEOUT,
-        metavar="SECONDS",
-        help=f"how long one host has to answer the probe (default: {PROBE_TIMEOUT:g})",
-    )
-    p.add_argument(
-        "--grace-period",
-        type=float,
-        default=GRACE_PERIOD,
-        metavar="SECONDS",
-        help="once a rank has failed or a stop was asked for (SIGTERM, Ctrl-C), the time mpirun has to "
-        "end the job before the launcher kills it, e.g. when it waits for a host it cannot "
-        f"reach (default: {GRACE_PERIOD:g})",
-    )
+    add_flags(p, LaunchSpec)
     p.add_argument("--dry-run", action="store_true", help="print the mpirun line and exit")
-    p.add_argument("trainer_args", nargs=argparse.REMAINDER, help="arguments for the trainer, after --")
     return p
 
 
@@ -289,37 +320,14 @@ def main(argv: list[str] | None = None, emulation: Any = None) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    trainer_args = trailing(args.trainer_args)
     try:
-        cluster = emulation.cluster(args) if emulation else None
-        if args.timeout < 0:
-            raise ValueError(f"--timeout must be >= 0 (got {args.timeout:g})")
-        if args.max_restarts < 0:
-            raise ValueError("--max-restarts must be >= 0")
-        if args.grace_period <= 0:
-            raise ValueError(f"--grace-period must be > 0 (got {args.grace_period:g})")
-        if args.script and args.module != TRAINER:
-            raise ValueError("--script and --module both name what every rank runs: give one")
-        if args.script and not os.path.isfile(args.script):
-            raise ValueError(f"--script {args.script}: file not found")
-        if args.max_restarts and args.module == TRAINER:
-            trainer_args = pinned_name(trainer_args)
-        check_host_flags(args, cluster)
-        multi_host = bool(args.hosts or args.hostfile or cluster)
-        mpi_allreduce = args.mpi_allreduce or ("ring" if multi_host else "auto")
-        spec = LaunchSpec(
-            np=args.np,
-            hosts=args.hosts,
-            hostfile=args.hostfile,
-            oversubscribe=args.oversubscribe,
-            mca=[tuple(kv) for kv in args.mca],
-            module=args.module,
-            script=args.script,
-            module_args=[args.command] if args.module == TRAINER else [],
-            trainer_args=trainer_args,
-            cluster=cluster,
-            allreduce_rules=ring_rules(mpi_allreduce),
-        )
+        spec = spec_from_args(LaunchSpec, args, cluster=emulation.cluster(args) if emulation else None)
+        check_run_flags(spec)
+        if spec.max_restarts and spec.module == TRAINER:
+            spec = dataclasses.replace(spec, trainer_args=pinned_name(spec.trainer_args))
+        check_host_flags(spec)
+        # fixed here: hosts a discovery script names later do not change it
+        spec = dataclasses.replace(spec, mpi_allreduce=allreduce_choice(spec))
         if spec.hostfile and not os.path.isfile(spec.hostfile):
             raise ValueError(f"--hostfile {spec.hostfile}: file not found")
         cores = usable_cores()
@@ -335,8 +343,8 @@ def main(argv: list[str] | None = None, emulation: Any = None) -> int:
             spec = dataclasses.replace(spec, oversubscribe=True)
         env = dict(os.environ)
         env.pop(EXIT_DIR_ENV, None)
-        cmd = build_command(spec, environ=env)  # sets HWLOC_COMPONENTS=-gl in the line unless env has it
-        elastic = make_elastic(args, spec, cmd)
+        build_command(spec, environ=env)  # refuses a bad -np or -H with --hostfile before anything runs
+        elastic = make_elastic(spec)
         if elastic and elastic.script:  # the discovery script names the first attempt's hosts too
             hosts, np = elastic.first(env)
             if np < elastic.min_np:
@@ -347,7 +355,7 @@ def main(argv: list[str] | None = None, emulation: Any = None) -> int:
                 )
                 return EXIT_STALLED
             spec = dataclasses.replace(spec, np=np, hosts=host_arg(hosts))
-            cmd = build_command(spec, environ=env)
+        cmd = build_command(spec, environ=env)  # sets HWLOC_COMPONENTS=-gl in the line unless env has it
     except ValueError as e:
         print(f"launch: error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -372,15 +380,13 @@ def main(argv: list[str] | None = None, emulation: Any = None) -> int:
         # Under mpirun every rank writes into a pipe, so the trainer cannot see that a person is
         # watching; tell it, so rank 0 draws its progress bar.
         env["ALLREDUCE_TRAIN_PROGRESS"] = "1"
-    timeout = args.timeout or (emulation.default_timeout if spec.cluster else 0)
+    timeout = spec.timeout or (emulation.default_timeout if spec.cluster else 0)
     with exit_dir(env):  # see run_bounded
         cmd = build_command(spec, environ=env)
         print("+ " + shlex.join(cmd), flush=True)
 
         def job(between=None) -> int:
-            return supervise(
-                spec, cmd, env, timeout, args.max_restarts, grace=args.grace_period, elastic=elastic, between=between
-            )
+            return supervise(spec, cmd, env, timeout, elastic=elastic, between=between)
 
         if spec.cluster:
             return emulation.run(spec.cluster, job)
@@ -391,28 +397,42 @@ def main(argv: list[str] | None = None, emulation: Any = None) -> int:
             return EXIT_INTERRUPTED
 
 
-def check_host_flags(args: argparse.Namespace, cluster: Any) -> None:
+def check_run_flags(spec: LaunchSpec) -> None:
+    """ValueError naming the flag when the run's own flags are out of range or what every rank runs is unclear."""
+    if spec.timeout < 0:
+        raise ValueError(f"--timeout must be >= 0 (got {spec.timeout:g})")
+    if spec.max_restarts < 0:
+        raise ValueError("--max-restarts must be >= 0")
+    if spec.grace_period <= 0:
+        raise ValueError(f"--grace-period must be > 0 (got {spec.grace_period:g})")
+    if spec.script and spec.module != TRAINER:
+        raise ValueError("--script and --module both name what every rank runs: give one")
+    if spec.script and not os.path.isfile(spec.script):
+        raise ValueError(f"--script {spec.script}: file not found")
+
+
+def check_host_flags(spec: LaunchSpec) -> None:
     """ValueError naming the flag when the hosts' flags (-H, --hostfile, the emulated cluster,
     --min-np, --host-discovery-script, --probe-timeout) do not go together."""
-    if args.min_np < 0 or args.min_np > args.np:
-        raise ValueError(f"--min-np must be between 0 and -np {args.np} (got {args.min_np})")
-    if args.min_np and not args.max_restarts:
+    if spec.min_np < 0 or spec.min_np > spec.np:
+        raise ValueError(f"--min-np must be between 0 and -np {spec.np} (got {spec.min_np})")
+    if spec.min_np and not spec.max_restarts:
         raise ValueError("--min-np acts when the job restarts: give --max-restarts too")
-    if args.probe_timeout <= 0:
-        raise ValueError(f"--probe-timeout must be > 0 (got {args.probe_timeout:g})")
-    if args.host_discovery_script and (args.hosts or args.hostfile or cluster):
+    if spec.probe_timeout <= 0:
+        raise ValueError(f"--probe-timeout must be > 0 (got {spec.probe_timeout:g})")
+    if spec.host_discovery_script and (spec.hosts or spec.hostfile or spec.cluster):
         raise ValueError("--host-discovery-script gives the hosts: leave out -H/--hostfile/--emulate-hosts")
-    if cluster and (args.hosts or args.hostfile):
+    if spec.cluster and (spec.hosts or spec.hostfile):
         raise ValueError("give either --emulate-hosts or -H/--hostfile, not both")
-    if args.min_np and not (args.hosts or args.hostfile or args.host_discovery_script or cluster):
+    if spec.min_np and not (spec.hosts or spec.hostfile or spec.host_discovery_script or spec.cluster):
         raise ValueError("--min-np needs the hosts to ask: give -H, --hostfile or --host-discovery-script")
 
 
-def make_elastic(args: argparse.Namespace, spec: LaunchSpec, cmd: list[str]) -> Elastic | None:
+def make_elastic(spec: LaunchSpec) -> Elastic | None:
     """The elastic step for ``--min-np`` / ``--host-discovery-script`` (None without them)."""
-    if not (args.min_np or args.host_discovery_script):
+    if not (spec.min_np or spec.host_discovery_script):
         return None
-    if args.host_discovery_script:
+    if spec.host_discovery_script:
         hosts = []
     elif spec.cluster:
         hosts = parse_host_list(spec.cluster.host_list(spec.np))
@@ -420,17 +440,15 @@ def make_elastic(args: argparse.Namespace, spec: LaunchSpec, cmd: list[str]) -> 
         hosts = read_hostfile(spec.hostfile)
     else:
         hosts = parse_host_list(spec.hosts)
-    # the agent is looked up in the -mca pairs of the mpirun line itself: the probe goes where mpirun goes
-    mca = [(cmd[i + 1], cmd[i + 2]) for i in range(len(cmd) - 2) if cmd[i] == "-mca"]
     return Elastic(
         np=spec.np,
-        min_np=args.min_np or spec.np,
+        min_np=spec.min_np or spec.np,
         hosts=hosts,
-        script=args.host_discovery_script,
+        script=spec.host_discovery_script,
         oversubscribe=spec.oversubscribe,
-        mca=mca,
+        mca=mca_pairs(spec),  # the agent is looked up in the line's -mca pairs: the probe goes where mpirun goes
         exec_prefix=list(spec.cluster.exec_prefix()) if spec.cluster else [],
-        probe_timeout=args.probe_timeout,
+        probe_timeout=spec.probe_timeout,
     )
 
 
@@ -475,12 +493,11 @@ def supervise(
     cmd: list[str],
     env: dict[str, str],
     timeout: float,
-    max_restarts: int,
-    grace: float = GRACE_PERIOD,
     elastic: Elastic | None = None,
     between=None,
 ) -> int:
-    """Run the job; relaunch it with ``--resume auto`` after a failure, up to ``max_restarts`` times.
+    """Run the job; relaunch it with ``--resume auto`` after a failure, up to ``spec.max_restarts`` times;
+    ``spec.grace_period``: the time mpirun has to end the job once a rank failed or a stop was asked for.
 
     Not restarted: success, usage errors, divergence (each would fail the same way again), the
     launcher's own --timeout, and a stop signal sent to this launcher (the whole job is being
@@ -490,9 +507,10 @@ def supervise(
     failed attempt left on its hosts).
     """
     given = spec  # the user's hosts (or hostfile): used again while every host answers
+    max_restarts = spec.max_restarts
     for attempt in range(max_restarts + 1):
         stops: list[str] = []
-        rc = run_bounded(cmd, env, timeout, stops, grace=grace, np=spec.np)
+        rc = run_bounded(cmd, env, timeout, stops, grace=spec.grace_period, np=spec.np)
         if rc in NOT_RESTARTED or stops or attempt == max_restarts:
             return rc
         print(

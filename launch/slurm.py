@@ -34,8 +34,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .exitcodes import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED, EXIT_TIMEOUT, EXIT_USAGE
-from .mpirun import TRAINER, LaunchSpec, add_mpi_allreduce_arg, allreduce_mca, build_command, no_gl_probe, ring_rules
-from .specflags import add_flags, option, spec_from_args, trailing
+from .mpirun import (
+    PLACEMENT,
+    TRAINER,
+    add_mpi_allreduce_arg,
+    forward_words,
+    mca_option,
+    mca_words,
+    merged_mca,
+    mpirun_start,
+    no_gl_probe,
+    ring_rules,
+)
+from .specflags import add_flags, option, spec_from_args, trainer_args_option
 
 # The lab's emulated Slurm cluster (lab/emulation/slurm_cluster.py) keeps its state, slurm.conf included, here;
 # without SLURM_CONF or /etc/slurm/slurm.conf the clients use it (slurm_env).
@@ -81,17 +92,10 @@ class SlurmJob:
         120, "seconds before the time limit at which the job checkpoints and requeues (default: %(default)s)"
     )
     srun: bool = option(False, "start the ranks with srun --mpi=pmix instead of mpirun")
-    mca: list[tuple[str, str]] = option(
-        [],
-        "extra Open MPI parameter, e.g. --mca btl_tcp_if_include eth0 (repeatable)",
-        nargs=2,
-        action="append",
-        metavar=("KEY", "VALUE"),
-        parse=lambda pairs: [tuple(kv) for kv in pairs],
-    )
+    mca: list[tuple[str, str]] = mca_option()
     # launch/openmpi_allreduce_ring.rules for MPI_Allreduce; "auto": Open MPI's choice
     mpi_allreduce: str = option("ring", add=lambda p, default: add_mpi_allreduce_arg(p, default, default))
-    trainer_args: list[str] = option([], "arguments for the trainer, after --", flag="trainer_args", parse=trailing)
+    trainer_args: list[str] = trainer_args_option()
     python: str = sys.executable
 
     def __post_init__(self):
@@ -147,26 +151,20 @@ def job_command(job: SlurmJob, environ: dict[str, str], is_root: bool) -> tuple[
     name ``"slurm-$SLURM_JOB_ID"``, which the batch shell expands."""
     name = [] if job.run_name else ["--name", '"slurm-$SLURM_JOB_ID"']  # the same directory after a requeue
     program = [job.python, "-m", TRAINER, "train"]
-    rules = ring_rules(job.mpi_allreduce)  # a path every node sees, like job.python
+    mca = merged_mca(job.mca, ring_rules(job.mpi_allreduce))  # the rules: a path every node sees, like job.python
     if job.srun:
-        mca = [("pml", "ob1"), ("btl", "^openib"), *allreduce_mca(rules, job.mca), *job.mca]
         env = [(f"OMPI_MCA_{k}", v) for k, v in mca]
         # Not --kill-on-bad-exit: after a preemption every rank exits 75 by itself, and srun killing the
         # last ones as soon as the first has exited would turn the job's 75 into a failure (no requeue).
-        launcher = ["srun", "--mpi=pmix"]
-        groups = [[shlex.quote(w) for w in launcher]]
+        groups = [[shlex.quote(w) for w in ("srun", "--mpi=pmix")]]
     else:
+        # python -m launch's line without hosts: Open MPI reads the allocation, every task is a rank
         env = []
-        words = build_command(
-            LaunchSpec(np=1, mca=list(job.mca), python=job.python, allreduce_rules=rules),
-            environ=environ,
-            is_root=is_root,
-        )
-        words = words[: -len(program)]
-        words[words.index("-np") + 1] = NTASKS
-        quoted = [w if w == NTASKS else shlex.quote(w) for w in words]
-        first_x = quoted.index("-x") if "-x" in quoted else len(quoted)
-        groups = [quoted[:first_x], quoted[first_x:]]
+        head = [*mpirun_start("mpirun", NTASKS, is_root), *PLACEMENT, *mca_words(mca)]
+        groups = [
+            [w if w == NTASKS else shlex.quote(w) for w in head],
+            [shlex.quote(w) for w in forward_words(environ)],
+        ]
     # launch run: the launcher's bound (launch/run.py): a stop that no rank answers, or a failed rank
     # here while mpirun waits for a node it cannot reach, ends the step within its grace period
     groups.insert(0, [shlex.quote(w) for w in (job.python, "-m", "launch", "run", "--")])

@@ -7,8 +7,10 @@ beyond the field's type. :func:`add_flags` adds one flag per such field, in fiel
 (e.g. the interpreter a Slurm job runs) has no flag and keeps its default.
 
     nodes: int = option(2, "nodes (default: %(default)s)")                      # --nodes, type int
+    np: int = option(1, "ranks", flag=("-np", "--np"))                            # two names
     resume: bool = option(True, "...", flag="--no-resume")                        # store_false
     mca: list[tuple[str, str]] = option([], "...", action="append", nargs=2, parse=pairs)
+    min_np: int = option(0, "...", group="elastic restarts")                     # in a help section
 
 Standard library only, like the rest of launch/.
 """
@@ -28,7 +30,8 @@ def option(
     default: Any,
     help: str = "",
     *,
-    flag: str = "",
+    flag: str | tuple[str, ...] = "",
+    group: str = "",
     parse: Callable[[Any], Any] | None = None,
     add: Callable[[argparse.ArgumentParser, Any], None] | None = None,
     flag_default: Any = _FIELD,
@@ -36,16 +39,19 @@ def option(
 ) -> Any:
     """A spec field that is also a flag.
 
-    ``flag``: its name when not ``--`` + the field's name with ``-`` (``"trainer_args"``, no dashes: the
-    positional arguments after ``--``); ``parse``: turns the parsed value into the field's (e.g. a list
-    of ``KEY=VALUE`` into a dict), also applied to the flag's default; ``add``: adds the flag itself
-    (``add(parser, default)``, with its own help) where launchers share one; ``flag_default``: the
+    ``flag``: its name (or names, e.g. ``("-np", "--np")``) when not ``--`` + the field's name with ``-``
+    (``"trainer_args"``, no dashes: the positional arguments after ``--``); ``group``: the title of the
+    help section it is listed in (default: the parser's options); ``parse``: turns the parsed value into
+    the field's (e.g. a list of ``KEY=VALUE`` into a dict), also applied to the flag's default; ``add``:
+    adds the flag itself (``add(parser, default)``, with its own help) where launchers share one (it gets
+    the argument group where ``group`` names one); ``flag_default``: the
     flag's own default where it differs in form (``""`` for no JSON object) or the spec's value is
     worked out from other flags (``None``); the rest goes to ``add_argument`` (choices, metavar,
     action, nargs). A repeatable flag (``action="append"``) starts from an empty list."""
     if flag_default is not _FIELD:
         argparse_kwargs["default"] = flag_default
-    meta = {FLAG: {"help": help, "flag": flag, "parse": parse, "add": add, "kwargs": argparse_kwargs}}
+    names = (flag,) if isinstance(flag, str) else tuple(flag)
+    meta = {FLAG: {"help": help, "flag": names, "group": group, "parse": parse, "add": add, "kwargs": argparse_kwargs}}
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -54,6 +60,11 @@ def option(
 def trailing(words: list[str]) -> list[str]:
     """The words after the ``--`` that ends a launcher's own flags (argparse keeps it in a remainder)."""
     return words[1:] if words[:1] == ["--"] else list(words)
+
+
+def trainer_args_option() -> Any:
+    """A spec field that is the trainer's arguments after ``--`` (every launcher's last positional)."""
+    return option([], "arguments for the trainer, after --", flag="trainer_args", parse=trailing)
 
 
 def _default(f: dataclasses.Field) -> Any:
@@ -65,20 +76,33 @@ def flag_fields(cls: type) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(cls) if FLAG in f.metadata]
 
 
+def flag_names(f: dataclasses.Field) -> tuple[str, ...]:
+    """The flag's names on the command line (a positional's: its one name, without dashes)."""
+    names = f.metadata[FLAG]["flag"]
+    return names if names[0] else ("--" + f.name.replace("_", "-"),)
+
+
 def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
-    """One flag per :func:`option` field of ``cls``, its default the field's."""
+    """One flag per :func:`option` field of ``cls``, its default the field's, in field order."""
     hints = get_type_hints(cls)
+    groups: dict[str, Any] = {}
     for f in flag_fields(cls):
         meta = f.metadata[FLAG]
         default = _default(f)
+        where: Any = parser
+        if meta["group"]:
+            where = groups.get(meta["group"]) or groups.setdefault(
+                meta["group"], parser.add_argument_group(meta["group"])
+            )
         if meta["add"]:
-            meta["add"](parser, default)
+            meta["add"](where, default)
             continue
         kwargs = dict(meta["kwargs"])
         kwargs["help"] = meta["help"]
-        name = meta["flag"] or "--" + f.name.replace("_", "-")
+        names = flag_names(f)
+        name = names[0]
         if not name.startswith("-"):  # the trainer's arguments after --
-            parser.add_argument(name, nargs=argparse.REMAINDER, **kwargs)
+            where.add_argument(name, nargs=argparse.REMAINDER, **kwargs)
             continue
         typ = hints[f.name]
         if typ is bool:
@@ -90,7 +114,7 @@ def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
         elif typ in (int, float):
             kwargs.setdefault("type", typ)
         kwargs.setdefault("default", default)  # a flag whose default is worked out elsewhere passes its own
-        parser.add_argument(name, dest=f.name, **kwargs)  # --no-resume sets resume
+        where.add_argument(*names, dest=f.name, **kwargs)  # --no-resume sets resume
 
 
 def spec_kwargs(cls: type, args: argparse.Namespace) -> dict[str, Any]:

@@ -156,6 +156,11 @@ class GradientExchange(ABC):
         for each rank that only serves and so never runs the trainer; none here."""
         return []
 
+    def whole_parameters(self, model: torch.nn.Module) -> None:
+        """Make ``model``'s parameters whole on every worker until its next training step: a collective over
+        the workers where they are sharded (``--shard-stage 3``), nothing elsewhere."""
+        return None  # whole already: every rank holds every parameter
+
     def serve(self) -> None:
         """Run a non-worker rank until the workers finish."""
         raise NotImplementedError(f"{self.name} has no server ranks")

@@ -14,6 +14,7 @@ from .. import watchdog
 from ..config import ExchangeConfig, HorovodConfig
 from ..errors import UserError
 from .base import GradientExchange
+from .horovod_shard import HorovodShardCollectives
 from .mpi import abort
 
 POLL_S = 1e-4  # sleep between polls of an in-flight allreduce: ~1 % of a LeNet-5 step
@@ -322,6 +323,10 @@ class HorovodAllreduce(GradientExchange):
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         self._optimizer = wrapped
         return wrapped
+
+    def shard_collectives(self) -> HorovodShardCollectives:
+        """Reduce-scatter and allgather of buckets through this engine's Horovod, for ``--strategy sharded``."""
+        return HorovodShardCollectives(self.hvd, self.cfg.stall_timeout, exchange_alone=self._exchange_alone)
 
     def set_exchanging(self, on: bool) -> None:
         self._exchanging = on

@@ -38,7 +38,7 @@ CHECKED_BYTES = 4 << 20
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from launch.mpirun import add_mpi_allreduce_arg
+    from launch.mpirun import add_mca_arg, add_mpi_allreduce_arg
 
     p.add_argument("--rates", default="1gbit,100mbit", help="link rates per direction (default: 1gbit,100mbit)")
     p.add_argument("--hosts", default="2,4", help="worker counts, one emulated host each (default: 2,4)")
@@ -51,14 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", default=DEFAULT_SIZES, help=f"message sizes (default: {DEFAULT_SIZES})")
     p.add_argument("--iters", type=int, default=5, help="timed exchanges per size (default: 5)")
     p.add_argument("--warmup", type=int, default=1, help="untimed exchanges first (default: 1)")
-    p.add_argument(
-        "--mca",
-        nargs=2,
-        action="append",
-        default=[],
-        metavar=("KEY", "VALUE"),
-        help="an Open MPI parameter for every job, overriding the emulation's (repeatable)",
-    )
+    add_mca_arg(p, help="an Open MPI parameter for every job, overriding the emulation's (repeatable)")
     p.add_argument("--job-timeout", type=float, default=1800, help="seconds per job before it is stopped")
     add_mpi_allreduce_arg(p, "ring", "ring, as `python -m launch --emulate-hosts`")
     p.add_argument("--out-dir", default="", help="default: runs/commbench-netns/<time>")
@@ -172,7 +165,7 @@ def main(args: argparse.Namespace) -> int:
     started, t0, load_before = time.strftime("%Y-%m-%d %H:%M"), time.monotonic(), loadavg()
     rows: list[dict[str, Any]] = []
     failures: list[str] = []
-    mca = [tuple(kv) for kv in args.mca]
+    mca = mpirun.parse_mca(args.mca)
     try:
         for rate in rates:
             for n in hosts:

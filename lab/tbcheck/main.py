@@ -20,6 +20,9 @@ is loaded as ``make tensorboard`` prints it (smoothing 0 in the URL), and the ch
   lowest and highest value of a few-point chart outside it; ``make tensorboard``'s server starts
   with it unticked, lab/tbcheck/tbview.py. ``--stock`` checks a plain ``tensorboard`` instead,
   which shows the cut lines: the check fails there.)
+- the address a user types, ``http://127.0.0.1:PORT/`` (TensorBoard opens Time Series), and the
+  Scalars and Custom Scalars tabs as a click opens them (no settings in the URL) start with
+  smoothing 0 and outliers not ignored (a plain ``tensorboard``: 0.6 and ignored).
 
 A screenshot of the tab is saved (``--screenshot``); ``--images DIR`` also redraws the grid's
 ``scaling.png`` there (the two figures of docs/scaling.md).
@@ -83,6 +86,32 @@ PAGE_STATE = f"""(() => {{
       ...drawn(c) }})),
   }};
 }})()"""
+
+
+# What a dashboard opened without settings in its URL starts with: Time Series' smoothing and outlier
+# box (its settings pane, open by default) and the Polymer dashboards' properties; null until drawn.
+DEFAULTS_STATE = f"""(() => {{
+  const els = {_DEEP}, named = (n) => els.filter(e => e.tagName.toLowerCase() === n);
+  const dashboard = location.hash.slice(1).split('&')[0];  // '' until TensorBoard picked its default
+  if (!dashboard) return null;
+  if (dashboard === 'timeseries') {{
+    const pane = named('metrics-dashboard-settings-component')[0];
+    if (!pane) return null;
+    const label = [...pane.querySelectorAll('div')].find(d => d.textContent.trim() === 'Smoothing');
+    const input = label && label.parentElement.querySelector('input[type=number]');
+    const box = [...pane.querySelectorAll('mat-checkbox')]
+      .find(b => b.textContent.trim() === 'Ignore outliers in chart scaling');
+    if (!input || !box) return null;
+    return {{ dashboard, smoothing: Number(input.value), ignoreOutliers: box.querySelector('input').checked }};
+  }}
+  const tag = {{ scalars: 'tf-scalar-dashboard', custom_scalars: 'tf-custom-scalar-dashboard' }}[dashboard];
+  const dash = tag && named(tag)[0];
+  if (!dash) return null;
+  return {{ dashboard, smoothing: dash._smoothingWeight, ignoreOutliers: dash._ignoreYOutliers }};
+}})()"""
+# The addresses a user reaches without typing settings: the plain one (TensorBoard opens Time
+# Series) and the two Polymer scalar tabs as a click on them opens them.
+DEFAULT_VIEWS = ("", "#scalars", "#custom_scalars")
 
 
 class CheckError(Exception):
@@ -201,6 +230,37 @@ def page_state(browser: Browser, port: int, n_charts: int, timeout: float = 120.
     return last or {"selected": [], "smoothing": None, "colors": {}, "charts": [], "loading": True}
 
 
+def default_views(browser: Browser, port: int, timeout: float = 60.0) -> list[dict[str, Any]]:
+    """Each of :data:`DEFAULT_VIEWS` loaded afresh: the dashboard it opened, its smoothing and whether it
+    ignores outliers in chart scaling ({"address", "dashboard": None, ...} where nothing was drawn)."""
+    out = []
+    for view in DEFAULT_VIEWS:
+        address = f"http://127.0.0.1:{port}/{view}"
+        browser.open("about:blank")  # a new document: no dashboard of the previous address lingers
+        browser.wait_for("location.href === 'about:blank'", timeout=10.0)
+        browser.open(address)
+        state = browser.wait_for(DEFAULTS_STATE, timeout=timeout) or {"dashboard": None}
+        time.sleep(1.0)  # the page reads its stored settings right after it draws: the state they give
+        state = browser.evaluate(DEFAULTS_STATE) or state
+        out.append({"address": address, "smoothing": None, "ignoreOutliers": None, **state})
+    return out
+
+
+def verify_defaults(views: list[dict[str, Any]]) -> list[str]:
+    """How the dashboards opened without settings in the URL fall short of unsmoothed and uncut."""
+    problems = []
+    for v in views:
+        where = f"{v['address']} ({v['dashboard'] or 'no dashboard drawn'})"
+        if v["dashboard"] is None:
+            problems.append(f"{where}: the page drew no dashboard")
+            continue
+        if v["smoothing"] != 0:
+            problems.append(f"{where}: smoothing is {v['smoothing']}, not 0")
+        if v["ignoreOutliers"] is not False:
+            problems.append(f'{where}: "Ignore outliers in chart scaling" is ticked: few-point lines are cut')
+    return problems
+
+
 def run_of_line(line: str) -> str:
     """The run of a Custom Scalars line name, "<tag> (<run>)"."""
     m = re.search(r"\((.*)\)$", line)
@@ -242,6 +302,7 @@ def verify(exp: dict[str, Any], page: dict[str, Any]) -> list[str]:
         problems.append(f"runs not ticked by default: {', '.join(unticked)}")
     if page["smoothing"] != 0:
         problems.append(f"smoothing is {page['smoothing']}, not 0")
+    problems += verify_defaults(page.get("defaults", []))
     # a run that has a figure for one model should have it for every model: else a job failed
     by_figure: dict[str, set[str]] = {}
     for chart in exp["charts"]:
@@ -286,6 +347,11 @@ def summary(exp: dict[str, Any], page: dict[str, Any]) -> str:
         f"{len(exp['runs'])} runs, ticked by default: {len(page['selected'])}; smoothing {page['smoothing']}; "
         f"ignore outliers in chart scaling: {page.get('ignoreOutliers')}"
     ]
+    for v in page.get("defaults", []):
+        lines.append(
+            f"  {v['address']} opens {v['dashboard']}: smoothing {v['smoothing']}, "
+            f"ignore outliers in chart scaling: {v['ignoreOutliers']}"
+        )
     cards = {c["title"]: c for c in page["charts"]}
     for chart in exp["charts"]:
         card = cards.get(chart["title"], {"lines": []})
@@ -305,7 +371,9 @@ def check(
     with TensorBoard(logdir, port, stock=stock) as tb:
         exp = expected(tb)
         with Browser() as browser:
+            defaults = default_views(browser, port)  # first, as a user who types the address meets it
             page = page_state(browser, port, len(exp["charts"]))
+            page["defaults"] = defaults
             if screenshot:  # what a user sees at first open, every category in view
                 # TensorBoard scrolls inside its page: a viewport tall enough for every category
                 categories = len({c["category"] for c in exp["charts"]})
@@ -416,6 +484,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tb-check: FAIL: {line}", file=sys.stderr)
     print(
         "tb-check: "
-        + ("FAILED" if problems else "ok: every chart shows every run with data, all ticked by default, no line cut")
+        + (
+            "FAILED"
+            if problems
+            else "ok: every chart shows every run with data, all ticked by default, no line cut; "
+            "every dashboard starts unsmoothed and uncut"
+        )
     )
     return 1 if problems else 0

@@ -9,13 +9,22 @@ runs in ``runs/``. TensorBoard listens on 127.0.0.1 only. The URL opens the Cust
 with smoothing 0 (TensorBoard keeps the smoothing in the URL fragment; its default, 0.6, bends
 a curve of two or three points away from the measured values).
 
-TensorBoard runs in this process, with its own web assets but for one script in its page
-(:data:`DEFAULTS_SCRIPT`): "Ignore outliers in chart scaling" starts unticked. TensorBoard keeps that
-setting in the browser's storage (the URL cannot carry it) and ticks it by default; ticked, it
-scales a chart's y axis to the values between their 5th and 95th percentiles, and a comparison
-line of two to four points has its lowest and highest value outside that range: they leave the
-plot. A user who ticks the box keeps it ticked (the script only fills in a setting never made).
-The Custom Scalars layout has no field for a y range (layout.proto: a title and tag regexes).
+TensorBoard runs in this process, with its own web assets but for two changes, so that every
+dashboard the page opens -- ``http://127.0.0.1:PORT/`` included, which opens Time Series -- starts
+unsmoothed and with "Ignore outliers in chart scaling" unticked:
+
+- one script in its page (:data:`DEFAULTS_SCRIPT`) fills in TensorBoard's own stored settings where
+  the user never made one: Time Series keeps smoothing and the outlier box in the browser's storage
+  (``_tb_global_settings``), Scalars and Custom Scalars keep the outlier box there (``_ignoreYOutliers``);
+  a choice made in the page is kept;
+- Scalars' and Custom Scalars' smoothing is no stored setting (the URL fragment carries it, and a tab
+  click drops it): its default in the page's code, 0.6, becomes 0 (:func:`patched_assets`).
+
+Smoothed, a curve of two or three points bends away from the measured values (and Time Series' data
+table shows the smoothed ones); with outliers ignored a chart's y axis spans the values between their
+5th and 95th percentiles, and a comparison line of two to four points has its lowest and highest value
+outside it: they leave the plot. The Custom Scalars layout has no field for a y range (layout.proto: a
+title and tag regexes).
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import re
 import sys
 import zipfile
 
@@ -63,18 +73,27 @@ def url(port: int, tab: str = "custom_scalars") -> str:
     return f"http://127.0.0.1:{port}/#{tab}&_smoothingWeight=0"
 
 
-# Loaded first by TensorBoard's page (index.html): the outlier setting unticked unless the user chose.
+# Loaded first by TensorBoard's page (index.html): the settings below unless the user chose.
 DEFAULTS_JS = "allreduce-train-defaults.js"
-DEFAULTS_SCRIPT = """// allreduce_train (lab/tbcheck/tbview.py): "Ignore outliers in chart scaling" starts unticked, so
-// a comparison line of a few points stays inside its chart; a choice made in the page is kept.
+DEFAULTS_SCRIPT = """// allreduce_train (lab/tbcheck/tbview.py): every dashboard starts unsmoothed and with "Ignore
+// outliers in chart scaling" unticked, so a comparison line of a few points is drawn whole at its
+// measured values; a choice made in the page is kept (only settings never made are filled in).
 (function () {
   try {
-    if (window.localStorage.getItem("_ignoreYOutliers") === null) {
-      window.localStorage.setItem("_ignoreYOutliers", "false");
-    }
-  } catch (e) { /* no storage: TensorBoard's own default */ }
+    var store = window.localStorage;
+    // Scalars and Custom Scalars (Polymer): the outlier box
+    if (store.getItem("_ignoreYOutliers") === null) store.setItem("_ignoreYOutliers", "false");
+    // Time Series: one JSON object of the settings made in the page
+    var settings = {};
+    try { settings = JSON.parse(store.getItem("_tb_global_settings") || "{}") || {}; } catch (e) { settings = {}; }
+    if (!("scalarSmoothing" in settings)) settings.scalarSmoothing = 0;
+    if (!("ignoreOutliers" in settings)) settings.ignoreOutliers = false;
+    store.setItem("_tb_global_settings", JSON.stringify(settings));
+  } catch (e) { /* no storage: TensorBoard's own defaults */ }
 })();
 """
+# Scalars' and Custom Scalars' smoothing default in the page's code: '"_smoothingWeight",{defaultValue:.6}'
+POLYMER_SMOOTHING = re.compile(r'("_smoothingWeight",\s*\{\s*defaultValue:\s*)(?:0?\.6)\b')
 
 
 def command(logdir: str, port: int, stock: bool = False) -> list[str]:
@@ -87,7 +106,9 @@ def command(logdir: str, port: int, stock: bool = False) -> list[str]:
 
 
 def patched_assets(original: bytes) -> bytes:
-    """TensorBoard's web assets (a zip) with :data:`DEFAULTS_SCRIPT` added and loaded first by index.html."""
+    """TensorBoard's web assets (a zip) with :data:`DEFAULTS_SCRIPT` added and loaded first by index.html,
+    and the Polymer dashboards' smoothing default 0 in index.js (:data:`POLYMER_SMOOTHING`). A RuntimeError
+    when either place is not found (another TensorBoard's page): better no server than a smoothed one."""
     out = io.BytesIO()
     with zipfile.ZipFile(io.BytesIO(original)) as src, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as dst:
         for info in src.infolist():
@@ -97,6 +118,14 @@ def patched_assets(original: bytes) -> bytes:
                 if "<head>" not in html:
                     raise RuntimeError("TensorBoard's index.html has no <head>: cannot add the defaults script")
                 data = html.replace("<head>", f'<head><script src="{DEFAULTS_JS}"></script>', 1).encode("utf-8")
+            elif info.filename == "index.js":
+                js, n = POLYMER_SMOOTHING.subn(r"\g<1>0", data.decode("utf-8"))
+                if not n:
+                    raise RuntimeError(
+                        "TensorBoard's index.js has no '_smoothingWeight' default of 0.6: cannot start Scalars "
+                        "and Custom Scalars unsmoothed (another TensorBoard version? lab/tbcheck/tbview.py)"
+                    )
+                data = js.encode("utf-8")
             dst.writestr(info, data)
         dst.writestr(DEFAULTS_JS, DEFAULTS_SCRIPT)
     return out.getvalue()
@@ -165,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {what}: make tensorboard RUN={os.path.join(parent, sub)}", flush=True)
     print(
         f"+ tensorboard --logdir {logdir} --host 127.0.0.1 --port {args.port} (in this process; "
-        '"Ignore outliers in chart scaling" starts unticked)',
+        'every dashboard starts unsmoothed, "Ignore outliers in chart scaling" unticked)',
         flush=True,
     )
     try:

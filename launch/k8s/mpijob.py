@@ -6,16 +6,16 @@ from __future__ import annotations
 from .pods import (
     SHM_MOUNT,
     SHM_VOLUME,
-    _env_list,
-    _labels,
-    _metadata,
-    _placement,
-    _pod_security,
-    _rank_resources,
-    _rank_volumes,
-    _sshd_container,
+    env_list,
+    labels,
     launcher_env,
+    metadata,
     mpirun_command,
+    pod_security,
+    rank_resources,
+    rank_volumes,
+    scheduling,
+    sshd_container,
 )
 from .spec import APP_DIR, LAUNCHER_ENTRYPOINT, SSH_DIR, K8sSpec
 
@@ -28,33 +28,33 @@ def launcher_pod(spec: K8sSpec) -> dict:
         "workingDir": APP_DIR,  # mpirun starts the ranks in the same directory: runs/ is the volume
         "command": [LAUNCHER_ENTRYPOINT],
         "args": mpirun_command(spec),
-        "env": _env_list(launcher_env(spec)),
+        "env": env_list(launcher_env(spec)),
         "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
     }
     return {
-        "metadata": {"labels": _labels(spec, "launcher")},
+        "metadata": {"labels": labels(spec, "launcher")},
         "spec": {
             "terminationGracePeriodSeconds": spec.grace_seconds,
-            "securityContext": _pod_security(),
-            **_placement(spec),
+            "securityContext": pod_security(),
+            **scheduling(spec),
             "containers": [container],
         },
     }
 
 
 def worker_pod(spec: K8sSpec) -> dict:
-    volumes, mounts = _rank_volumes(spec)
+    volumes, mounts = rank_volumes(spec)
     container = {
-        **_sshd_container(spec, "worker", spec.env),
-        "resources": _rank_resources(spec),
+        **sshd_container(spec, "worker", spec.env),
+        "resources": rank_resources(spec),
         "volumeMounts": [SHM_MOUNT, *mounts],
     }
     return {
-        "metadata": {"labels": _labels(spec, "worker")},
+        "metadata": {"labels": labels(spec, "worker")},
         "spec": {
             "terminationGracePeriodSeconds": spec.grace_seconds,
-            "securityContext": _pod_security(),
-            **_placement(spec),
+            "securityContext": pod_security(),
+            **scheduling(spec),
             "containers": [container],
             "volumes": [SHM_VOLUME, *volumes],
         },
@@ -65,7 +65,7 @@ def mpijob(spec: K8sSpec) -> dict:
     return {
         "apiVersion": "kubeflow.org/v2beta1",
         "kind": "MPIJob",
-        "metadata": _metadata(spec, spec.name, "job"),
+        "metadata": metadata(spec, spec.name, "job"),
         "spec": {
             "slotsPerWorker": spec.slots_per_worker,
             "runPolicy": {

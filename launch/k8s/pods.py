@@ -3,7 +3,7 @@ ranks' placement, labels, security, resources, volumes and sshd; the runs claim 
 
 from __future__ import annotations
 
-from ..mpirun import TRAINER, LaunchSpec, build_command, ring_rules
+from ..mpirun import TRAINER, LaunchSpec, build_command
 from .spec import (
     APP,
     APP_DIR,
@@ -85,33 +85,34 @@ def mpirun_command(spec: K8sSpec) -> list[str]:
         module=TRAINER,
         trainer_args=rank_args(spec),
         python=PYTHON,
-        allreduce_rules=ring_rules(spec.mpi_allreduce, APP_DIR),
+        mpi_allreduce=spec.mpi_allreduce,
+        app_dir=APP_DIR,
     )
     return build_command(launch, environ={"PATH": IMAGE_PATH, **launcher_env(spec)}, is_root=False)
 
 
-def _labels(spec: K8sSpec, component: str, instance: str = "") -> dict[str, str]:
+def labels(spec: K8sSpec, component: str, instance: str = "") -> dict[str, str]:
     return {LABEL_NAME: APP, LABEL_INSTANCE: instance or spec.name, LABEL_COMPONENT: component}
 
 
-def _metadata(spec: K8sSpec, name: str, component: str) -> dict:
+def metadata(spec: K8sSpec, name: str, component: str) -> dict:
     meta: dict = {"name": name}
     if spec.namespace:
         meta["namespace"] = spec.namespace
-    meta["labels"] = _labels(spec, component)
+    meta["labels"] = labels(spec, component)
     return meta
 
 
-def _env_list(env: dict[str, str]) -> list[dict[str, str]]:
+def env_list(env: dict[str, str]) -> list[dict[str, str]]:
     return [{"name": k, "value": v} for k, v in env.items()]
 
 
-def _pod_security() -> dict:
+def pod_security() -> dict:
     # fsGroup: the runs volume becomes writable by the image's user
     return {"runAsUser": USER_ID, "runAsGroup": USER_ID, "runAsNonRoot": True, "fsGroup": USER_ID}
 
 
-def _rank_resources(spec: K8sSpec) -> dict:
+def rank_resources(spec: K8sSpec) -> dict:
     """A pod that runs ranks: requests = limits (whole cores; one rank per GPU with --gpus)."""
     resources = {"cpu": spec.cpu, "memory": spec.memory}
     if spec.gpus:
@@ -119,7 +120,7 @@ def _rank_resources(spec: K8sSpec) -> dict:
     return {"requests": dict(resources), "limits": dict(resources)}
 
 
-def _placement(spec: K8sSpec) -> dict:
+def scheduling(spec: K8sSpec) -> dict:
     """Where every pod of the job may run and how its image is pulled."""
     out: dict = {}
     if spec.image_pull_secrets:
@@ -133,7 +134,7 @@ def _placement(spec: K8sSpec) -> dict:
     return out
 
 
-def _rank_volumes(spec: K8sSpec) -> tuple[list[dict], list[dict]]:
+def rank_volumes(spec: K8sSpec) -> tuple[list[dict], list[dict]]:
     """Volumes and mounts of a pod that runs ranks, besides /dev/shm: the runs and the data volume."""
     volumes: list[dict] = []
     mounts: list[dict] = []
@@ -150,7 +151,7 @@ SHM_VOLUME = {"name": "dshm", "emptyDir": {"medium": "Memory"}}  # Open MPI's sh
 SHM_MOUNT = {"name": "dshm", "mountPath": "/dev/shm"}
 
 
-def _sshd_container(spec: K8sSpec, name: str, env: dict[str, str]) -> dict:
+def sshd_container(spec: K8sSpec, name: str, env: dict[str, str]) -> dict:
     """A pod's sshd, through which the launcher's mpirun starts the ranks of that pod."""
     return {
         "name": name,
@@ -158,7 +159,7 @@ def _sshd_container(spec: K8sSpec, name: str, env: dict[str, str]) -> dict:
         "imagePullPolicy": spec.image_pull_policy,
         "workingDir": APP_DIR,  # where orted starts the ranks: runs/ is the volume
         "command": [f"{APP_DIR}/deploy/worker-entrypoint.sh"],
-        "env": _env_list({"SSHD_PORT": str(SSH_PORT), **env}),
+        "env": env_list({"SSHD_PORT": str(SSH_PORT), **env}),
         "ports": [{"name": "ssh", "containerPort": SSH_PORT}],
         # the launcher starts once every worker's sshd accepts connections
         "readinessProbe": {"tcpSocket": {"port": SSH_PORT}, "periodSeconds": 2},
@@ -172,7 +173,7 @@ def runs_claim(spec: K8sSpec) -> dict:
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": _metadata(spec, spec.runs_pvc, "runs"),
+        "metadata": metadata(spec, spec.runs_pvc, "runs"),
         "spec": claim,
     }
 
@@ -185,7 +186,7 @@ def tensorboard(spec: K8sSpec) -> list[dict]:
     reach it with ``kubectl port-forward``, which binds 127.0.0.1 on your machine.
     """
     name = f"{spec.name}-tensorboard"
-    labels = _labels(spec, "tensorboard")
+    selector = labels(spec, "tensorboard")
     container = {
         "name": "tensorboard",
         "image": spec.image,
@@ -206,15 +207,15 @@ def tensorboard(spec: K8sSpec) -> list[dict]:
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _metadata(spec, name, "tensorboard"),
+        "metadata": metadata(spec, name, "tensorboard"),
         "spec": {
             "replicas": 1,
-            "selector": {"matchLabels": labels},
+            "selector": {"matchLabels": selector},
             "template": {
-                "metadata": {"labels": labels},
+                "metadata": {"labels": selector},
                 "spec": {
-                    "securityContext": _pod_security(),
-                    **_placement(spec),
+                    "securityContext": pod_security(),
+                    **scheduling(spec),
                     "containers": [container],
                     "volumes": [{"name": "runs", "persistentVolumeClaim": {"claimName": spec.runs_pvc}}],
                 },
@@ -224,10 +225,10 @@ def tensorboard(spec: K8sSpec) -> list[dict]:
     service = {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(spec, name, "tensorboard"),
+        "metadata": metadata(spec, name, "tensorboard"),
         "spec": {
             "type": "ClusterIP",
-            "selector": labels,
+            "selector": selector,
             "ports": [{"name": "http", "port": TENSORBOARD_PORT, "targetPort": "http"}],
         },
     }

@@ -7,8 +7,8 @@ import json
 import re
 from dataclasses import dataclass
 
-from ..mpirun import add_mpi_allreduce_arg
-from ..specflags import option, trailing
+from ..mpirun import add_mpi_allreduce_arg, mca_option
+from ..specflags import option, trainer_args_option
 
 # Fixed by the image (deploy/Dockerfile)
 APP_DIR = "/opt/allreduce_train"
@@ -125,14 +125,7 @@ class K8sSpec:
         flag_default="",
         parse=parse_affinity,
     )
-    mca: list[tuple[str, str]] = option(
-        [],
-        "extra Open MPI parameter, e.g. --mca btl_tcp_if_include eth0 (repeatable)",
-        nargs=2,
-        action="append",
-        metavar=("KEY", "VALUE"),
-        parse=lambda items: [tuple(kv) for kv in items],
-    )
+    mca: list[tuple[str, str]] = mca_option()
     # the image's launch/openmpi_allreduce_ring.rules; "auto": Open MPI's choice
     mpi_allreduce: str = option(
         "ring", add=lambda p, default: add_mpi_allreduce_arg(p, default, default, "the image's ")
@@ -145,7 +138,7 @@ class K8sSpec:
         metavar="NAME=VALUE",
         parse=lambda items: pairs(items, "--env", "NAME=VALUE"),
     )
-    trainer_args: list[str] = option([], "arguments for the trainer, after --", flag="trainer_args", parse=trailing)
+    trainer_args: list[str] = trainer_args_option()
     runs_pvc: str = option(  # claim mounted at RUNS_DIR in the pods that run ranks (and TensorBoard)
         "",
         "PersistentVolumeClaim for runs/ (logs, checkpoints); without one, runs stay in rank 0's pod",

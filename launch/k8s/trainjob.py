@@ -7,16 +7,16 @@ from ..exitcodes import EXIT_PREEMPTED, NO_RETRY
 from .pods import (
     SHM_MOUNT,
     SHM_VOLUME,
-    _env_list,
-    _labels,
-    _metadata,
-    _placement,
-    _pod_security,
-    _rank_resources,
-    _rank_volumes,
-    _sshd_container,
+    env_list,
+    labels,
     launcher_env,
+    metadata,
     mpirun_command,
+    pod_security,
+    rank_resources,
+    rank_volumes,
+    scheduling,
+    sshd_container,
 )
 from .spec import (
     ANCESTOR_LABEL,
@@ -61,15 +61,15 @@ def training_runtime(spec: K8sSpec) -> dict:
     node_pod = {
         "spec": {
             "restartPolicy": "Never",
-            "securityContext": _pod_security(),
-            "containers": [{**_sshd_container(spec, NODE, {}), "volumeMounts": [SHM_MOUNT]}],
+            "securityContext": pod_security(),
+            "containers": [{**sshd_container(spec, NODE, {}), "volumeMounts": [SHM_MOUNT]}],
             "volumes": [SHM_VOLUME],
         },
     }
     launcher_pod = {
         "spec": {
             "restartPolicy": "Never",
-            "securityContext": _pod_security(),
+            "securityContext": pod_security(),
             "containers": [
                 {
                     "name": NODE,  # Trainer gives the TrainJob's image, command, args, env, resources to this container
@@ -83,8 +83,8 @@ def training_runtime(spec: K8sSpec) -> dict:
             "volumes": [SHM_VOLUME],
         },
     }
-    labels = {**_labels(spec, "runtime", instance=spec.runtime), FRAMEWORK_LABEL: FRAMEWORK}
-    meta = {"name": spec.runtime, "labels": labels}
+    runtime_labels = {**labels(spec, "runtime", instance=spec.runtime), FRAMEWORK_LABEL: FRAMEWORK}
+    meta = {"name": spec.runtime, "labels": runtime_labels}
     return {
         "apiVersion": f"{TRAINER_API}/v1alpha1",
         "kind": "ClusterTrainingRuntime",
@@ -126,9 +126,9 @@ def training_runtime(spec: K8sSpec) -> dict:
 def trainjob(spec: K8sSpec) -> dict:
     """The TrainJob: the launcher's line and the pods' counts and resources in ``trainer``; the
     placement, volumes and labels of this job's pods as a patch of the shared runtime."""
-    volumes, mounts = _rank_volumes(spec)
+    volumes, mounts = rank_volumes(spec)
     # the grace period is the job's: its launcher's bound (ALLREDUCE_TRAIN_GRACE_PERIOD) is derived from it
-    pod_patch = {"terminationGracePeriodSeconds": spec.grace_seconds, **_placement(spec)}
+    pod_patch = {"terminationGracePeriodSeconds": spec.grace_seconds, **scheduling(spec)}
     if volumes:
         pod_patch["volumes"] = volumes
         pod_patch["containers"] = [{"name": NODE, "volumeMounts": mounts}]
@@ -137,17 +137,17 @@ def trainjob(spec: K8sSpec) -> dict:
     return {
         "apiVersion": f"{TRAINER_API}/v1alpha1",
         "kind": "TrainJob",
-        "metadata": _metadata(spec, spec.name, "job"),
+        "metadata": metadata(spec, spec.name, "job"),
         "spec": {
             "runtimeRef": {"name": spec.runtime, "kind": "ClusterTrainingRuntime", "apiGroup": TRAINER_API},
             "trainer": {
                 "image": spec.image,
                 "command": [LAUNCHER_ENTRYPOINT],
                 "args": mpirun_command(spec),
-                "env": _env_list(launcher_env(spec)),  # the launcher's and the nodes' "node" containers
+                "env": env_list(launcher_env(spec)),  # the launcher's and the nodes' "node" containers
                 "numNodes": spec.workers,
                 "numProcPerNode": spec.slots_per_worker,
-                "resourcesPerNode": _rank_resources(spec),
+                "resourcesPerNode": rank_resources(spec),
             },
             "runtimePatches": [
                 {
@@ -161,7 +161,7 @@ def trainjob(spec: K8sSpec) -> dict:
                                         "template": {
                                             "spec": {
                                                 "template": {
-                                                    "metadata": {"labels": _labels(spec, component)},
+                                                    "metadata": {"labels": labels(spec, component)},
                                                     "spec": pod_patch,
                                                 }
                                             }

@@ -233,7 +233,7 @@ def test_two_emulated_hosts_train_identically_over_the_links_and_leave_nothing(t
 def _run_stand_in(mode: str, capfd, timeout: float = 120) -> tuple[int, list[dict], str]:
     spec = netns.ClusterSpec(hosts=2, link_rate="100mbit")
     env = {**os.environ, "PYTHONPATH": str(RANKS)}
-    cmd = build_command(LaunchSpec(np=2, module="netns_rank", module_args=[mode], cluster=spec), environ=env)
+    cmd = build_command(LaunchSpec(np=2, module="netns_rank", trainer_args=[mode], cluster=spec), environ=env)
     rc = run_emulated(spec, cmd, env, timeout)
     out = capfd.readouterr().out
     ranks = [

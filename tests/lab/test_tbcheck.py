@@ -1,6 +1,7 @@
 """tb-check's cut-line detection (a point drawn outside its chart's domain), the assets that make
-``make tensorboard`` open with "Ignore outliers in chart scaling" unticked, and, in headless Chromium,
-a plain TensorBoard that cuts a two-point comparison against the lab's server that does not."""
+``make tensorboard`` open every dashboard unsmoothed and with "Ignore outliers in chart scaling"
+unticked, and, in headless Chromium, a plain TensorBoard that smooths and cuts a two-point comparison
+(at the plain address too) against the lab's server that does not."""
 
 import io
 import zipfile
@@ -79,21 +80,59 @@ def test_the_served_page_loads_the_defaults_script_before_anything_else():
     src = io.BytesIO()
     with zipfile.ZipFile(src, "w") as z:
         z.writestr("index.html", "<!doctype html><html><head><meta charset=utf-8><script src=index.js></script>")
-        z.writestr("index.js", "tensorboard();")
+        # the Polymer dashboards' smoothing initializer and its hash observer, as TensorBoard 2.21 minifies them
+        z.writestr(
+            "index.js",
+            'a=UE("_smoothingWeight",{defaultValue:.6}).call(this),'
+            'b=qE("_smoothingWeight",{defaultValue:.6}),c=UE("_smoothingWeights",{defaultValue:.65})',
+        )
     with zipfile.ZipFile(io.BytesIO(tbview.patched_assets(src.getvalue()))) as z:
         html = z.read("index.html").decode()
         assert html.index(f'<script src="{tbview.DEFAULTS_JS}">') < html.index("index.js")
-        assert z.read("index.js") == b"tensorboard();"
+        assert z.read("index.js").decode() == (
+            'a=UE("_smoothingWeight",{defaultValue:0}).call(this),'
+            'b=qE("_smoothingWeight",{defaultValue:0}),c=UE("_smoothingWeights",{defaultValue:.65})'
+        )
         script = z.read(tbview.DEFAULTS_JS).decode()
-    # it fills in the setting only where the user never made one
+    # it fills in the settings only where the user never made one: the Polymer tabs' outlier box and
+    # Time Series' smoothing and outlier box inside its JSON object of settings
     assert 'getItem("_ignoreYOutliers") === null' in script and 'setItem("_ignoreYOutliers", "false")' in script
+    assert 'if (!("scalarSmoothing" in settings)) settings.scalarSmoothing = 0;' in script
+    assert 'if (!("ignoreOutliers" in settings)) settings.ignoreOutliers = false;' in script
     bad = io.BytesIO()
     with zipfile.ZipFile(bad, "w") as z:
         z.writestr("index.html", "<html><body></body></html>")
     with pytest.raises(RuntimeError, match="no <head>"):
         tbview.patched_assets(bad.getvalue())
+    other = io.BytesIO()  # another TensorBoard's code: no server rather than a smoothed one
+    with zipfile.ZipFile(other, "w") as z:
+        z.writestr("index.html", "<html><head></head></html>")
+        z.writestr("index.js", 'smoothing("_smoothingWeight", 0.6)')
+    with pytest.raises(RuntimeError, match="_smoothingWeight"):
+        tbview.patched_assets(other.getvalue())
     assert tbview.command("x", 6007)[-4:] == ["--serve", "x", "--port", "6007"]
     assert tbview.command("x", 6007, stock=True)[-4:] == ["--host", "127.0.0.1", "--port", "6007"]
+
+
+def test_a_dashboard_opened_without_settings_must_start_unsmoothed_and_uncut():
+    def view(address, dashboard, smoothing, ignore):
+        return {"address": address, "dashboard": dashboard, "smoothing": smoothing, "ignoreOutliers": ignore}
+
+    views = [
+        view("http://127.0.0.1:6007/", "timeseries", 0.6, True),
+        view("http://127.0.0.1:6007/#scalars", "scalars", 0, False),
+        view("http://127.0.0.1:6007/#custom_scalars", None, None, None),
+    ]
+    assert tbcheck.verify_defaults(views) == [
+        "http://127.0.0.1:6007/ (timeseries): smoothing is 0.6, not 0",
+        'http://127.0.0.1:6007/ (timeseries): "Ignore outliers in chart scaling" is ticked: few-point lines are cut',
+        "http://127.0.0.1:6007/#custom_scalars (no dashboard drawn): the page drew no dashboard",
+    ]
+    assert tbcheck.verify_defaults(views[1:2]) == []
+    # verify() reports them beside the charts' own problems
+    page = {"selected": [], "smoothing": 0, "colors": {}, "charts": [], "defaults": views[:1]}
+    problems = tbcheck.verify({"runs": [], "charts": []}, page)
+    assert [p for p in problems if p.startswith("http://")] == tbcheck.verify_defaults(views[:1])
 
 
 @pytest.mark.long  # two TensorBoards in headless Chromium end to end (~18 s): make test-long, .ci/run
@@ -114,11 +153,22 @@ def test_a_plain_tensorboard_cuts_a_two_point_comparison_and_the_lab_server_show
 
     problems, _, page = tbcheck.check(logdir, stock=True)
     assert page["ignoreOutliers"] is True
+    # the address a user types opens Time Series smoothed and cut, and so do the tabs a click opens
+    assert [(v["dashboard"], v["smoothing"], v["ignoreOutliers"]) for v in page["defaults"]] == [
+        ("timeseries", 0.6, True),
+        ("scalars", 0.6, True),
+        ("custom_scalars", 0.6, True),
+    ]
     cut = [p for p in problems if "cut off" in p]
     assert len(cut) == 2 and "(ddp): step 2 value 0.7 outside y" in cut[0], problems
 
     problems, _, page = tbcheck.check(logdir)
     assert page["ignoreOutliers"] is False and problems == [], problems
+    assert [(v["dashboard"], v["smoothing"], v["ignoreOutliers"]) for v in page["defaults"]] == [
+        ("timeseries", 0, False),
+        ("scalars", 0, False),
+        ("custom_scalars", 0, False),
+    ]
     for chart in page["charts"]:
         lo, hi = chart["y"]
         values = [p[1] for s in chart["series"] for p in s["points"]]

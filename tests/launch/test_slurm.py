@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import pytest
 import torch
 
 from lab.emulation import slurm_cluster
-from launch import slurm
+from launch import mpirun, slurm
 from launch.mpirun import RING_RULES, LaunchSpec, build_command
 
 from helpers import QUICK, ROOT, check, load_params
@@ -88,7 +89,7 @@ def test_the_job_step_is_the_launchers_mpirun_line_reading_the_allocation():
     assert bounded in text, text
     step = text[text.index(bounded) + len(bounded) - len("mpirun ") : text.index(" &\n")].replace(" \\\n    ", " ")
     local = build_command(
-        LaunchSpec(np=2, mca=[("btl_tcp_if_include", "eth0")], python=job.python, allreduce_rules=str(RING_RULES)),
+        LaunchSpec(np=2, mca=[("btl_tcp_if_include", "eth0")], python=job.python, mpi_allreduce="ring"),
         environ=env,
         is_root=True,
     )
@@ -115,6 +116,23 @@ def test_srun_mode_sets_open_mpi_parameters_in_the_environment():
     assert "-m launch run -- \\\n    srun --mpi=pmix" in text
     assert "mpirun -np" not in text and "mpirun --allow" not in text and "--export" not in text
     assert subprocess.run(["bash", "-n"], input=text, capture_output=True, text=True, timeout=30).returncode == 0
+
+
+@pytest.mark.parametrize("srun", [False, True])
+def test_slurm_and_python_m_launch_merge_the_users_mca_with_the_defaults_alike(srun):
+    """One merge: a user's key replaces the default (Open MPI refuses a key listed twice on mpirun's
+    line; srun's environment once exported btl twice), the rules' pairs, then the user's, in order."""
+    user = [("btl", "tcp,self"), ("btl_tcp_if_include", "eth0")]
+    line = build_command(LaunchSpec(np=2, mca=user, mpi_allreduce="ring"), environ={}, is_root=False)
+    pairs = [(line[i + 1], line[i + 2]) for i in range(len(line) - 2) if line[i] == "-mca"]
+    assert pairs == [("pml", "ob1"), *mpirun.allreduce_mca(str(RING_RULES), []), *user]
+    text = slurm.render_script(slurm.SlurmJob(srun=srun, mca=user), environ={"PATH": "/bin"}, is_root=False)
+    if srun:
+        exported = re.findall(r"^export OMPI_MCA_(\w+)=(.*)$", text, re.M)
+        assert [(k, shlex.split(v)[0]) for k, v in exported] == pairs
+    else:
+        step = text[text.index("    mpirun ") : text.index(" &\n")].replace(" \\\n    ", " ").split()
+        assert [(step[i + 1], shlex.split(step[i + 2])[0]) for i in range(len(step) - 2) if step[i] == "-mca"] == pairs
 
 
 def test_dry_run_prints_the_script_and_writes_nothing(tmp_path):

@@ -3,17 +3,17 @@
 How the set is generated (nothing here lists a combination by hand):
 
 * the primary axes come from the configuration's own choices: the engine (``--strategy``, and under
-  ``allreduce`` each ``--allreduce-engine``), the wire format (``--compression``), the schedule
+  ``allreduce`` and ``sharded`` each ``--allreduce-engine``), the wire format (``--compression``), the schedule
   (synchronous, ``--average-every 2``: local SGD, ``--diloco-every 2``: DiLoCo), ``--reduce-op``, and the
   parameter server's ``--ps-placement`` and ``--ps-mode`` (varied under ``--strategy ps`` only: no other
   engine reads them). Their product is filtered by building each candidate's ``Config``: what raises
   ``ConfigError`` (a row of ``config.COMBINATIONS``) is left out, every other combination is a job;
 * the secondary axes are spread over those jobs instead of multiplied with them: the recipe
   (``--precision`` 32 and bf16-mixed, ``--optimizer`` sgd and adamw) for every engine, and an engine's own
-  choices for its jobs (``--horovod-backend``, ``--mpi-algorithm``). Each job takes the accepted secondary
-  values that pair most not-yet-run secondary values with its primary values, so that every secondary value
-  runs with every primary value of its engine (bf16-mixed with DiLoCo, adamw with PowerSGD, ...) wherever
-  the configuration accepts the two together; where a primary value has fewer jobs than that needs (DiLoCo
+  choices for its jobs (``--horovod-backend``, ``--mpi-algorithm``, ``--shard-stage``). Each job takes the
+  accepted secondary values that pair most not-yet-run secondary values with its primary values, so that every
+  secondary value runs with every primary value of its engine (bf16-mixed with DiLoCo, adamw with PowerSGD,
+  ...) wherever the configuration accepts the two together; where a primary value has fewer jobs than that needs (DiLoCo
   and PowerSGD have one each, ``--strategy none`` has one in all), a job is repeated with the missing values.
 
 Each job trains 4 steps (one epoch, a checkpoint at its end, one evaluation) of tests/helpers.py's
@@ -25,8 +25,8 @@ pull) and ``--strategy none`` (nothing exchanged: there they must differ, the co
 sees a difference where there is one). Local SGD and DiLoCo synchronise every 2 steps, so the 4th, the
 last, is a synchronising one.
 
-``long``: 45 jobs of 5 to 13 s each, 5 min in all on this 2-core machine under a load of 4 (make test-long,
-which CI runs).
+``long``: 69 jobs of 5 to 13 s each (24 of them ``--strategy sharded``: 3 engines x wire formats x stages;
+the 45 others took 5 min in all on this 2-core machine under a load of 4) (make test-long, which CI runs).
 """
 
 from __future__ import annotations
@@ -100,11 +100,20 @@ assert set(RECIPE["--precision"]) < set(choices(TrainConfig, "precision"))
 assert set(RECIPE["--optimizer"]) < set(OPTIMIZERS)
 
 
+# --strategy sharded runs on each allreduce engine; its stage is spread over its jobs like an engine's own choice
+for _engine in choices(ExchangeConfig, "allreduce_engine"):
+    ENGINE_OWN[f"sharded-{_engine}"] = {
+        **ENGINE_OWN.get(_engine, {}),
+        "--shard-stage": tuple(map(str, choices(ExchangeConfig, "shard_stage"))),
+    }
+
+
 def engines() -> Iterator[tuple[str, list[str]]]:
     for strategy in STRATEGIES:
-        if strategy == "allreduce":
+        if strategy in ("allreduce", "sharded"):
             for engine in choices(ExchangeConfig, "allreduce_engine"):
-                yield engine, ["--strategy", strategy, "--allreduce-engine", engine]
+                name = engine if strategy == "allreduce" else f"sharded-{engine}"
+                yield name, ["--strategy", strategy, "--allreduce-engine", engine]
         else:
             yield strategy, ["--strategy", strategy]
 

@@ -140,6 +140,39 @@ def test_a_stop_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path):
     assert f"preempted (a signal to another rank) after step {step};" in "".join(job.err), job.text()
 
 
+@pytest.mark.long
+def test_sigterm_to_an_init_scripts_job_ends_75_after_the_scripts_own_checkpoint(tmp_path):
+    """A script with its own loop through init() (examples/own_loop.py): SIGTERM to the launcher; the
+    script's stop_requested() says so on every worker after the same step, rank 0 writes the script's
+    checkpoint, exit_preempted() ends every rank with 75; its --resume auto ends bit-identical to a run
+    never stopped."""
+    script = ["--script", "examples/own_loop.py"]
+    args = ["--allreduce-engine", "mpi", "--seed", "3", "--run-dir", str(tmp_path)]
+    tag = f"{os.getpid()}-init-preempt"
+    job = Job(2, args + dump(tmp_path, "cut") + ["--steps", "100000"], tag, launcher=script)
+    try:
+        job.wait_for("step 20: loss")
+        job.proc.send_signal(signal.SIGTERM)
+        rc = job.finish(timeout=60)
+    finally:
+        job.kill_leftovers()
+    assert rc == 75, job.text()
+    said = [ln for ln in "".join(job.err).splitlines() if "preempted" in ln]
+    saved = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)
+    step = saved["step"]
+    assert said == [f"allreduce_train: preempted (SIGUSR1) after step {step}"], job.text()
+    assert 20 <= step < 100000
+    # both workers stopped after the same step: the parameters they hold are the checkpoint's
+    for rank in (0, 1):
+        held = load_params(tmp_path / f"cut-{rank}.pt")
+        assert all(torch.equal(held[k], saved["model"][k]) for k in held), rank
+    end = str(step + 40)  # over an epoch's end (32 steps of 2 x 64 samples)
+    check(launch(2, args + dump(tmp_path, "cut") + ["--steps", end, "--resume", "auto"], launcher=script))
+    check(launch(2, args + dump(tmp_path, "ref") + ["--steps", end], launcher=script))
+    assert_same_params(tmp_path / "cut-0.pt", tmp_path / "ref-0.pt")
+    assert_same_params(tmp_path / "cut-1.pt", tmp_path / "ref-0.pt")
+
+
 def test_divergence_exits_65_naming_the_step_and_keeps_a_good_checkpoint(tmp_path, sync_run):
     """Resumed from the good checkpoint of tests/mpi/conftest.py's sync_run (step 20, batch 16)."""
     (tmp_path / "div").mkdir()

@@ -93,7 +93,7 @@ def test_horovod_background_threads_do_not_spin_while_idle():
     from launch.mpirun import LaunchSpec, build_command
 
     env = {**os.environ, "PYTHONPATH": str(RANKS), "HOROVOD_CYCLE_TIME": "1"}  # Horovod's default
-    cmd = build_command(LaunchSpec(np=2, module="horovod_idle_rank", module_args=["2"]), environ=env)
+    cmd = build_command(LaunchSpec(np=2, module="horovod_idle_rank", trainer_args=["2"]), environ=env)
     proc = check(subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120))
     # the ranks' lines may arrive interleaved on one line of mpirun's output
     ranks = [

@@ -12,6 +12,7 @@ from allreduce_train.distributed.buffers import held_bytes
 from allreduce_train.distributed.local import LocalExchange
 from allreduce_train.errors import UserError
 from allreduce_train.memory import keep_freed_memory, state_bytes_per_param
+from lab.memory.model import parameters
 
 from helpers import RANKS, check
 
@@ -80,3 +81,21 @@ def test_the_state_per_parameter_comes_from_one_step_of_the_optimizers_class():
     assert state_bytes_per_param(torch.optim.AdamW(params)) == 8
     assert state_bytes_per_param(torch.optim.SGD(params, lr=0.1, momentum=0.9)) == 4
     assert state_bytes_per_param(torch.optim.SGD(params, lr=0.1)) == 0
+
+
+def test_a_run_over_its_memory_limit_is_refused_in_one_line(tmp_path):
+    """Under ``prlimit --as`` (RLIMIT_AS: a rank has about 1 GiB of virtual memory before its model), a
+    model of 37M parameters with AdamW needs 0.41 GiB more by the ZeRO formula than the 0.3 GiB left:
+    exit 2 and one line naming the need and the limit, before any step allocates it."""
+    args = ["--model", "lab.memory.model:build", "--model-arg", "width=4096", "--model-arg", "depth=3"]
+    args += ["--dataset", "lab.memory.model:data", "--optimizer", "adamw", "--steps", "1", "--no-progress"]
+    args += ["--allreduce-engine", "mpi", "--run-dir", str(tmp_path)]
+    cmd = ["prlimit", f"--as={int(1.45 * (1 << 30))}", sys.executable, "-m", "allreduce_train", "train", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("allreduce_train: error: memory: --strategy allreduce needs"), lines
+    assert f"{parameters(4096, 3):,} parameters, 8 bytes of AdamW state each" in lines[0]
+    assert "under RLIMIT_AS 1.45 GiB" in lines[0]
+    assert "no sharded stage fits at 1 worker(s)" in lines[0]  # one worker: sharding divides by 1
+    assert not list(tmp_path.iterdir())  # no run directory left behind

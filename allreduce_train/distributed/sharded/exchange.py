@@ -28,11 +28,12 @@ import torch
 from ...config import ExchangeConfig
 from ...errors import UserError
 from ..base import GradientExchange
-from ..buffers import elements_in, pack
+from ..buffers import elements_in, held_bytes, pack
 from ..shardstate import PLACE_KEYS, assemble, leaves, pieces, shard_optimizer
 from .collectives import ShardCollectives
 from .layout import make_layout
 from .optimizer import sharded_optimizer
+from .params import ShardedParams
 
 WHERE = "--strategy sharded builds it over each worker's shard"
 
@@ -84,20 +85,11 @@ class ShardedExchange(GradientExchange):
         sizes = [p.numel() for p in params]
         self.layout = lay = make_layout(sizes, self.bucket_elems, self.coll.bounds, self.size)
         n = len(lay.buckets)
-        # The parameters live in one flat float32 buffer per bucket (each parameter a view of it): the
-        # allgather then lands in them, and this worker's shard of them is what its optimizer updates.
-        self.pflat: list[torch.Tensor] = []
-        with torch.no_grad():
-            for b, members in enumerate(lay.buckets):
-                flat = torch.empty(lay.numel(b), dtype=torch.float32, device=params[0].device)
-                for p, s in zip(members, lay.starts[b], strict=False):  # starts: one more, the end
-                    view = flat[s : s + sizes[p]].view_as(params[p])
-                    view.copy_(params[p])
-                    params[p].data = view
-                self.pflat.append(flat)
-        self.mine = [lay.bounds[b][self.rank] for b in range(n)]
+        # each parameter a view of its bucket's flat buffer (stage 3: gathered where used)
+        self.store = ShardedParams(params, lay, self.rank, self.coll, self.stage)
+        self.mine = self.store.mine
         self.segs = [lay.segments.get((b, self.rank), []) for b in range(n)]
-        self.leaves = [leaves(self.pflat[b][lo:hi], self.segs[b], params) for b, (lo, hi) in enumerate(self.mine)]
+        self.leaves = [leaves(shard, self.segs[b], params) for b, shard in enumerate(self.store.shard)]
         self.user = optimizer
         self.reshard(optimizer.state)
         optimizer.state.clear()  # the whole state is in the shards now: 1/N of it here
@@ -105,12 +97,22 @@ class ShardedExchange(GradientExchange):
         self.gflat: list[torch.Tensor | None] = [
             torch.empty(lay.numel(b), dtype=self.wire) if self.stage == 1 else None for b in range(n)
         ]
-        self.gshard: list[torch.Tensor | None] = [None] * n
+        # this worker's averaged gradient shard of each bucket, float32 on the parameters' device, kept from step
+        # to step (stage 1 with a float32 wire on CPU: a view of its bucket, averaged in place as the ring does)
+        device = self.store.nan.device
+        self._in_bucket = [g is not None and self.wire == torch.float32 and device.type == "cpu" for g in self.gflat]
+        self.gshard = [
+            g[lo:hi] if inplace and g is not None else torch.empty(hi - lo, device=device)
+            for g, inplace, (lo, hi) in zip(self.gflat, self._in_bucket, self.mine, strict=True)
+        ]
+        self._averaged = False  # whether gshard holds this step's average (synchronize() ran, step() did not yet)
         self._handles: list[Any] = [None] * n
         self._reset_step()
         for b, members in enumerate(lay.buckets):
             for p in members:
                 self._hooks.append(params[p].register_post_accumulate_grad_hook(lambda _p, b=b: self._grad_ready(b)))
+        if self.stage == 3:
+            self._hooks += self.store.attach(model, params)
         self.optimizer = sharded_optimizer(optimizer, self)
         return self.optimizer
 
@@ -119,13 +121,13 @@ class ShardedExchange(GradientExchange):
         parameter's group and its state (from ``state``, keyed by parameter)."""
         opt = self.user
         index = {id(p): i for i, p in enumerate(self.params)}
-        frozen = {id(p) for p in self._model_params}
+        of_model = {id(p) for p in self._model_params}  # a frozen one is left as it is
         group_of: list[int | None] = [None] * len(self.params)
         for g, group in enumerate(opt.param_groups):
             for p in group["params"]:
                 if id(p) in index:
                     group_of[index[id(p)]] = g
-                elif id(p) not in frozen:
+                elif id(p) not in of_model:
                     raise UserError(
                         f"--strategy sharded: the optimizer's group {g} holds a {tuple(p.shape)} tensor that is not "
                         "one of the model's parameters; build the optimizer over model.parameters()"
@@ -171,6 +173,7 @@ class ShardedExchange(GradientExchange):
             for p in members:
                 p.grad = None  # in the bucket now: the full gradient is not kept
         self._handles[b] = self.coll.start_reduce_scatter(b, flat)  # communication
+        self.store.free(b)  # stage 3: no more of backward needs these parameters
 
     def synchronize(self) -> None:
         # A bucket whose gradients were not all produced (a parameter outside this step's loss) starts now.
@@ -181,18 +184,17 @@ class ShardedExchange(GradientExchange):
         for b, (lo, hi) in enumerate(self.mine):
             flat = self.gflat[b]
             assert flat is not None
-            shard = flat[lo:hi]
-            # the average of this worker's shard, float32 (the ring's division, element for element)
-            if self.wire != torch.float32:
-                shard = shard.float()
-            elif self.stage >= 2:
-                shard = shard.clone()
-            self.gshard[b] = shard.div_(self.size)
+            if not self._in_bucket[b]:
+                self.gshard[b].copy_(flat[lo:hi])  # widened to float32 (exactly), on the parameters' device
+            self.gshard[b].div_(self.size)  # the average: the ring's division, element for element
             if self.stage >= 2:
                 self.gflat[b] = None
         for p in self.params:
             p.grad = None  # the whole gradients are not the averaged ones: nothing above reads them
+        for b in range(len(self.layout.buckets)):
+            self.store.free(b)  # stage 3: what backward gathered of a parameter outside the loss
         self._handles = [None] * len(self._handles)
+        self._averaged = True
         self._reset_step()
 
     def apply(self, optimizer) -> None:
@@ -200,11 +202,14 @@ class ShardedExchange(GradientExchange):
 
     def step(self) -> None:
         """Clip over the shards, update this worker's shard, allgather the parameters."""
+        if not self._averaged:
+            raise RuntimeError("--strategy sharded: step() without this step's gradients (synchronize() first)")
+        self._averaged = False
         if self.clip > 0:
             self._clip()
         for b, built in enumerate(self.shards):
             shard = self.gshard[b]
-            if built is not None and shard is not None:
+            if built is not None:
                 opt, order = built
                 for group, g in zip(opt.param_groups, order, strict=True):
                     mine = self.optimizer.param_groups[g]  # as the trainer or a scheduler set it this step
@@ -214,22 +219,41 @@ class ShardedExchange(GradientExchange):
                 opt.step()
                 for leaf in self.leaves[b]:
                     leaf.grad = None
-            self.gshard[b] = None
-        # communication: every worker's updated shard to every worker
-        handles = [self.coll.start_allgather(b, flat) for b, flat in enumerate(self.pflat)]
-        self.coll.wait(handles, "the allgather of the parameters")
+        if self.stage == 3:
+            self.store.release()  # gathered where the next forward pass uses them
+            return
+        self.store.allgather(list(range(len(self.layout.buckets))))  # communication: every worker's shard
+
+    def whole_parameters(self, model) -> None:
+        self.store.make_whole()  # communication (stage 3)
 
     def _clip(self) -> None:
         """torch.nn.utils.clip_grad_norm_ of the averaged gradient, from the shards (as the PS's servers)."""
-        mine = sum(float(g.double().pow(2).sum()) for g in self.gshard if g is not None)
+        mine = sum(float(g.double().pow(2).sum()) for g in self.gshard)
         total = self.engine.sum_over_workers(torch.tensor([mine], dtype=torch.float64))  # communication
         # A non-finite norm makes the update non-finite on every worker: the next step's loss vote stops the
         # run (the trainer's Diverged), and the parameters' check keeps it from a checkpoint.
         coef = self.clip / (math.sqrt(float(total[0])) + 1e-6)
         if coef < 1.0 or not math.isfinite(coef):
             for g in self.gshard:
-                if g is not None:
-                    g.mul_(coef)
+                g.mul_(coef)
+
+    def memory(self, model, optimizer) -> dict[str, int]:
+        """What this worker holds: the parameters (stage 3: its shards and the buckets gathered now), the
+        gradients (stage 1: the full-size buckets; every stage: its averaged shard), its shards' optimizer
+        state, and the engine's own buffers."""
+        params = [*model.parameters(), *self.store.shard, *(f for f in self.store.flat if f is not None)]
+        grads = [*(p.grad for p in model.parameters() if p.grad is not None), *self.gshard]
+        grads += [g for g in self.gflat if g is not None]
+        state = [
+            v
+            for built in self.shards
+            if built is not None
+            for st in built[0].state.values()
+            for v in st.values()
+            if isinstance(v, torch.Tensor)
+        ]
+        return held_bytes({"params": params, "grads": grads, "optimizer": state, "buffers": self.engine.flat_buffers()})
 
     # ------------------------------------------------------------ checkpoints
     def gather_state(self) -> list[dict[str, Any]]:
@@ -237,9 +261,8 @@ class ShardedExchange(GradientExchange):
         mine = {}
         for b, built in enumerate(self.shards):
             if self.segs[b]:
-                lo, hi = self.mine[b]
                 states = [dict(built[0].state.get(leaf, {})) if built else {} for leaf in self.leaves[b]]
-                mine[b] = (self.pflat[b][lo:hi].cpu(), states)
+                mine[b] = (self.store.shard[b].cpu(), states)
         answers = self.engine.allgather_object(mine)  # communication
         return assemble(self.layout, self.params, answers)[0]
 

@@ -36,13 +36,15 @@ class MPIShardCollectives:
         cut, n = chunk_bounds(numel, self.size), self.size
         return [(cut[Ring.owned(r, n)], cut[Ring.owned(r, n) + 1]) for r in range(n)]
 
-    def _start(self, phase: str, key: int, flat: torch.Tensor) -> Ring | None:
+    def _start(self, phase: str, key: int, flat: torch.Tensor) -> tuple[Ring, torch.Tensor] | None:
         if self.size == 1:
             return None  # one rank: its shard is the whole bucket, summed and gathered already
-        ring = Ring(self.comms[phase], self.MPI, flat, key, self.rank, self.size, phase)
+        # MPI moves host memory: a CUDA buffer travels through a copy (back in wait())
+        host = flat if flat.device.type == "cpu" else flat.cpu()
+        ring = Ring(self.comms[phase], self.MPI, host, key, self.rank, self.size, phase)
         ring.start()  # communication
         self.flight.append(ring)
-        return ring
+        return ring, flat
 
     def start_reduce_scatter(self, key: int, flat: torch.Tensor) -> Any:
         return self._start("reduce_scatter", key, flat)
@@ -59,8 +61,11 @@ class MPIShardCollectives:
         return moved
 
     def wait(self, handles: list[Any], what: str) -> None:
-        rings = [h for h in handles if h is not None]
-        poll(lambda: all(r.done() for r in rings), self.timeout, what, self.progress)  # communication
+        started = [h for h in handles if h is not None]
+        poll(lambda: all(r.done() for r, _ in started), self.timeout, what, self.progress)  # communication
+        for ring, flat in started:
+            if ring.flat is not flat:
+                flat.copy_(ring.flat)
 
 
 def create(cfg: Config, wire: torch.dtype) -> ShardedExchange:
