@@ -8,7 +8,7 @@ NP      ?= 2
 ARGS    ?=
 INSTALL_INPUTS := pyproject.toml tools/install.sh tools/torch_pip.py tools/build_horovod.sh $(wildcard tools/patches/*.patch)
 
-.PHONY: portability install install-gpu check-gpu-build gpu-check train train-ptb test test-fast test-cluster test-long lint tensorboard tb-check clean help scaling commbench scaling-netns train-ps train-ps-colocated bench bench-tuning slurm-train time-to-accuracy commbench-netns concept-map paper image bench-own bench-precision recommend
+.PHONY: portability install install-gpu check-gpu-build gpu-check train train-ptb test test-fast test-cluster test-long lint tensorboard tb-check clean help scaling commbench scaling-netns train-ps train-ps-colocated bench bench-tuning slurm-train time-to-accuracy commbench-netns concept-map paper image bench-own bench-precision bench-memory recommend
 
 # `make help`: every target with a `## text` comment on its line or the line before it; $(VAR) in a text shows
 # the variable's value (the variables named on the awk line).
@@ -80,6 +80,11 @@ BENCH_MODELS ?= lenet5,ptb-lstm-small,resnet18
 ## trainer (Horovod, mpi and torch engines) vs bare Horovod loop vs torch DDP vs PS, LeNet-5/LSTM/ResNet-18, 1 and 2 ranks -> runs/bench-<time>/ (~18 min)
 bench: install
 	$(PY) -m lab bench --models $(BENCH_MODELS) --repeats 3 $(ARGS)
+
+# docs/performance.md "Memory per rank": an MLP (lab/memory/model.py) with AdamW; ARGS="--workers 1,2" for less.
+## per-rank memory of the ring, the PS (dedicated, colocated) and sharded stages 1-3 at 1, 2, 4 ranks vs the ZeRO formula; a run that fits only sharded -> runs/bench-memory/<time>/ (~15 min)
+bench-memory: install
+	$(PY) -m lab bench-memory $(ARGS)
 
 # The tuning table of docs/performance.md: the trainer's defaults against one change each, 2 ranks.
 TUNING_MODELS ?= lenet5,ptb-lstm-small

@@ -89,7 +89,7 @@ def configure(args: argparse.Namespace | Sequence[str] | None, overrides: Mappin
     preempt.install()  # first: a stop signal from now on is recorded (the trainer: finish the step, checkpoint, 75)
     try:
         keep_freed_memory()  # before the data and the model are allocated (docs/performance.md)
-        return build_config(args or [], overrides)
+        return build_config([] if args is None else args, overrides)
     except UserError as e:
         exit(fail_before_init(str(e)))
 

@@ -151,9 +151,10 @@ def check_fits(cfg, ex, model, optimizer) -> None:
     if (mine - min(mine, held)) * share <= headroom:
         return
     fits = [s for s in (1, 2, 3) if (need(concept="sharded", stage=s) - held) * share <= headroom]
+    stages = [f"{s} ({need(concept='sharded', stage=s) / GIB:.2f} GiB)" for s in fits]
     fix = (
-        f"--strategy sharded --shard-stage {fits[0]} needs {need(concept='sharded', stage=fits[0]) / GIB:.2f} GiB "
-        "and fits"
+        f"--strategy sharded fits with --shard-stage {', '.join(stages[:-1])}{' or ' if len(stages) > 1 else ''}"
+        f"{stages[-1]} by the same formula (activations and buffers come on top)"
         if fits
         else f"no sharded stage fits at {workers} worker(s) (stage 3: "
         f"{need(concept='sharded', stage=3) / GIB:.2f} GiB): add ranks or memory"

@@ -1,4 +1,5 @@
-"""What the trainer does with a batch, per kind of model: image classification or language modelling.
+"""What the trainer does with a batch, per kind of model: image classification (the public
+:class:`~.usertask.Task`'s defaults, as a user's task) or language modelling.
 
 The loop in :mod:`.trainer` is the same for both; a task supplies the data for this worker, the
 loss of one (micro-)batch and the evaluation sums. Evaluation returns *sums* (loss, counts) so that
@@ -12,7 +13,7 @@ restarts at zero every epoch and after a resume (it is not checkpointed).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import torch
@@ -22,7 +23,7 @@ from models import MODELS, ModelSpec
 
 from .config import Config
 from .data import ptb
-from .data.images import ShardedBatches, TensorDataset, eval_shard, fashion_mnist, synthetic
+from .data.images import TensorDataset, fashion_mnist, synthetic
 from .errors import ConfigError
 
 
@@ -69,83 +70,6 @@ class Task(Protocol):
     def eval_metrics(self, totals: torch.Tensor) -> dict[str, float]:
         """The figures (``eval/...``) from the sums over all workers."""
         ...
-
-
-class ClassifyTask:
-    """Images -> class logits; cross-entropy; loss and accuracy over the test set."""
-
-    words_per_sample = 0  # no words/sec figure
-    note = ""
-
-    def __init__(self, cfg: Config, spec: ModelSpec) -> None:
-        self.cfg, self.spec = cfg, spec
-
-    def data(self, rank: int, num_shards: int) -> tuple[ShardedBatches, TensorDataset]:
-        """This worker's training batches and evaluation shard."""
-        cfg, spec = self.cfg, self.spec
-        if cfg.data.dataset == "synthetic":
-            train_set, test_set = synthetic(
-                spec.input_shape, spec.num_classes, cfg.data.synthetic_samples, cfg.train.seed
-            )
-        elif cfg.data.dataset == "fashion-mnist" and spec.input_shape in ((1, 28, 28), ()):  # (): your own model
-            train_set, test_set = fashion_mnist(cfg.data.data_dir)
-        else:
-            raise ConfigError(
-                f"--model {spec.name} expects input {spec.input_shape}, --dataset {cfg.data.dataset} "
-                "does not provide it; use --dataset synthetic with it"
-            )
-        k = cfg.exchange.backward_passes_per_step
-        batches = ShardedBatches(train_set, cfg.data.batch_size * k, rank, num_shards, cfg.train.seed)
-        if batches.steps_per_epoch == 0:
-            raise ConfigError(
-                f"{len(train_set)} training samples are fewer than one global batch "
-                f"({num_shards} workers x --batch-size {cfg.data.batch_size} x {k} passes); "
-                "use fewer ranks (-np) or a smaller --batch-size"
-            )
-        if len(test_set) < num_shards:
-            raise ConfigError(f"{len(test_set)} evaluation samples for {num_shards} workers; use fewer ranks (-np)")
-        return batches, eval_shard(test_set, rank, num_shards)
-
-    def build_model(self) -> torch.nn.Module:
-        model = self.spec.build()
-        if not isinstance(model, torch.nn.Module):
-            raise ConfigError(f"--model {self.spec.name} returned a {type(model).__name__}; return a torch.nn.Module")
-        return model
-
-    def check(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
-        """Your own model's output on one batch fits the cross-entropy loss (before any rank trains)."""
-        if self.spec.input_shape:  # a registered model: its input shape is known to fit
-            return
-        from .usertask import Task as OwnTask
-        from .usertask import TaskAdapter
-
-        TaskAdapter(OwnTask(), f"--model {self.spec.name}", self.cfg).check(model, x, y)
-
-    def start_epoch(self, epoch: int) -> None:
-        pass
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any], device: torch.device | None = None) -> None:
-        pass
-
-    def loss(self, model, x: torch.Tensor, y: torch.Tensor, rows: slice) -> torch.Tensor:
-        return F.cross_entropy(model(x), y)
-
-    def eval_sums(self, model, eval_set: TensorDataset, device, batch_size: int) -> torch.Tensor:
-        totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
-        for lo in range(0, len(eval_set), batch_size):
-            x = eval_set.inputs[lo : lo + batch_size].to(device)
-            y = eval_set.targets[lo : lo + batch_size].to(device)
-            logits = model(x)
-            totals[0] += F.cross_entropy(logits, y, reduction="sum").item()
-            totals[1] += (logits.argmax(1) == y).sum().item()
-            totals[2] += len(y)
-        return totals
-
-    def eval_metrics(self, totals: torch.Tensor) -> dict[str, float]:
-        return {"eval/loss": totals[0].item() / totals[2].item(), "eval/accuracy": totals[1].item() / totals[2].item()}
 
 
 class LanguageModelTask:
@@ -248,15 +172,17 @@ class LanguageModelTask:
 
 
 def make_task(cfg: Config, own: Any = None) -> Task:
-    """The task of this run: a built-in one for a registered model, else the user's
-    (``--task``, ``--model``/``--dataset MODULE:CALLABLE``, or ``own``: a :class:`~.usertask.Task`
-    handed to :func:`allreduce_train.fit`). A user's code is imported and called here, on every rank
-    alike; what fails becomes one :class:`ConfigError` line."""
+    """The task of this run: the user's (``own``: a :class:`~.usertask.Task` handed to
+    :func:`allreduce_train.fit`; ``--task``), a registered language model's, else classification
+    as a public :class:`~.usertask.Task` with its defaults: a registered model or the user's
+    ``--model MODULE:CALLABLE``, on a built-in image set or the user's ``--dataset MODULE:CALLABLE``.
+    A user's code is imported and called here, on every rank alike; what fails becomes one
+    :class:`ConfigError` line."""
     from . import usercode
     from .usertask import Task as OwnTask
     from .usertask import TaskAdapter
 
-    m = cfg.model
+    m, dataset = cfg.model, cfg.data.dataset
     if own is not None:
         return TaskAdapter(own, "fit()", cfg)
     if m.task:
@@ -268,37 +194,43 @@ def make_task(cfg: Config, own: Any = None) -> Task:
                 "(subclass it, docs/own_model.md)"
             )
         return TaskAdapter(made, f"--task {m.task}", cfg)
-    own_model = usercode.is_reference(m.model)
-    own_data = usercode.is_reference(cfg.data.dataset)
-    if not own_model and not own_data:
-        spec = MODELS[m.model]
-        return LanguageModelTask(cfg, spec) if spec.task == "lm" else ClassifyTask(cfg, spec)
-    if own_model:
-        ref, kwargs = m.model, usercode.parse_kwargs("--model-arg", m.model_arg)
-        fn = usercode.resolve("--model", ref)
-        spec = ModelSpec(
-            name=ref,
-            build=lambda: usercode.call("--model", ref, fn, **kwargs),
-            input_shape=(),
-            num_classes=0,
-            description="your own model",
-        )
-    else:
-        spec = MODELS[m.model]
-        if spec.task == "lm":
+    spec = None if usercode.is_reference(m.model) else MODELS[m.model]
+    own_data = usercode.is_reference(dataset)
+    if spec is not None and spec.task == "lm":
+        if own_data:
             raise ConfigError(
                 f"--model {m.model} is a language model over a token stream (--dataset ptb); with your "
                 "own --dataset use your own --task (docs/own_model.md)"
             )
-    if not own_data:
-        if cfg.data.dataset != "fashion-mnist":
-            raise ConfigError(
-                f"--model {m.model} with --dataset {cfg.data.dataset}: your own model trains on "
-                "fashion-mnist or your own --dataset MODULE:CALLABLE (synthetic data needs a registered "
-                "model's input shape)"
-            )
-        return ClassifyTask(cfg, spec)
-    ref, dkwargs = cfg.data.dataset, usercode.parse_kwargs("--dataset-arg", cfg.data.dataset_arg)
-    data_fn = usercode.resolve("--dataset", ref)
-    task = OwnTask(model=spec.build, data=lambda: usercode.call("--dataset", ref, data_fn, **dkwargs))
-    return TaskAdapter(task, f"--model {m.model} --dataset {ref}", cfg)
+        return LanguageModelTask(cfg, spec)
+    if spec is None and not own_data and dataset != "fashion-mnist":
+        raise ConfigError(
+            f"--model {m.model} with --dataset {dataset}: your own model trains on fashion-mnist or your "
+            "own --dataset MODULE:CALLABLE (synthetic data needs a registered model's input shape)"
+        )
+    build = spec.build if spec is not None else _by_reference("--model", m.model, "--model-arg", m.model_arg)
+    if own_data:
+        data = _by_reference("--dataset", dataset, "--dataset-arg", cfg.data.dataset_arg)
+        return TaskAdapter(OwnTask(model=build, data=data), f"--model {m.model} --dataset {dataset}", cfg)
+    return TaskAdapter(OwnTask(model=build, data=lambda: images(cfg, spec)), f"--model {m.model}", cfg)
+
+
+def _by_reference(flag: str, ref: str, args_flag: str, args: list[str]) -> Callable[[], Any]:
+    """The user's ``MODULE:CALLABLE`` with its ``KEY=VALUE`` arguments: resolved now, called when the task
+    needs it."""
+    from . import usercode
+
+    fn, kwargs = usercode.resolve(flag, ref), usercode.parse_kwargs(args_flag, args)
+    return lambda: usercode.call(flag, ref, fn, **kwargs)
+
+
+def images(cfg: Config, spec: ModelSpec | None) -> tuple[TensorDataset, TensorDataset]:
+    """The built-in image sets, in memory, for ``spec`` (None: the user's own ``--model``, on fashion-mnist)."""
+    if cfg.data.dataset == "synthetic" and spec is not None:
+        return synthetic(spec.input_shape, spec.num_classes, cfg.data.synthetic_samples, cfg.train.seed)
+    if spec is None or (spec.input_shape == (1, 28, 28) and cfg.data.dataset == "fashion-mnist"):
+        return fashion_mnist(cfg.data.data_dir)
+    raise ConfigError(
+        f"--model {spec.name} expects input {spec.input_shape}, --dataset {cfg.data.dataset} "
+        "does not provide it; use --dataset synthetic with it"
+    )

@@ -2,9 +2,10 @@
 
 A :class:`Task` is the unit a user hands the trainer (``--task MODULE:CALLABLE``, or
 :func:`allreduce_train.fit`); ``--model MODULE:CALLABLE`` with ``--dataset MODULE:CALLABLE`` is the
-same with the defaults: classification by cross-entropy, evaluation loss and accuracy. The trainer
-never sees the difference: :class:`TaskAdapter` gives a Task the interface of the built-in tasks
-(:mod:`.tasks`), with the data sharded by index (:mod:`.data.indexed`).
+same with the defaults: classification by cross-entropy, evaluation loss and accuracy -- which is also
+how the registered image models train (:func:`.tasks.make_task`). :class:`TaskAdapter` gives a Task
+the trainer's interface (:mod:`.tasks`), with the data sharded by index (:mod:`.data.indexed`; tensors
+in memory, as the built-in image sets are, by one gather per batch in the same order).
 
 What a task must satisfy (docs/own_model.md): ``build_model`` builds the same parameters on every
 rank for the same seed (the trainer seeds torch before calling it, and broadcasts rank 0's anyway);
@@ -23,6 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .data.images import ShardedBatches, TensorDataset, eval_shard
 from .data.indexed import DatasetBatches, EvalPart, check_map_style
 from .errors import ConfigError, UserError
 
@@ -111,7 +113,7 @@ class TaskAdapter:
         except Exception as e:  # the user's code failed while setting up: one line, no traceback
             raise ConfigError(f"{self.flag}: {what} raised {type(e).__name__}: {e}") from None
 
-    def data(self, rank: int, num_shards: int) -> tuple[DatasetBatches, EvalPart]:
+    def data(self, rank: int, num_shards: int) -> tuple[DatasetBatches | ShardedBatches, EvalPart | TensorDataset]:
         cfg = self.cfg
         pair = self._call("datasets()", self.task.datasets)
         if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
@@ -122,9 +124,13 @@ class TaskAdapter:
         check_map_style(self.flag, "training", train_set)
         check_map_style(self.flag, "evaluation", eval_set)
         k = cfg.exchange.backward_passes_per_step
-        batches = DatasetBatches(
-            train_set, cfg.data.batch_size * k, rank, num_shards, cfg.train.seed, workers=cfg.data.data_workers
-        )
+        batches: DatasetBatches | ShardedBatches
+        if isinstance(train_set, TensorDataset):  # tensors in memory: a batch is one gather, in the same order
+            batches = ShardedBatches(train_set, cfg.data.batch_size * k, rank, num_shards, cfg.train.seed)
+        else:
+            batches = DatasetBatches(
+                train_set, cfg.data.batch_size * k, rank, num_shards, cfg.train.seed, workers=cfg.data.data_workers
+            )
         if batches.steps_per_epoch == 0:
             raise ConfigError(
                 f"{self.flag}: {len(train_set)} training samples are fewer than one global batch "
@@ -135,6 +141,8 @@ class TaskAdapter:
             raise ConfigError(
                 f"{self.flag}: {len(eval_set)} evaluation samples for {num_shards} workers; use fewer ranks (-np)"
             )
+        if isinstance(eval_set, TensorDataset):  # slices of the tensors: the same batches as EvalPart's
+            return batches, eval_shard(eval_set, rank, num_shards)
         return batches, EvalPart(eval_set, rank, num_shards)
 
     def build_model(self) -> torch.nn.Module:
@@ -195,7 +203,9 @@ class TaskAdapter:
     def loss(self, model: torch.nn.Module, x: Any, y: Any, rows: slice) -> torch.Tensor:
         return self.task.loss(model, x, y)
 
-    def eval_sums(self, model: torch.nn.Module, part: EvalPart, device: torch.device, batch_size: int) -> torch.Tensor:
+    def eval_sums(
+        self, model: torch.nn.Module, part: EvalPart | TensorDataset, device: torch.device, batch_size: int
+    ) -> torch.Tensor:
         totals: dict[str, float] = {}
         for x, y in part.batches(batch_size):
             sums = self.task.eval_sums(model, _to(x, device), _to(y, device))

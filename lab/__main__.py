@@ -1,5 +1,5 @@
-"""``python -m lab EXPERIMENT ...``: bench, commbench, commbench-netns, concept-map, gpucheck, paper, recommend,
-scaling, scaling-netns, time-to-accuracy."""
+"""``python -m lab EXPERIMENT ...``: bench, bench-memory, commbench, commbench-netns, concept-map, gpucheck, paper,
+recommend, scaling, scaling-netns, time-to-accuracy."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ def make_parser() -> argparse.ArgumentParser:
     from .commbench import main as commbench
     from .commbench import netns as commbench_netns
     from .conceptmap import main as concept_map
+    from .memory import main as bench_memory
     from .paper import main as paper
     from .recommend import main as recommend
     from .scaling import grid, netns
@@ -28,6 +29,13 @@ def make_parser() -> argparse.ArgumentParser:
             bench,
             bench.cmd_bench,
             "throughput of the trainer vs a bare Horovod loop and torch DDP, side by side",
+        ),
+        (
+            "bench-memory",
+            bench_memory,
+            bench_memory.main,
+            "per-rank memory of the ring, the PS (dedicated, colocated) and the sharded stages 1-3 at 1, 2 and 4 "
+            "ranks against the ZeRO formula, and a run that fits a per-rank memory limit only sharded -> table, PNG",
         ),
         ("commbench", commbench, commbench.main, "time the gradient exchange alone: Horovod, raw MPI, the PS patterns"),
         (

@@ -14,6 +14,7 @@ from __future__ import annotations
 import gzip
 import os
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -106,6 +107,14 @@ class TensorDataset:
 
     def __len__(self) -> int:
         return len(self.targets)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.inputs[i], self.targets[i]
+
+    def batches(self, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Consecutive batches of ``batch_size`` (the last one shorter): an evaluation shard's."""
+        for lo in range(0, len(self), batch_size):
+            yield self.inputs[lo : lo + batch_size], self.targets[lo : lo + batch_size]
 
 
 def _normalise(images: np.ndarray) -> torch.Tensor:

@@ -9,7 +9,8 @@ through ``hvd.allgather_async``. What Horovod 0.28.1 does with them, read from i
   elements and the rest ``n // size`` (empty shards where n < size): :func:`horovod_bounds`;
 * reduce-scatter runs MPI_Reduce_scatter (MPI controller) or Gloo's ReduceScatterHalvingDoubling (Gloo),
   allgather MPI_Allgatherv or Gloo's allgatherv; both accept float16 on CPU (Horovod's own MPI float16
-  sum), neither bfloat16 (``Tensor type torch.BFloat16Tensor is not supported``);
+  sum), neither bfloat16 (``Tensor type torch.BFloat16Tensor is not supported``: the configuration refuses
+  ``--compression bf16`` with Horovod);
 * the background thread fuses reduce-scatters (and allgathers) that are ready in the same cycle into one
   collective up to HOROVOD_FUSION_THRESHOLD, as it fuses allreduces: each bucket is enqueued on its own
   as backward produces it and Horovod groups what is ready together, without an order among the ranks
@@ -28,10 +29,7 @@ from typing import Any
 
 import torch
 
-from ..errors import UserError
 from .mpi import poll
-
-WIRE_DTYPES = (torch.float32, torch.float16)  # what Horovod 0.28.1 reduces on CPU (and NCCL) of the wire formats
 
 
 def horovod_bounds(numel: int, size: int) -> list[tuple[int, int]]:
@@ -78,20 +76,10 @@ class HorovodShardCollectives:
         """[lo, hi) of a bucket of ``numel`` elements that each rank (by rank) owns after a reduce-scatter."""
         return horovod_bounds(numel, self.size)
 
-    def _check(self, flat: torch.Tensor) -> None:
-        if flat.dtype not in WIRE_DTYPES:
-            raise UserError(
-                f"Horovod 0.28.1 cannot reduce-scatter or gather {flat.dtype} tensors; use --compression fp16 "
-                "or none with --allreduce-engine horovod, or --allreduce-engine mpi"
-            )
-        if flat.dim() != 1 or not flat.is_contiguous():
-            raise ValueError("a bucket is one contiguous 1-D tensor")
-
     def start_reduce_scatter(self, key: int, flat: torch.Tensor) -> _Pending:
         """Begin summing the bucket ``flat`` over the ranks; once :meth:`wait` returns, this rank's
         ``flat[lo:hi]`` holds the sum (the rest of ``flat`` as it was). ``flat`` must stay unchanged
         until then: Horovod's thread reads it."""
-        self._check(flat)
         lo, hi = self.bounds(flat.numel())[self.rank]
         handle = None
         if self._send:
@@ -102,7 +90,6 @@ class HorovodShardCollectives:
     def start_allgather(self, key: int, flat: torch.Tensor) -> _Pending:
         """Begin gathering every rank's ``flat[lo:hi]`` into every rank's ``flat``, whole once :meth:`wait`
         returns."""
-        self._check(flat)
         lo, hi = self.bounds(flat.numel())[self.rank]
         handle = None
         if self._send:
