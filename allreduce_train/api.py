@@ -219,6 +219,13 @@ class Communicator:
         """A picklable object from ``root`` to every rank."""
         return self._ex.broadcast_object(obj, root)  # communication
 
+    def whole_parameters(self, model: torch.nn.Module) -> None:
+        """Make ``model``'s parameters whole on every worker before you read them (``state_dict()`` for a
+        checkpoint or a dump): under ``--strategy sharded --shard-stage 3`` each worker holds only its shard
+        between training steps, and this gathers them (a collective: every worker calls it); elsewhere it
+        does nothing. The next training step shards them again."""
+        self._ex.whole_parameters(model)  # communication where the parameters are sharded
+
     def stop_requested(self) -> bool:
         """Whether a stop signal (SIGTERM, SIGUSR1: preemption, docs/faults.md) reached any worker:
         the same answer on every worker, so all of them stop after the same step. Every worker calls

@@ -60,9 +60,11 @@ def main(argv: list[str]) -> None:
                 if comm.is_main:
                     print(f"step {step}: loss {mean:.4f} (mean over {comm.num_workers} workers)", flush=True)
             if comm.stop_requested():  # communication: a stop signal reached a worker (preemption)
-                if comm.is_main:  # the same parameters and optimizer state on every worker
+                # on every rank: under --strategy sharded gathering the whole state is a collective
+                comm.whole_parameters(model)  # stage 3: each worker holds only its shard between steps
+                state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}
+                if comm.is_main:  # the whole state, written once
                     os.makedirs(os.path.dirname(checkpoint), exist_ok=True)
-                    state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}
                     torch.save(state, checkpoint + ".tmp")
                     os.replace(checkpoint + ".tmp", checkpoint)  # atomic: the last good one is never half-written
                 dump(cfg, comm, model)
@@ -75,6 +77,7 @@ def main(argv: list[str]) -> None:
 
 
 def dump(cfg, comm, model: torch.nn.Module) -> None:
+    comm.whole_parameters(model)  # communication under --shard-stage 3 (every rank calls dump)
     if cfg.run.dump_params:  # for the tests: every rank's parameters
         torch.save(model.state_dict(), cfg.run.dump_params.replace("{rank}", str(comm.rank)))
 

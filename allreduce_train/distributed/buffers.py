@@ -93,7 +93,8 @@ def held_bytes(kinds: dict[str, Iterable[torch.Tensor]]) -> dict[str, int]:
     for kind, tensors in kinds.items():
         total = 0
         for t in tensors:
-            storage = t.untyped_storage()
+            local = getattr(t, "to_local", None)  # a DTensor (FSDP2's sharded parameter): this rank's shard
+            storage = (local() if local is not None else t).untyped_storage()
             key = (t.device.type, storage.data_ptr())
             if key not in seen and storage.nbytes():
                 seen.add(key)

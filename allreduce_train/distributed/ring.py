@@ -10,12 +10,13 @@ backward has produced all of it, and is reduced by a ring of non-blocking point-
   over every rank;
 * allgather: N-1 more steps pass the summed chunks round the ring.
 
-Every rank sends and receives 2(N-1)/N of the bucket, the bandwidth-optimal figure of Patarasuk &
-Yuan that Horovod's (and Baidu's) ring reaches. ``--mpi-algorithm iallreduce`` hands each bucket
-to MPI_Iallreduce instead (Open MPI picks its own algorithm). The sum is divided by N (Horovod's
-Average); clipping stays in the trainer (after the exchange, on the averaged gradient). The bucket's
-flat buffer is in the wire format's dtype (``wire``): with 16 bits the ring sends and sums 16-bit
-floats, as Horovod's fp16 compression does.
+The two phases are one :class:`Ring` over a flat buffer, which also runs either phase alone (ZeRO's
+reduce-scatter and allgather: :mod:`.sharded.mpi`). Every rank sends and receives 2(N-1)/N of the
+bucket, the bandwidth-optimal figure of Patarasuk & Yuan that Horovod's (and Baidu's) ring reaches.
+``--mpi-algorithm iallreduce`` hands each bucket to MPI_Iallreduce instead (Open MPI picks its own
+algorithm). The sum is divided by N (Horovod's Average); clipping stays in the trainer (after the
+exchange, on the averaged gradient). The bucket's flat buffer is in the wire format's dtype
+(``wire``): with 16 bits the ring sends and sums 16-bit floats, as Horovod's fp16 compression does.
 
 There is no background thread: messages advance whenever this rank's Python runs the exchange --
 in every gradient hook, and in :meth:`synchronize` until every bucket is done, which sleeps between

@@ -112,7 +112,7 @@ def sharded_verdict(c: dict[tuple[str, str], float]) -> list[str]:
     for stage, k in SHARDED.items():
         ratios = [f"{c[(k, e)] / c[(RING, e)]:.2f} on {e}" for e in ENGINES if (k, e) in c and (RING, e) in c]
         if ratios:
-            moved = "1.5x the ring's bytes (parameters gathered twice)" if stage == 3 else "the ring's bytes"
+            moved = "1.5x the ring's bytes: the parameters gathered twice" if stage == 3 else "the ring's bytes"
             said.append(f"Sharded stage {stage} / ring, same engine = {', '.join(ratios)} ({moved}).")
     ps = c.get((PS_COLOCATED, MPI4PY))
     vs_ps = [f"stage {s} {c[(SHARDED[s], MPI4PY)] / ps:.2f}" for s in (1, 2) if ps and (SHARDED[s], MPI4PY) in c]

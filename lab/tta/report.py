@@ -101,9 +101,12 @@ CONCEPT_COLOR = {
     "powersgd": "#762a83",
     "localsgd": "#35978f",
     "diloco": "#c51b7d",
-    "sharded": "#5e3c99",
 }
-SHARDED_COLOR = {1: "#b2abd2", 2: "#5e3c99", 3: "#2d004b"}  # ZeRO stage 1-3: light to dark, one hue
+SHARDED_COLOR = {
+    1: "#b2abd2",
+    2: "#5e3c99",
+    3: "#2d004b",
+}  # the sharded stages: one purple each, darker as more is sharded
 LONG_PERIOD_COLOR = "#003c30"  # local SGD with H > 4
 
 
@@ -116,12 +119,9 @@ def plot_style(method: str) -> tuple[str, str]:
         return "black", "-"
     if method.startswith("ps-"):
         return PLOT_STYLE.get(method.rsplit("-", 1)[0], ("black", "-"))[0], ":" if m.concept == "fp16" else "-."
+    color = LONG_PERIOD_COLOR if m.concept == "localsgd" and m.param > 4 else CONCEPT_COLOR.get(m.concept, "black")
     if m.concept == "sharded":
-        color = SHARDED_COLOR.get(int(m.param), CONCEPT_COLOR["sharded"])
-    elif m.concept == "localsgd" and m.param > 4:
-        color = LONG_PERIOD_COLOR
-    else:
-        color = CONCEPT_COLOR.get(m.concept, "black")
+        color = SHARDED_COLOR[m.param]
     return color, "-." if "-horovod-" in method else "-"
 
 

@@ -114,6 +114,6 @@ def test_the_concept_x_engine_split_sets_stages_1_and_2_against_the_ring_and_the
     text = "\n".join(engines.markdown("lenet5, 2 ranks", speed, engines.BENCH))
     assert "| sharded, stage 2 | 96 |" in text and "| sharded, stage 3 | 75 |" in text
     assert "Sharded stage 2 / ring, same engine = 0.96 on mpi4py (the ring's bytes)." in text
-    assert "Sharded stage 3 / ring, same engine = 0.75 on mpi4py (1.5x the ring's bytes" in text
+    assert "Sharded stage 3 / ring, same engine = 0.75 on mpi4py (1.5x the ring's bytes: the parameters" in text
     assert "Sharded / colocated PS, same engine (mpi4py): stage 2 1.20: the same bytes" in text
     assert "stage 3 1." not in text  # stage 3 moves more: not set against the PS

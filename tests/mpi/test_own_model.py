@@ -219,3 +219,18 @@ def test_own_loop_through_the_api_equals_one_process(env, tmp_path):
     r0, r1 = load_params(tmp_path / "loop-0.pt"), load_params(tmp_path / "loop-1.pt")
     assert all(torch.equal(r0[k], r1[k]) for k in r0)
     assert rel_diff(r0, load_params(tmp_path / "single-0.pt")) <= 1e-5
+
+
+@pytest.mark.long  # one more 2-rank job of the same script (~15 s)
+def test_own_loop_under_shard_stage_3_dumps_the_rings_parameters(env, tmp_path):
+    """examples/own_loop.py with --strategy sharded --shard-stage 3: each worker holds only its shards between
+    steps; comm.whole_parameters() before the dump gathers them, and they are the ring's bit for bit (2 ranks:
+    the same sum, an elementwise optimizer)."""
+    script = str(ROOT / "examples" / "own_loop.py")
+    flags = ["--allreduce-engine", "mpi", "--steps", "30", "--seed", "3"]
+    for name, extra in (("ring", []), ("zero3", ["--strategy", "sharded", "--shard-stage", "3"])):
+        dump = str(tmp_path / f"{name}-{{rank}}.pt")
+        check(launch(env, 2, [*flags, *extra, "--dump-params", dump], launcher=["--script", script]))
+    z0, z1, ring = (load_params(tmp_path / f) for f in ("zero3-0.pt", "zero3-1.pt", "ring-0.pt"))
+    assert all(torch.isfinite(z0[k]).all() and torch.equal(z0[k], z1[k]) for k in z0)
+    assert all(torch.equal(z0[k], ring[k]) for k in ring)

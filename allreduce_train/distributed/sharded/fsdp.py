@@ -16,15 +16,15 @@ tensors), every stage is PyTorch's implementation rather than this project's lay
   reduce-scatter in 16 bits, parameters and their gather float32.
 
 The trainer's contract holds as for every engine: :meth:`prepare` returns the optimizer to step (the
-user's class over the sharded parameters, its state cut from the broadcast whole); the checkpoint's
-``optimizer.state_dict()`` on the main rank is the class's own format for the whole model. Gathering
-it is collective, and the trainer's main-rank-only calls cannot be: it happens in
-:meth:`gather_from_workers`, which every worker calls just before the main rank writes (each tensor
-gathered whole in turn, kept by the main rank alone). Evaluation, where the workers' shares of the
-evaluation set may differ by a batch, runs on parameters gathered once when the model goes to
-``eval()`` (every rank does, in the trainer's evaluate), so no forward waits for a gather the other
-ranks never start. Under stages 2 and 3 ``model.state_dict()`` is collective too (every rank calls it:
-``--dump-params``) and returns plain whole tensors.
+user's class over the sharded parameters, its state cut from the broadcast whole), and the checkpoint
+holds the whole state in the class's own format. Gathering it is collective: the optimizer's
+``state_dict()`` gathers on every rank that calls it (all must, as for the sharded layer's optimizer);
+:meth:`optimizer_state_dict`, which the trainer calls on every worker right before the main rank reads
+:meth:`model_state_dict`, gathers each tensor in turn and keeps it on the main rank alone, the model's
+too. :meth:`whole_parameters` (before evaluation, a checkpoint and the end) gathers every module's
+parameters until the next training forward: evaluation, where the workers' shares may differ by a
+batch, then sends nothing. Under stages 2 and 3 ``model.state_dict()`` is collective as well (every
+rank calls it: ``--dump-params``) and returns plain whole tensors.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import torch
 
 from ...config import Config, ExchangeConfig, TorchConfig
 from ...errors import UserError
+from ..buffers import held_bytes
 from ..c10d import TorchDistributed
 
 # What each stage is, in metrics.json's "shard_impl"
@@ -58,6 +59,13 @@ def _own_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     return found[::-1]  # modules() is parents first; fully_shard goes bottom-up
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor; a plain tensor as is."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
 def _whole(value: Any) -> Any:
     """A DTensor gathered whole as a plain tensor (communication: an all-gather); anything else as is."""
     from torch.distributed.tensor import DTensor
@@ -76,6 +84,8 @@ class TorchSharded(TorchDistributed):
         self._model: torch.nn.Module | None = None
         self._optimizer: Any = None  # ZeroRedundancyOptimizer (stage 1), the user's class over shards (2, 3)
         self._model_state: dict[str, Any] | None = None  # gathered whole for the main rank's checkpoint
+        self._sharded: list[Any] = []  # the FSDP2 modules (the root and those of _own_modules)
+        self._whole = False  # whole_parameters() gathered them, and no training forward has run since
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "shard_stage": self.stage, "shard_impl": IMPLEMENTATION[self.stage]}
@@ -111,7 +121,7 @@ class TorchSharded(TorchDistributed):
         return zero
 
     def _fully_shard(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
         from torch.distributed.tensor import distribute_tensor
 
         whole = optimizer.state_dict()  # the class's own format, by index in param_groups' order
@@ -142,7 +152,6 @@ class TorchSharded(TorchDistributed):
                 "--allreduce-engine mpi or horovod"
             ) from None
         sharded.__class__ = _gathered_class(type(optimizer))
-        sharded.gathered = None
         params = [p for g in groups for p in g["params"]]
         for i, st in whole["state"].items():  # each state tensor of a parameter's shape: this rank's shard of it
             p = params[i]
@@ -153,31 +162,30 @@ class TorchSharded(TorchDistributed):
                 for key, v in st.items()
             }
         model.register_state_dict_post_hook(_gathered_state_dict)
-        self._whole_for_evaluation(model)
+        self._sharded = [m for m in model.modules() if isinstance(m, FSDPModule)]
+        # before FSDP2's own pre-hook, which gathers the root's parameters for this forward
+        model.register_forward_pre_hook(self._training_again, prepend=True)
         return sharded
 
-    def _whole_for_evaluation(self, model: torch.nn.Module) -> None:
-        """Gather every module's parameters when the model goes to eval() and free them when it goes back
-        to train(): evaluation's forwards then send nothing (the workers' numbers of evaluation batches
-        may differ), and training's gather per module as before."""
-        from torch.distributed.fsdp import FSDPModule
+    def whole_parameters(self, model: torch.nn.Module) -> None:
+        """Every module's parameters gathered whole, and kept so through forwards out of training (evaluation:
+        each worker's number of batches may differ, so no forward may wait for a gather), until the next
+        training forward gives them back (:meth:`_training_again`)."""
+        if self.stage == 1 or self._whole or self._model is None:
+            return
+        for m in self._sharded:
+            m.set_reshard_after_forward(False, recurse=False)
+            m.unshard()  # communication: this module's parameters, whole
+        self._whole = True
 
-        sharded = [m for m in model.modules() if isinstance(m, FSDPModule)]
-        train = model.train
-        rerelease = self.stage == 3
-
-        def switched(mode: bool = True) -> torch.nn.Module:
-            if mode != model.training:
-                for m in sharded:
-                    if mode:
-                        m.reshard()
-                        m.set_reshard_after_forward(rerelease, recurse=False)
-                    else:
-                        m.set_reshard_after_forward(False, recurse=False)
-                        m.unshard()  # communication: every module's parameters, whole
-            return train(mode)
-
-        model.train = switched  # type: ignore[method-assign]  # eval() calls self.train(False)
+    def _training_again(self, model: torch.nn.Module, args: Any) -> None:
+        """The root's first forward pre-hook: a training forward after :meth:`whole_parameters` frees the
+        gathered parameters and gathers per module again, as the stage does."""
+        if self._whole and model.training:
+            for m in self._sharded:
+                m.reshard()
+                m.set_reshard_after_forward(self.stage == 3, recurse=False)
+            self._whole = False
 
     # ------------------------------------------------------------ one step
     def synchronize(self) -> None:
@@ -186,56 +194,65 @@ class TorchSharded(TorchDistributed):
         # stages 2, 3: FSDP2 reduce-scattered each module's gradients during backward and waited for
         # them at its end; each rank's .grad is its shard of the average
 
-    # ------------------------------------------------------------ checkpoints
-    def gather_from_workers(self, obj: Any) -> list[Any]:
-        """Each worker's ``obj`` (:meth:`~..base.GradientExchange.gather_from_workers`) and, collectively
-        with it, the whole model and optimizer state onto the main rank: the trainer calls this on every
-        worker right before the main rank reads ``model_state_dict`` and ``optimizer.state_dict()``."""
-        out = super().gather_from_workers(obj)
+    def memory(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+        """Bytes this rank holds: stages 2 and 3 count the local shards (FSDP2's storage, padded to N equal
+        rows) of the parameters the optimizer steps, of their gradients and of its state -- not what is
+        gathered for a while (a module's turn in forward or backward; :meth:`whole_parameters` until the
+        next training forward, so also at the end of a run)."""
         if self._optimizer is None:
-            return out
+            return super().memory(model, optimizer)
+        if self.stage == 1:  # whole parameters and gradients; the state is ZeroRedundancyOptimizer's inner one's
+            return super().memory(model, self._optimizer.optim)
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        return held_bytes(
+            {
+                "params": [_local(p) for p in params],
+                "grads": [_local(p.grad) for p in params if p.grad is not None],
+                "optimizer": [_local(v) for st in optimizer.state.values() for v in st.values() if torch.is_tensor(v)],
+                "buffers": [],  # FSDP2's gather and reduce-scatter buffers live only during a module's turn
+            }
+        )
+
+    # ------------------------------------------------------------ checkpoints
+    def optimizer_state_dict(self, optimizer) -> dict[str, Any] | None:
+        """The optimizer's state, whole, on the main rank (None elsewhere), and the model's for
+        :meth:`model_state_dict`: collective over the workers, each tensor gathered in turn and kept by
+        the main rank alone."""
+        if self._optimizer is None:  # one worker: nothing is sharded
+            return super().optimizer_state_dict(optimizer)
         if self.stage == 1:
-            self._optimizer.consolidate_state_dict(to=0)  # communication: every partition's state to rank 0
-            return out
+            optimizer.consolidate_state_dict(to=0)  # communication: every partition's state to rank 0
+            return optimizer.state_dict() if self.is_main else None
         assert self._model is not None
         model_state = self._model.state_dict()  # communication: whole, through _gathered_state_dict
-        mine: Any = super(type(self._optimizer), self._optimizer)
-        own = mine.state_dict()  # the user's class's own, over this rank's shards
+        self._model_state = model_state if self.is_main else None
+        return optimizer.gather(keep=self.is_main)
+
+    def model_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The model's state gathered by :meth:`optimizer_state_dict`, which the trainer calls just before."""
+        if self._model_state is None:
+            return super().model_state_dict(model)
+        state, self._model_state = self._model_state, None
+        return state
+
+
+def _gathered_class(cls: Any) -> type:
+    """A subclass of the user's optimizer class whose ``state_dict()`` is the whole state in the class's own
+    format, gathered from every rank's DTensor shards (collective: every rank calls it)."""
+
+    def gather(self, keep: bool = True) -> dict[str, Any] | None:
+        own = cls.state_dict(self)  # the class's own, over this rank's shards
         state: dict[int, dict[str, Any]] = {}
         for i in sorted(own["state"]):
             st = {key: _whole(v) for key, v in own["state"][i].items()}  # communication: one tensor at a time
-            if self.is_main:
+            if keep:
                 state[i] = st
-        if self.is_main:
-            self._model_state = model_state
-            self._optimizer.gathered = {**own, "state": state}
-        return out
+        return {**own, "state": state} if keep else None
 
-    def apply(self, optimizer) -> None:
-        optimizer.step()
-        if self.stage > 1:
-            optimizer.gathered = None  # the next checkpoint gathers afresh
-            self._model_state = None
+    def state_dict(self) -> dict[str, Any] | None:
+        return gather(self)
 
-    def model_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-        if self._model_state is not None:
-            return self._model_state
-        return super().model_state_dict(model)
-
-
-def _gathered_class(cls: type) -> type:
-    """A subclass of the user's optimizer class whose ``state_dict()`` is the whole state that
-    :meth:`TorchSharded.gather_from_workers` gathered (a DTensor shard's state is not the class's format)."""
-
-    def state_dict(self) -> dict[str, Any]:
-        if self.gathered is None:
-            raise RuntimeError(
-                "--strategy sharded --allreduce-engine torch: the optimizer's whole state is gathered collectively; "
-                "call the exchange's gather_from_workers on every worker first (the trainer's checkpoint does)"
-            )
-        return self.gathered
-
-    return type(cls.__name__, (cls,), {"state_dict": state_dict, "__module__": cls.__module__})
+    return type(cls.__name__, (cls,), {"state_dict": state_dict, "gather": gather, "__module__": cls.__module__})
 
 
 def _gathered_state_dict(module: torch.nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:
