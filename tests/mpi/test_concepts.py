@@ -60,6 +60,7 @@ def test_16_bit_on_the_wire_ends_near_float32_but_not_on_it_and_alike_on_every_r
     assert rel_diff(got, float32_params) < tol
 
 
+@pytest.mark.long  # make test under 20 min: the long tier (CI runs it)
 def test_ps_with_16_bit_pulls_resumes_exactly_from_the_servers_master_parameters(tmp_path, ps_fp16_dir):
     args = SHARED_RUN + PS_FP16 + ["--batch-size", "16"]
     check(launch(2, args + run_args(tmp_path, "cut", "--exit-after-steps", "9")))

@@ -26,12 +26,13 @@ STALL = "6"  # --stall-timeout in these tests (the default is 120 s)
 @pytest.mark.parametrize(
     "strategy, np, frozen",
     [
-        ("mpi", 2, 0),
+        # the main rank frozen, and a PS worker: the long tier (make test under 20 min; CI runs it)
+        pytest.param("mpi", 2, 0, marks=pytest.mark.long),
         ("mpi", 2, 1),
-        ("gloo", 2, 0),
+        pytest.param("gloo", 2, 0, marks=pytest.mark.long),
         ("gloo", 2, 1),
         ("ps-server", 3, 0),
-        ("ps-worker", 3, 2),
+        pytest.param("ps-worker", 3, 2, marks=pytest.mark.long),
         ("ring-mpi", 2, 1),
         # a checkpoint every step: the main worker is often fetching the optimizer state from the
         # server when it freezes, a step behind the other worker, and must not be named for that

@@ -70,6 +70,7 @@ def test_parameter_server_trains_the_lstm_like_one_process(tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.long  # make test under 20 min: the long tier (CI runs it)
 def test_validation_perplexity_falls_on_the_offline_corpus(tmp_path):
     """The default corpus (built into an empty cache here), 2 ranks, the paper's small LSTM."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

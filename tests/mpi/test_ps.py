@@ -169,7 +169,7 @@ def test_resume_continues_exactly_with_momentum_from_the_servers(tmp_path, ps_k2
 @pytest.mark.parametrize(
     "np, placement",
     [
-        (3, "dedicated"),
+        pytest.param(3, "dedicated", marks=pytest.mark.long),  # make test under 20 min: the long tier (CI runs it)
         # make test-long: tests/mpi/test_tta.py trains the asynchronous colocated PS on Fashion-MNIST to a
         # target and checks its staleness
         pytest.param(2, "colocated", marks=pytest.mark.long),

@@ -74,6 +74,7 @@ def test_the_logged_lr_follows_the_cosine_schedule(recipe_runs):
     assert lrs[12] == pytest.approx(0.0002 + 0.0018 * 0.5 * (1 + torch.cos(torch.tensor(torch.pi * 7 / 8)).item()))
 
 
+@pytest.mark.long  # make test under 20 min: the long tier (CI runs it)
 def test_resume_mid_schedule_is_bit_exact_with_adamw_and_bf16(recipe_runs, tmp_path):
     """Cut at step 5 (a checkpoint), resumed to 12: the mpi engine's uncut job exactly (AdamW's moments
     and step count, the schedule's position all come back)."""

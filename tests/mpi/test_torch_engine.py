@@ -33,7 +33,8 @@ def torch2_dir(tmp_path_factory):
     return d
 
 
-@pytest.mark.parametrize("np", [2, 3])
+# 3 ranks: the long tier (make test under 20 min; CI runs it)
+@pytest.mark.parametrize("np", [2, pytest.param(3, marks=pytest.mark.long)])
 def test_torch_engine_ends_where_the_mpi_engine_and_one_process_end(request, tmp_path, mpi_engine_run, np):
     d = request.getfixturevalue("torch2_dir") if np == 2 else tmp_path
     if np != 2:
