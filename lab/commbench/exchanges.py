@@ -224,6 +224,7 @@ def ps_dedicated(comm, src: np.ndarray | None, n_elems: int, servers: int) -> Ca
     workers = range(servers, comm.size)
     b = shard_bounds(n_elems, servers)
     if comm.rank >= servers:
+        assert src is not None  # a worker sends its gradient
 
         def exchange(dst):
             reqs = [comm.Irecv(dst[b[k] : b[k + 1]], source=k, tag=2) for k in range(servers)]  # pull

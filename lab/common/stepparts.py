@@ -132,7 +132,8 @@ def instrument_trainer(meter: Meter, warmup: int, steps: int) -> None:
     def built(self):
         s = build(self)
         batches = s.batches.batches
-        s.batches.batches = lambda *a, **k: meter.wrap_iter("batch (data)", batches(*a, **k))
+        # the instrumentation replaces the method on purpose (in this benchmark process only)
+        s.batches.batches = lambda *a, **k: meter.wrap_iter("batch (data)", batches(*a, **k))  # type: ignore[method-assign]
         self.task.loss = meter.wrap("forward+loss", self.task.loss)
         ex = self.ex
         for attr, name in (

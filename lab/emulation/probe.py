@@ -114,7 +114,7 @@ def streams(cluster: EmulatedCluster, pairs: list[tuple[int, int]], seconds: flo
 
 def both_ways(conn: socket.socket, seconds: float) -> None:
     """Send for ``seconds`` while receiving what the peer sends; print the received payload Mbit/s."""
-    got, t = [0], [None, None]
+    got, t = [0], [0.0, 0.0]  # bytes received; first and last arrival (0.0: none yet)
 
     def receive():
         while chunk := conn.recv(1 << 20):

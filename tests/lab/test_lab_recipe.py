@@ -115,7 +115,7 @@ def test_bench_gives_the_recipe_to_the_trainer_and_to_the_bare_loops_which_build
         assert all(p.dim() >= 2 for p in opt.param_groups[0]["params"])
         assert all(p.dim() < 2 for p in opt.param_groups[1]["params"])
         # the forward pass under the trainer's autocast: a linear layer computes in bfloat16
-        seen = []
+        seen: list[torch.dtype] = []
         linear = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
         linear.register_forward_hook(lambda m, i, o, seen=seen: seen.append(o.dtype))
         value = loss(model, torch.randn(4, 1, 28, 28), torch.tensor([0, 1, 2, 3]))

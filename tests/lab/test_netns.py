@@ -208,7 +208,9 @@ def test_two_emulated_hosts_train_identically_over_the_links_and_leave_nothing(t
             ],
         )
     )
-    prefix = re.search(r"emulated cluster (art-\d+-\d+):", proc.stdout).group(1)
+    found = re.search(r"emulated cluster (art-\d+-\d+):", proc.stdout)
+    assert found is not None, proc.stdout
+    prefix = found.group(1)
     r0, r1 = load_params(tmp_path / "em-0.pt"), load_params(tmp_path / "em-1.pt")
     for k in r0:
         assert torch.equal(r0[k], r1[k]), f"{k} differs between the emulated hosts"

@@ -8,6 +8,7 @@ import os
 import shlex
 import subprocess
 import sys
+from typing import Any
 
 from lab.paper import main as paper
 
@@ -39,7 +40,8 @@ def args(*argv):
 def write_grids(out):
     """What scaling-netns writes (results.json with the cost model per job, <rate>/results.json with the
     grid's rows) and what time-to-accuracy writes (results.json with its jobs), for 1 and 2 workers."""
-    netns_rows, grids = [], {}
+    netns_rows: list[dict[str, Any]] = []
+    grids: dict[str, list[dict[str, Any]]] = {}
     for (model, rate), per in THROUGHPUT.items():
         for s, (one, two) in per.items():
             for n, thr in ((1, one), (2, two)):

@@ -239,6 +239,7 @@ def mlp_check_jobs(measured):
 def test_a_pick_whose_check_missed_by_more_than_the_trust_factor_is_not_decided_and_says_why():
     inp = Inputs("userpkg.mlp:build", MLP, 0.0004, 64, 50e-6, {"fp16": 1.0, "localsgd-h4": 1.0, "localsgd-h16": 1.0})
     check = emulated_check(mlp_check_jobs({"fp16": 1.25, "localsgd-h4": 1.78, "localsgd-h16": 1.86}), inp, MLP_METHODS)
+    assert check is not None
     got = check["methods"]
     predicted = got["localsgd-h16"]["predicted"]
     assert predicted == pytest.approx(1.0, abs=0.05)  # the model has no per-step cost here: ~float32's time

@@ -5,6 +5,7 @@ unticked, and, in headless Chromium, a plain TensorBoard that smooths and cuts a
 
 import io
 import zipfile
+from typing import Any
 
 import pytest
 
@@ -54,7 +55,7 @@ def test_the_check_fails_on_a_cut_chart_and_names_the_line():
         "runs": ["ddp", "trainer"],
     }
     exp = {"runs": ["ddp", "trainer"], "charts": [chart]}
-    page = {
+    page: dict[str, Any] = {
         "selected": ["ddp", "trainer"],
         "smoothing": 0,
         "colors": {"ddp": "#f00", "trainer": "#00f"},

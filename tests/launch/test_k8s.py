@@ -871,7 +871,7 @@ def test_launcher_entrypoint_ends_a_job_that_cannot_answer_the_stop_within_its_g
         wait_for(Path(f"{mark}.ready"))
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 128 + signal.SIGTERM  # killed after 2 s, before the pod's SIGKILL
-        assert "no checkpoint was written" in proc.stderr.read()
+        assert proc.stderr is not None and "no checkpoint was written" in proc.stderr.read()
     finally:
         if proc.poll() is None:
             proc.kill()

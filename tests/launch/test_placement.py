@@ -39,7 +39,7 @@ def test_hosts_are_listed_with_their_ranks_in_rank_order():
 def test_fewer_hosts_than_expected_is_an_error_naming_the_flag_and_the_hosts():
     assert check(["a", "b"], 2) is None and check(["a", "b", "c"], 2) is None and check(["a", "a"], 0) is None
     msg = check(["launcher", "launcher", "launcher", "launcher"], 2)
-    assert msg.startswith("--expect-hosts 2: the 4 ranks run on 1 host: launcher (ranks 0-3)")
+    assert msg is not None and msg.startswith("--expect-hosts 2: the 4 ranks run on 1 host: launcher (ranks 0-3)")
     assert "\n" not in msg
 
 

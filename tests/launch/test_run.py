@@ -93,7 +93,7 @@ def test_exit_record_directories_of_dead_launchers_are_removed_by_the_next_one(t
         (d / "0").write_text('{"code": 0}')
     assert bound.remove_stale_exit_dirs(str(tmp_path)) == [stale.name]
     assert not stale.exists() and live.exists() and other.exists()
-    env = {}
+    env: dict[str, str] = {}
     with bound.exit_dir(env) as made:  # the launcher's own: named after its pid, gone afterwards
         assert os.path.basename(made).startswith(f"{bound.EXIT_DIR_PREFIX}{os.getpid()}-") and env
     assert not os.path.exists(made)

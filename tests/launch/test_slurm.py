@@ -284,7 +284,9 @@ def cluster():
         )
     try:
         slurm_cluster.up(slurm_cluster.SlurmClusterSpec(nodes=2, link_rate="100mbit"), log=lambda _m: None)
-        yield slurm_cluster.SlurmClusterSpec(**slurm_cluster.read_state()["spec"])
+        state = slurm_cluster.read_state()
+        assert state is not None  # up() recorded it
+        yield slurm_cluster.SlurmClusterSpec(**state["spec"])
     finally:
         slurm_cluster.down(log=lambda _m: None)
 

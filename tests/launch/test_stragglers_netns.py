@@ -45,7 +45,9 @@ def run(tmp_path, name, args, on_start=None):
     )
     try:
         job.wait_for("emulated cluster art-", timeout=60)
-        prefix = re.search(r"emulated cluster (art-\d+-\d+):", "".join(job.out)).group(1)
+        found = re.search(r"emulated cluster (art-\d+-\d+):", "".join(job.out))
+        assert found is not None  # wait_for saw the line
+        prefix = found.group(1)
         if on_start:
             on_start(prefix)
         assert job.finish(timeout=240) == 0, job.text()

@@ -9,6 +9,7 @@ and an asynchronous run whose state counts every worker's pushes."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 import torch
@@ -94,7 +95,8 @@ def test_the_checkpoints_optimizer_state_loads_into_plain_torch_adamw(runs):
     model = MODELS["lenet5"].build()
     matrices = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": matrices}, {"params": rest, "weight_decay": 0.0}])
+    groups: list[dict[str, Any]] = [{"params": matrices}, {"params": rest, "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups)
     opt.load_state_dict(saved(runs, "dedicated")["optimizer"])
     for p in model.parameters():
         assert opt.state[p]["exp_avg"].shape == p.shape and float(opt.state[p]["step"]) == 12

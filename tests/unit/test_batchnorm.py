@@ -18,7 +18,8 @@ class Workers:
     worker order (the same result everywhere, as an engine's)."""
 
     def __init__(self, n: int) -> None:
-        self.n, self.slots = n, [None] * n
+        self.n = n
+        self.slots: list[list[torch.Tensor]] = [[] for _ in range(n)]  # each worker's tensors of the sum
         self.barrier = threading.Barrier(n)
 
     def worker(self, index: int):
@@ -98,6 +99,7 @@ def test_two_workers_sync_batchnorm_is_one_batchnorm_over_their_joint_batch(trac
 
     (net0, out0, g0), (net1, out1, g1) = Workers(2).run(worker)
     torch.testing.assert_close(torch.cat([out0, out1]), out_ref.detach(), rtol=1e-5, atol=1e-5)
+    assert xr.grad is not None
     torch.testing.assert_close(torch.cat([g0, g1]), xr.grad.reshape(12, 2, 6, 6), rtol=1e-4, atol=1e-5)
     scale = max(float(p.grad.abs().max()) for p in ref.parameters())  # a bias before a BatchNorm: 0 + rounding
     for (name, p), p0, p1 in zip(ref.named_parameters(), net0.parameters(), net1.parameters(), strict=True):
@@ -117,6 +119,7 @@ def test_averaged_buffers_are_the_workers_mean_and_shared_ones_come_back_bit_for
 
     def worker(i, ex):
         bn = torch.nn.BatchNorm1d(4)
+        assert bn.running_mean is not None and bn.running_var is not None and bn.num_batches_tracked is not None
         bn.running_mean.copy_(torch.arange(4.0) * (i + 1))  # drifted apart: each worker's own
         bn.running_var.fill_(0.1 * (i + 1))
         bn.num_batches_tracked.fill_(5)
@@ -145,6 +148,7 @@ def test_strategy_none_keeps_each_ranks_own_buffers():
     def worker(i, ex):
         ex.one_model = False  # --strategy none's exchange
         bn = torch.nn.BatchNorm1d(2)
+        assert bn.running_mean is not None
         bn.running_mean.fill_(i)
         average_buffers(bn, ex)
         return bn.running_mean
@@ -197,7 +201,9 @@ def test_on_cuda_the_layers_become_the_engines_own_sync_batchnorm(engine):
     net = bn_net()
     net[4] = torch.nn.BatchNorm1d(5, track_running_stats=False)
     weight = net[1].weight
-    net, swapped = sync_batchnorm(net, engine, Workers(1).worker(0), torch.device("cuda"))
+    converted, swapped = sync_batchnorm(net, engine, Workers(1).worker(0), torch.device("cuda"))
+    assert isinstance(converted, torch.nn.Sequential)  # the container kept, its layers swapped
+    net = converted
     want = hvd.SyncBatchNorm if engine == "horovod" else torch.nn.SyncBatchNorm
     assert swapped == 2 and type(net[1]) is want and net[1].weight is weight
     assert type(net[4]) is (GlobalBatchNorm if engine == "horovod" else torch.nn.SyncBatchNorm)

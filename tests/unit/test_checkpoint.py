@@ -120,6 +120,7 @@ def export_cli(capsys, *argv):
     from allreduce_train.cli import main
 
     capsys.readouterr()
+    code: str | int | None
     try:
         code = main(["export", *map(str, argv)])
     except SystemExit as e:

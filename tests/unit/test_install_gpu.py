@@ -31,8 +31,10 @@ def plan(tmp_path, driver, *args, env_extra=None):
         smi.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k not in ("GPU_VENV", "CUDA12_INDEX")}
     env.update(env_extra or {}, PATH=str(bindir))
+    bash = shutil.which("bash")  # found before PATH becomes the fake bin directory alone
+    assert bash is not None
     return subprocess.run(
-        [shutil.which("bash"), "tools/install_gpu.sh", "--plan", *args],
+        [bash, "tools/install_gpu.sh", "--plan", *args],
         cwd=REPO,
         env=env,
         capture_output=True,

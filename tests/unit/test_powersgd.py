@@ -41,6 +41,7 @@ def test_three_steps_equal_torchs_powersgd_hook(one_rank_group, rank, exact):
         if step >= 2:
             psgd.average(lambda tensors, name: [t.clone() for t in tensors], 1)
         for ref, got in zip(net.parameters(), mine, strict=True):
+            assert ref.grad is not None and got.grad is not None
             if exact:
                 assert torch.equal(ref.grad, got.grad), (step, tuple(ref.shape))
             else:
@@ -54,7 +55,7 @@ def test_a_model_with_no_matrix_to_compress_sends_every_gradient_in_one_sum_and_
     of no Qs would have nothing to send). The sum stands in for 2 workers that sent the same gradient."""
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
-    params = list(net.parameters())
+    params: list[torch.Tensor] = list(net.parameters())
     psgd = PowerSGD(params, 4)
     assert psgd.packed == []
     sums = []
@@ -66,10 +67,10 @@ def test_a_model_with_no_matrix_to_compress_sends_every_gradient_in_one_sum_and_
     for _ in range(2):  # the second step adds the first's error feedback
         net.zero_grad()
         net(torch.randn(5, 8)).square().sum().backward()
-        want = [p.grad.clone() for p in params]
+        want = [p.grad.clone() for p in params if p.grad is not None]  # every one: zip(strict=True) below
         psgd.average(two_alike, 2)
         for p, w in zip(params, want, strict=True):
-            assert torch.equal(p.grad, w)
+            assert p.grad is not None and torch.equal(p.grad, w)
         assert psgd.error is not None and all(not e.any() for e in psgd.error)
     assert sums == [("powersgd.p", [sum(p.numel() for p in params)])] * 2
 

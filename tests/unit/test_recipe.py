@@ -4,6 +4,7 @@ scaler's rules, and the refusals (allreduce_train/optim.py, precision.py)."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -46,7 +47,8 @@ def test_step_is_the_papers_goyal_warm_up_and_per_epoch_decay():
 
 def test_each_group_is_scaled_from_its_own_initial_lr():
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3))
-    opt = torch.optim.AdamW([{"params": model[0].parameters(), "lr": 0.1}, {"params": model[1].parameters()}], lr=1)
+    groups: list[dict[str, Any]] = [{"params": model[0].parameters(), "lr": 0.1}, {"params": model[1].parameters()}]
+    opt = torch.optim.AdamW(groups, lr=1)
     for g in opt.param_groups:
         g["initial_lr"] = g["lr"]
     s = schedule("cosine", workers=2, total=10, lr=1.0, warmup_steps=0)

@@ -38,6 +38,7 @@ def test_a_combination_that_cannot_run_is_refused_in_one_line_naming_the_fix(arg
         parse([*BASE, *argv])
     assert "\n" not in str(refused.value)
     capsys.readouterr()
+    code: str | int | None
     try:
         code = main(["train", *BASE, *argv])
     except SystemExit as e:  # every rank leaves alike (job.configure)
