@@ -24,9 +24,12 @@ adds ``--resume auto``) reach a script that passes its arguments on.
 from __future__ import annotations
 
 import sys
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
+
+if TYPE_CHECKING:
+    from .data.indexed import DatasetBatches
 
 __all__ = ["Communicator", "DistributedOptimizer", "fit", "init"]
 
@@ -199,7 +202,7 @@ class Communicator:
         # communication: rank 0's parameters and optimizer state to every worker; the exchange's hooks
         return DistributedOptimizer.wrap(self._schedule, model, self._schedule.prepare(model, optimizer))
 
-    def shard(self, dataset: Any, batch_size: int, seed: int = 0, data_workers: int = 0):
+    def shard(self, dataset: Any, batch_size: int, seed: int = 0, data_workers: int = 0) -> DatasetBatches:
         """This worker's batches of a map-style dataset (``.batches(epoch)`` yields collated batches,
         ``.steps_per_epoch``): the global batch ``batch_size`` x workers in one order fixed by
         (seed, epoch), the same one the trainer uses."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import NoReturn
 
 from . import __version__, job
 from .config import add_arguments
@@ -21,7 +22,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     return job.run(job.configure(args))[0]
 
 
-def _as_flag(name: str, value) -> str:
+def _as_flag(name: str, value: object) -> str:
     """A config value as the command line would give it: ``--grad-clip 0.25``, ``--no-scale-lr``."""
     flag = name.replace("_", "-")
     if isinstance(value, bool):
@@ -54,7 +55,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 class _Parser(argparse.ArgumentParser):
     """Usage errors are printed by rank 0 only: every rank parses the same argv and fails alike."""
 
-    def error(self, message: str):
+    def error(self, message: str) -> NoReturn:
         if env_rank() == 0:
             self.print_usage(sys.stderr)
             print(f"{self.prog}: error: {message}", file=sys.stderr)

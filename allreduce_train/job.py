@@ -24,6 +24,7 @@ import sys
 import time
 import traceback
 from collections.abc import Mapping, Sequence
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from .errors import (
@@ -214,7 +215,7 @@ class _Held:
     could wait forever for the rank that failed.
     """
 
-    def __init__(self, ex) -> None:
+    def __init__(self, ex: GradientExchange) -> None:
         from .run_logger import NullLogger
 
         self.ex, self.log = ex, NullLogger()
@@ -223,7 +224,9 @@ class _Held:
     def __enter__(self) -> _Held:
         return self
 
-    def __exit__(self, typ, value, tb) -> None:  # None: an exception goes on to run's handlers
+    def __exit__(
+        self, typ: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:  # None: an exception goes on to run's handlers
         self.log.close()
         if typ is None:
             if self.watchdog is not None:
@@ -231,7 +234,7 @@ class _Held:
             self.ex.close()
 
 
-def _gather_setup(ex, err: str | None) -> tuple[list[str], list[str]]:
+def _gather_setup(ex: GradientExchange, err: str | None) -> tuple[list[str], list[str]]:
     """Collective: every rank's set-up error, lowest rank first (empty when all succeeded), and
     every rank's hostname by rank (metrics.json's ``hosts``: where the job ran)."""
     gathered = ex.allgather_object((err, socket.gethostname()))

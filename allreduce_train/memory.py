@@ -11,9 +11,17 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError, UserError
+
+if TYPE_CHECKING:  # torch and the engines are imported where used (the allocator is set before they load)
+    import torch
+
+    from .config import Config
+    from .distributed.base import GradientExchange
+    from .run_logger import NullLogger
 
 KINDS = ("params", "grads", "optimizer", "buffers")
 GIB = float(1 << 30)
@@ -27,7 +35,7 @@ _MALLOPT = {
 }
 
 
-def keep_freed_memory(environ=os.environ) -> dict[str, int]:
+def keep_freed_memory(environ: Mapping[str, str] = os.environ) -> dict[str, int]:
     """Make glibc keep the memory a training step frees for the next step.
 
     A step allocates and frees the same activations and gradients every time. By default glibc
@@ -95,7 +103,7 @@ def _status_kib(field: str) -> int:
     return 0
 
 
-def state_bytes_per_param(optimizer) -> float:
+def state_bytes_per_param(optimizer: torch.optim.Optimizer) -> float:
     """K: bytes of optimizer state per parameter element, from one step of ``optimizer``'s class on a
     probe of 1024 elements with its first group's hyperparameters (AdamW: 8, SGD with momentum: 4).
     0 where the class cannot be built from its groups alone: the estimate then leaves the state out."""
@@ -106,8 +114,9 @@ def state_bytes_per_param(optimizer) -> float:
     # how a step runs, not what it keeps: the probe is on the CPU, whatever device the model uses
     group.update({k: v for k, v in (("foreach", None), ("fused", None), ("capturable", False)) if k in group})
     probe.grad = torch.ones_like(probe)
+    cls: Any = type(optimizer)  # a subclass: built as its own constructor takes groups, not as Optimizer's
     try:
-        opt = type(optimizer)([{**group, "params": [probe]}])
+        opt = cls([{**group, "params": [probe]}])
         opt.step()
     except Exception:  # a user's class may need more than its groups, or a GPU: no estimate of its state
         return 0.0
@@ -115,7 +124,7 @@ def state_bytes_per_param(optimizer) -> float:
     return sum(v.element_size() for v in per_element)
 
 
-def concept_of(cfg) -> dict[str, Any]:
+def concept_of(cfg: Config) -> dict[str, Any]:
     """The configured concept as :func:`.distributed.memcost.per_rank`'s arguments."""
     x = cfg.exchange
     if x.strategy == "ps":
@@ -125,7 +134,7 @@ def concept_of(cfg) -> dict[str, Any]:
     return {"concept": "ring" if x.strategy == "allreduce" else x.strategy}
 
 
-def check_fits(cfg, ex, model, optimizer) -> None:
+def check_fits(cfg: Config, ex: GradientExchange, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Refuse, before the first step, a run whose per-rank bytes by the ZeRO formula do not fit under
     this process's memory limit (:func:`limit_headroom`), naming the need, the limit and the sharded
     stage that would fit. The formula leaves out activations and the engines' buffers, so it is a
@@ -143,7 +152,7 @@ def check_fits(cfg, ex, model, optimizer) -> None:
     workers, server = ex.num_workers, not ex.is_worker
     share = 1 if limit.startswith("RLIMIT") else ex.local_size  # a cgroup's room is shared by this host's ranks
 
-    def need(**concept) -> float:
+    def need(**concept: Any) -> float:
         got = per_rank(n, workers, state_bytes_per_param=k, **concept)
         return got["server_total"] if server and "server_total" in got else got["total"]
 
@@ -167,7 +176,7 @@ def check_fits(cfg, ex, model, optimizer) -> None:
     )
 
 
-def peak_cuda_mib(device) -> float | None:
+def peak_cuda_mib(device: torch.device) -> float | None:
     """The peak CUDA memory allocated by this process on ``device``, MiB; None off a GPU."""
     import torch
 
@@ -179,16 +188,23 @@ class MemoryLog:
     ``memory/<kind>_bytes/rank<R>``, ``memory/peak_rss_mib/rank<R>``). :meth:`check` builds it and
     refuses a run that cannot fit (:func:`check_fits`)."""
 
-    def __init__(self, ex, device) -> None:
+    def __init__(self, ex: GradientExchange, device: torch.device) -> None:
         self.ex, self.device = ex, device
         self.first: list[dict[str, Any]] | None = None
 
     @classmethod
-    def check(cls, cfg, ex, model, optimizer, device) -> MemoryLog:
+    def check(
+        cls,
+        cfg: Config,
+        ex: GradientExchange,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        device: torch.device,
+    ) -> MemoryLog:
         check_fits(cfg, ex, model, optimizer)
         return cls(ex, device)
 
-    def row(self, model, optimizer) -> dict[str, Any]:
+    def row(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """This rank's figures: bytes of each kind, their total, peak RSS (and CUDA) MiB."""
         held = self.ex.memory(model, optimizer)
         out: dict[str, Any] = {"rank": self.ex.rank, "role": "worker", **held, "total": sum(held.values())}
@@ -199,7 +215,9 @@ class MemoryLog:
             out["peak_cuda_mib"] = cuda
         return out
 
-    def gather(self, step: int, model, optimizer, log) -> list[dict[str, Any]]:
+    def gather(
+        self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, log: NullLogger
+    ) -> list[dict[str, Any]]:
         """Every rank's row by global rank (collective over the workers; a dedicated PS's servers
         answer the main worker), logged to TensorBoard at ``step``."""
         rows = self.ex.gather_from_workers(self.row(model, optimizer))  # communication: every worker's row
@@ -216,11 +234,13 @@ class MemoryLog:
         )
         return rows
 
-    def after_step(self, step: int, model, optimizer, log) -> None:
+    def after_step(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, log: NullLogger) -> None:
         """Record the first step's figures (the optimizer's state exists from its first step on)."""
         if self.first is None:
             self.first = self.gather(step, model, optimizer, log)
 
-    def finish(self, step: int, model, optimizer, log) -> dict[str, Any]:
+    def finish(
+        self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, log: NullLogger
+    ) -> dict[str, Any]:
         """metrics.json's ``memory``: the rows after the first step of this run and at its end."""
         return {"after_first_step": self.first or [], "end": self.gather(step, model, optimizer, log)}

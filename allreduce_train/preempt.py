@@ -11,6 +11,7 @@ the checkpoint and every rank exits with 75 (EX_TEMPFAIL) -- even when one rank 
 from __future__ import annotations
 
 import signal
+from types import FrameType
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 _received: str = ""
@@ -22,7 +23,7 @@ def install() -> None:
         signal.signal(sig, _record)
 
 
-def _record(signum, _frame) -> None:
+def _record(signum: int, _frame: FrameType | None) -> None:
     global _received
     _received = _received or signal.Signals(signum).name
 

@@ -9,10 +9,12 @@ dependencies are importable and cannot grow into the trainer (tests/unit/test_la
 :mod:`.k8s` renders the same line into a Kubeflow TrainJob or MPIJob (``python -m launch k8s``).
 """
 
+from typing import Any
+
 __all__ = ["LaunchSpec", "build_command", "main"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     """``launch.LaunchSpec`` etc. load :mod:`.mpirun` on first use, so that the trainer's import of
     ``launch.exitcodes`` (its only one from here) loads the exit-code table and nothing else."""
     if name in __all__:

@@ -170,7 +170,7 @@ def run_bounded(
     def say(line: str) -> None:
         print(f"launch: {line}", file=sys.stderr, flush=True)
 
-    def first_failure(exits) -> tuple[int, int, str] | None:
+    def first_failure(exits: dict[int, tuple[int, str, float]]) -> tuple[int, int, str] | None:
         failed = sorted((when, rank, code, host) for rank, (code, host, when) in exits.items() if code != 0)
         return failed[0][1:] if failed else None
 

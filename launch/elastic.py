@@ -142,7 +142,7 @@ def rsh_agent(mca: list[tuple[str, str]], environ: dict[str, str]) -> tuple[list
     ``:``-separated list of alternatives, the first found on PATH is used. An agent found nowhere is
     returned as given (the probe then fails for every host, as mpirun would)."""
 
-    def value(keys) -> str | None:
+    def value(keys: tuple[str, ...]) -> str | None:
         given = [v for k, v in mca if k in keys]
         if given:
             return given[-1]
@@ -228,7 +228,7 @@ class Elastic:
     probe_timeout: float = PROBE_TIMEOUT
     current: list[Host] = dataclasses.field(default_factory=list)  # the hosts of the attempt that ran last
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.current = self.current or list(self.hosts)
 
     def ranks_on(self, hosts: list[Host]) -> int:

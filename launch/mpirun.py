@@ -26,6 +26,7 @@ import shlex
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -385,7 +386,7 @@ def main(argv: list[str] | None = None, emulation: Any = None) -> int:
         cmd = build_command(spec, environ=env)
         print("+ " + shlex.join(cmd), flush=True)
 
-        def job(between=None) -> int:
+        def job(between: Callable[[], None] | None = None) -> int:
             return supervise(spec, cmd, env, timeout, elastic=elastic, between=between)
 
         if spec.cluster:
@@ -494,7 +495,7 @@ def supervise(
     env: dict[str, str],
     timeout: float,
     elastic: Elastic | None = None,
-    between=None,
+    between: Callable[[], None] | None = None,
 ) -> int:
     """Run the job; relaunch it with ``--resume auto`` after a failure, up to ``spec.max_restarts`` times;
     ``spec.grace_period``: the time mpirun has to end the job once a rank failed or a stop was asked for.

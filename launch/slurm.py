@@ -32,6 +32,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from .exitcodes import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED, EXIT_TIMEOUT, EXIT_USAGE
 from .mpirun import (
@@ -98,7 +99,7 @@ class SlurmJob:
     trainer_args: list[str] = trainer_args_option()
     python: str = sys.executable
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name in ("nodes", "ntasks_per_node"):
             if getattr(self, name) < 1:
                 raise SlurmError(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(self, name)})")
@@ -329,7 +330,7 @@ def output_path(job: SlurmJob, job_id: str, cwd: Path) -> Path:
     return cwd / path
 
 
-def follow(job: SlurmJob, job_id: str, env: dict[str, str], timeout: float, out=sys.stdout) -> int:
+def follow(job: SlurmJob, job_id: str, env: dict[str, str], timeout: float, out: TextIO = sys.stdout) -> int:
     """Print state changes and the job's output until it ends; its exit code (124 past ``timeout``)."""
     log = output_path(job, job_id, Path.cwd())
     offset, last = 0, ("", "")
@@ -337,7 +338,7 @@ def follow(job: SlurmJob, job_id: str, env: dict[str, str], timeout: float, out=
     deadline = time.monotonic() + timeout if timeout else None
     answered = time.monotonic()
 
-    def drain():
+    def drain() -> None:
         nonlocal offset
         try:
             with open(log, "rb") as fh:

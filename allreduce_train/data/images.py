@@ -162,7 +162,7 @@ class ShardedBatches:
         """This rank's first batch of epoch 0 (the trainer's check of a model's output before step 1)."""
         return next(self.batches(0))
 
-    def batches(self, epoch: int, start_step: int = 0):
+    def batches(self, epoch: int, start_step: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Yield (inputs, targets) for steps ``start_step ..`` of ``epoch``."""
         order = self.epoch_order(epoch)
         for step in range(start_step, self.steps_per_epoch):

@@ -26,6 +26,7 @@ import shutil
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -107,7 +108,7 @@ class LMBatches:
         self.rows = rows[rank * batch_size : (rank + 1) * batch_size]  # (B, L): contiguous tokens of the stream
         self.steps_per_epoch = max(0, length - 1) // bptt  # targets are inputs shifted by one
 
-    def batches(self, epoch: int, start_step: int = 0):
+    def batches(self, epoch: int, start_step: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Yield (inputs, targets), each (B, bptt), for steps ``start_step ..`` of an epoch."""
         for step in range(start_step, self.steps_per_epoch):
             lo = step * self.bptt

@@ -25,6 +25,7 @@ Which engines offer ``--sync-batchnorm`` is a row of the table in :mod:`allreduc
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -63,12 +64,12 @@ class _Summed(torch.autograd.Function):
     sum of every worker's gradient of it (Horovod's ``allreduce`` as an autograd function, the same)."""
 
     @staticmethod
-    def forward(ctx, t: torch.Tensor, sum_tensors: SumTensors, name: str) -> torch.Tensor:
+    def forward(ctx: Any, t: torch.Tensor, sum_tensors: SumTensors, name: str) -> torch.Tensor:
         ctx.sum_tensors, ctx.name = sum_tensors, name
         return sum_tensors([t], name)[0]  # communication: a batch's per-channel sums
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         return ctx.sum_tensors([grad.contiguous()], ctx.name + ".grad")[0], None, None  # communication
 
 

@@ -6,6 +6,8 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Mapping, MutableMapping
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -22,7 +24,7 @@ ONE_HOST_CYCLE_MS = "0.25"  # HOROVOD_CYCLE_TIME when every rank is on this host
 ONE_HOST_FUSION_BYTES = str(4 << 20)  # HOROVOD_FUSION_THRESHOLD likewise
 
 
-def _import_horovod():
+def _import_horovod() -> ModuleType:
     try:
         import horovod.torch as hvd
     except ImportError as e:
@@ -32,7 +34,7 @@ def _import_horovod():
     return hvd
 
 
-def check_horovod_env(environ) -> None:
+def check_horovod_env(environ: Mapping[str, str]) -> None:
     """Refuse controller / CPU-operation combinations that crash Horovod 0.28.1 or silently do nothing.
 
     Found with a four-line reproduction (hvd.init(); one hvd.allreduce) under ``mpirun -np 2``:
@@ -68,12 +70,12 @@ def check_horovod_env(environ) -> None:
         )
 
 
-def one_host(environ) -> bool:
+def one_host(environ: Mapping[str, str]) -> bool:
     """Whether every rank of the mpirun job runs on this host (True outside mpirun: a world of one)."""
     return environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", "1") == environ.get("OMPI_COMM_WORLD_SIZE", "1")
 
 
-def gloo_under_mpirun(environ) -> Any:
+def gloo_under_mpirun(environ: MutableMapping[str, str]) -> Any:
     """Let Horovod run Gloo for control and data under mpirun on one host, as ``horovodrun --gloo`` does.
 
     Gloo ranks find each other through an HTTP rendezvous that horovodrun normally serves: rank 0
@@ -116,7 +118,7 @@ def gloo_under_mpirun(environ) -> Any:
     return server
 
 
-def wants_gloo(cfg: HorovodConfig, environ) -> bool:
+def wants_gloo(cfg: HorovodConfig, environ: Mapping[str, str]) -> bool:
     """Whether to start Gloo under mpirun (``--horovod-backend gloo``, every rank on this host).
 
     Horovod's own variables (HOROVOD_CONTROLLER, HOROVOD_CPU_OPERATIONS) and a rendezvous that
@@ -134,7 +136,7 @@ def wants_gloo(cfg: HorovodConfig, environ) -> bool:
     return cfg.backend == "gloo"
 
 
-def wants_connect_first(environ, gloo: bool) -> bool:
+def wants_connect_first(environ: Mapping[str, str], gloo: bool) -> bool:
     """Whether to exchange once through mpi4py before ``hvd.init()``: under mpirun, ranks on more than
     one host, Horovod on MPI; ``ALLREDUCE_TRAIN_CONNECT_FIRST=0`` turns it off, ``=1`` forces it on one host."""
     choice = environ.get("ALLREDUCE_TRAIN_CONNECT_FIRST", "auto")
@@ -163,7 +165,7 @@ def connect_first() -> None:
     MPI.COMM_WORLD.Allreduce(ones, np.empty_like(ones), op=MPI.SUM)  # communication: the first between the ranks
 
 
-def exchange_at_one_rank(environ) -> bool:
+def exchange_at_one_rank(environ: Mapping[str, str]) -> bool:
     """``ALLREDUCE_TRAIN_EXCHANGE_AT_ONE_RANK=1``, for checks (tools/gpu_check.sh): a job of one rank
     still sends every gradient through Horovod's allreduce (NCCL for CUDA tensors), which it otherwise
     skips, so its step can be compared with a bare Horovod or DDP loop of one rank."""
@@ -173,7 +175,7 @@ def exchange_at_one_rank(environ) -> bool:
     return choice == "1"
 
 
-def _cycle_ms(environ) -> float | None:
+def _cycle_ms(environ: Mapping[str, str]) -> float | None:
     """The HOROVOD_CYCLE_TIME Horovod runs with (its default: 1 ms); None if it is not a number."""
     try:
         return float(environ.get("HOROVOD_CYCLE_TIME", 1.0))
@@ -185,7 +187,7 @@ def _power_of_2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-def check_adasum(hvd) -> None:
+def check_adasum(hvd: ModuleType) -> None:
     """Refuse, in one line, a job where Horovod 0.28.1 cannot run ``--reduce-op adasum`` (its Adasum
     needs MPI: the Adasum operations exist only under the MPI controller, operations.cc; and on CPU a
     power-of-2 number of ranks, which mpi_ops.py checks only inside the first backward hook). Its GPU
@@ -275,7 +277,9 @@ class HorovodAllreduce(GradientExchange):
             "horovod_exchange_at_one_rank": self._exchange_alone,
         }
 
-    def prepare(self, model, optimizer, every_step: bool = True):
+    def prepare(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, every_step: bool = True
+    ) -> torch.optim.Optimizer:
         if self.size == 1 and not self._exchange_alone:
             # The average over one worker is its own gradient: skip Horovod's hooks, copies and
             # background-thread round trips altogether (no fp16 round trip either: nothing is sent).
@@ -374,7 +378,7 @@ class HorovodAllreduce(GradientExchange):
         # communication: e.g. PowerSGD's factors, local SGD's parameters, DiLoCo's deltas
         return self._wait(self.hvd.grouped_allreduce_async(tensors, op=self.hvd.Sum, name=name or "sum_tensors"))
 
-    def apply(self, optimizer) -> None:
+    def apply(self, optimizer: torch.optim.Optimizer) -> None:
         if self._optimizer is None or self._adasum:
             # Adasum: Horovod's optimizer already stepped each parameter in its backward hook and sent the
             # update; step() waits for the combined updates and applies them (it has no skip_synchronize:
@@ -384,9 +388,10 @@ class HorovodAllreduce(GradientExchange):
         with optimizer.skip_synchronize():
             optimizer.step()
 
-    def _wait(self, handle) -> Any:
-        """Horovod's result for ``handle``, waiting in Python (see synchronize) so that the stall
-        watchdog's thread keeps running while this rank waits for a peer."""
+    def _wait(self, handle: Any) -> Any:
+        """Horovod's result for ``handle`` (an int; the vote's sits in the base's tensor-typed ``_vote``),
+        waiting in Python (see synchronize) so that the stall watchdog's thread keeps running while this
+        rank waits for a peer."""
         with watchdog.waiting():
             while not self.hvd.poll(handle):
                 time.sleep(POLL_S)

@@ -9,12 +9,16 @@ match a one-rank run of any other strategy step for step.
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .base import GradientExchange
 from .mpi import abort, allgather_pickle, bcast_pickle, import_mpi, poll, sum_now
+
+if TYPE_CHECKING:
+    from mpi4py.MPI import Comm
 
 
 class LocalExchange(GradientExchange):
@@ -73,12 +77,13 @@ class NoExchange(LocalExchange):
         self.local_rank = int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", 0))
         self.local_size = int(env.get("OMPI_COMM_WORLD_LOCAL_SIZE", 1))
         self.timeout = timeout  # --stall-timeout: a bookkeeping collective gives up after it (0: never)
-        self.comm = self.MPI = None
+        self.comm: Comm | None = None
+        self.MPI: Any = None  # the mpi4py module, set with comm
         if self.size > 1:
             self.MPI = import_mpi()
             self.comm = self.MPI.COMM_WORLD  # communication: MPI_Init, bookkeeping only
 
-    def _wait(self, test, what: str) -> None:
+    def _wait(self, test: Callable[[], bool], what: str) -> None:
         poll(test, self.timeout, what)
 
     def prepare(

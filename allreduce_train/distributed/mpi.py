@@ -14,17 +14,22 @@ import pickle
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import watchdog
 from ..errors import Stalled, UserError
 
+if TYPE_CHECKING:  # imported when an engine starts (import_mpi), after the configuration is checked
+    import torch
+    from mpi4py.MPI import Comm
+
 MAX_BUCKETS = 32000  # bucket indices are the message tags; MPI guarantees tags up to 32767
 
 
-def import_mpi():
+def import_mpi() -> ModuleType:
     """mpi4py's ``MPI`` module, initialised for calls from the main thread only."""
     if "mpi4py.MPI" not in sys.modules:
         import mpi4py
@@ -67,7 +72,7 @@ def poll(test: Callable[[], bool], timeout: float, what: str, idle: Callable[[],
 Wait = Callable[[Callable[[], bool], str], None]  # (test, what): poll with the caller's timeout and idle work
 
 
-def bcast_pickle(comm, MPI, obj: Any, root: int, wait: Wait, what: str) -> Any:
+def bcast_pickle(comm: Comm, MPI: ModuleType, obj: Any, root: int, wait: Wait, what: str) -> Any:
     """``comm.bcast`` of a picklable object, non-blocking underneath, so that it times out like every
     other wait (and a colocated rank keeps serving while it waits)."""
     mine = comm.Get_rank() == root
@@ -79,7 +84,7 @@ def bcast_pickle(comm, MPI, obj: Any, root: int, wait: Wait, what: str) -> Any:
     return obj if mine else pickle.loads(buf.tobytes())
 
 
-def allgather_pickle(comm, MPI, obj: Any, wait: Wait, what: str) -> list[Any]:
+def allgather_pickle(comm: Comm, MPI: ModuleType, obj: Any, wait: Wait, what: str) -> list[Any]:
     """``comm.allgather`` of a picklable object, non-blocking underneath like :func:`bcast_pickle`."""
     data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy()
     sizes = np.zeros(comm.Get_size(), dtype=np.int64)
@@ -92,7 +97,7 @@ def allgather_pickle(comm, MPI, obj: Any, wait: Wait, what: str) -> list[Any]:
     return [pickle.loads(out[d : d + n].tobytes()) for d, n in zip(displs, counts, strict=True)]
 
 
-def node_rank(comm, MPI) -> tuple[int, int]:
+def node_rank(comm: Comm, MPI: ModuleType) -> tuple[int, int]:
     """This rank's index among the ranks on its host, and their number (collective over ``comm``)."""
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)  # communication
     out = node.Get_rank(), node.Get_size()
@@ -100,14 +105,14 @@ def node_rank(comm, MPI) -> tuple[int, int]:
     return out
 
 
-def start_sum(comm, MPI, values: Any) -> tuple[Any, np.ndarray]:
+def start_sum(comm: Comm, MPI: ModuleType, values: Any) -> tuple[Any, np.ndarray]:
     """Begin the element-wise sum of a small tensor over ``comm`` without waiting (the step's vote,
     a metric): (the MPI request, the array the sum lands in). Wait with :func:`end_sum`."""
     arr = values.detach().cpu().numpy().copy()
     return comm.Iallreduce(MPI.IN_PLACE, arr, op=MPI.SUM), arr  # communication
 
 
-def end_sum(started: tuple[Any, np.ndarray], wait: Wait, what: str):
+def end_sum(started: tuple[Any, np.ndarray], wait: Wait, what: str) -> torch.Tensor:
     """The sum begun by :func:`start_sum`, as a CPU tensor, once it has arrived."""
     import torch
 
@@ -116,13 +121,13 @@ def end_sum(started: tuple[Any, np.ndarray], wait: Wait, what: str):
     return torch.from_numpy(arr)
 
 
-def sum_now(comm, MPI, values: Any, wait: Wait, what: str):
+def sum_now(comm: Comm, MPI: ModuleType, values: Any, wait: Wait, what: str) -> torch.Tensor:
     """The element-wise sum of a small tensor over ``comm`` (global metrics), non-blocking underneath
     so that it times out like every other wait."""
     return end_sum(start_sum(comm, MPI, values), wait, what)
 
 
-def abort(code: int, comm=None) -> None:
+def abort(code: int, comm: Comm | None = None) -> None:
     """End the whole job now: MPI_Abort makes mpirun end every rank at once (ranks blocked in a
     collective, servers waiting for a worker, would otherwise wait for the one that failed), then
     this process. ``comm`` None (one process, or MPI never started): this process only."""
