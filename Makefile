@@ -169,9 +169,9 @@ test-cluster: install
 test-long: install
 	$(PY) -m pytest -q --durations=25 -m long tests $(ARGS)
 
-## the in-process tests: no mpirun, no emulated cluster, no long run (seconds)
+## the in-process tests that take a moment each: no mpirun, no emulated cluster, no long run, no heavy test (seconds)
 test-fast: install
-	$(PY) -m pytest -q -m "not mpi and not long and not cluster and not slurm" tests $(ARGS)
+	$(PY) -m pytest -q -m "not mpi and not long and not cluster and not slurm and not heavy" tests $(ARGS)
 
 # The checks every commit passes before the tests (.ci/run): rules in pyproject's [tool.ruff] and [tool.mypy].
 ## ruff (lint and format check) and mypy over the tree, as configured in pyproject.toml (seconds)

@@ -11,6 +11,7 @@ from lab.common.jobs import free_port
 from lab.common.workloads import loss_of
 
 
+@pytest.mark.heavy
 def test_the_ddp_loop_trains_and_the_timing_loop_keeps_the_first_warm_up_loss_and_the_last_timed_one(monkeypatch):
     for var in ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"):
         monkeypatch.delenv(var, raising=False)  # a world of one, as outside mpirun

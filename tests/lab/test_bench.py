@@ -198,6 +198,7 @@ def test_ratios_pair_jobs_of_the_same_round_and_efficiency_uses_one_rank():
     assert "| lenet5 | 2 | 135 (90-180) | 125 (100-150) | 1.05 (0.90-1.20) |" in table(rows, ["trainer", "ddp"])
 
 
+@pytest.mark.heavy
 def test_bench_bad_input_is_one_line():
     proc = bench("--models", "nope")
     assert proc.returncode == 2

@@ -109,6 +109,7 @@ def test_two_workers_every_implementation_returns_the_same_sum(tmp_path):
     assert "| lenet5 |" in (tmp_path / "out" / "commbench.md").read_text()
 
 
+@pytest.mark.heavy
 def test_bad_input_one_error_line(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "lab", "commbench", "--np", "2", "--impls", "nccl"],

@@ -37,6 +37,7 @@ def test_the_model_is_the_bandwidth_term_of_each_pattern():
     assert predicted_s({**row, "impl": "ps-dedicated", "servers": 2}, net) == pytest.approx(2 * 2 * 4 * mb / 12.5e6)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("args, needle", [(["--rates", "fast"], "--rates"), (["--hosts", "1"], "--hosts")])
 def test_bad_input_is_one_line(capsys, args, needle):
     if args == ["--rates", "fast"]:  # the command as users run it

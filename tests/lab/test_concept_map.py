@@ -32,6 +32,7 @@ def row(model, strategy, method, step, pred, rate="10mbit", n=2):
     }
 
 
+@pytest.mark.heavy
 def test_the_map_has_a_panel_per_model_and_n_in_a_png_and_tensorboard(tmp_path, capsys):
     import matplotlib.image as mpimg
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -147,6 +148,7 @@ def test_a_file_that_is_not_a_results_json_is_refused(tmp_path, capsys):
     assert "--measured" in capsys.readouterr().err
 
 
+@pytest.mark.heavy
 def test_time_to_accuracy_is_the_default_view_and_a_method_that_needs_more_steps_can_lose_its_cells(tmp_path):
     shapes = gradients.shapes("ptb-lstm-small")
     methods = [cm.Method.parse(m) for m in ("fp32", "localsgd-h16")]

@@ -115,6 +115,7 @@ def check_dry_run_outputs(tmp_path):
     assert "lenet5: batch 16 is 4x batch 4" in table  # the regime line
 
 
+@pytest.mark.heavy
 def test_without_gpu_the_real_check_says_so():
     proc = subprocess.run(
         [sys.executable, "-m", "lab", "gpucheck", "--models", "lenet5"],
@@ -129,6 +130,7 @@ def test_without_gpu_the_real_check_says_so():
     assert len(lines) == 1 and "no GPU visible" in lines[0] and "--dry-run" in lines[0]
 
 
+@pytest.mark.heavy
 def test_unknown_model_is_named():
     proc = subprocess.run(
         [sys.executable, "-m", "lab", "gpucheck", "--device", "cpu", "--models", "lenet5,alexnet"],
@@ -141,6 +143,7 @@ def test_unknown_model_is_named():
     assert proc.returncode == 2 and "alexnet" in proc.stderr and "resnet18" in proc.stderr
 
 
+@pytest.mark.heavy
 def test_a_bad_busy_batch_is_named():
     proc = subprocess.run(
         [sys.executable, "-m", "lab", "gpucheck", "--device", "cpu", "--busy", "lenet5=big"],

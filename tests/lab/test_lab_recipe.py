@@ -89,6 +89,7 @@ def test_the_flags_given_reach_the_trainers_configuration_and_nothing_else_is_pa
     assert (lstm.optimizer, lstm.lr, lstm.momentum) == ("sgd", 20.0, 0.0)
 
 
+@pytest.mark.heavy
 def test_bench_gives_the_recipe_to_the_trainer_and_to_the_bare_loops_which_build_the_same_optimizer():
     from lab.bench.loops import add_arguments, with_recipe
     from lab.bench.main import BenchSpec, job_args
@@ -130,6 +131,7 @@ def test_bench_gives_the_recipe_to_the_trainer_and_to_the_bare_loops_which_build
     assert loss is None  # the registered model's plain loss
 
 
+@pytest.mark.heavy
 def test_time_to_accuracy_gives_every_job_the_recipe_before_its_extra_flags():
     from lab.tta.main import config_from_args, steps_per_epoch, trainer_args
     from lab.tta.spec import methods
@@ -243,6 +245,7 @@ def test_recommend_measures_its_steps_under_the_recipe():
     assert tc.data.batch_size == 32  # the batch whose compute was measured
 
 
+@pytest.mark.heavy
 def test_recommend_takes_steps_from_a_grid_of_the_same_recipe_names_it_and_refuses_another(tmp_path, capsys):
     base = ["recommend", "--model", "lenet5", "--target", "eval/accuracy>=0.8", "--compute-ms", "5"]
     base += ["--workers", "8", "--link", "10gbit", "--methods", "fp16,localsgd-h4"]

@@ -17,6 +17,7 @@ def run_grid(*args, timeout=600):
     )
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize(
     "args, needle",
     [

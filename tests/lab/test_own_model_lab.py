@@ -128,6 +128,7 @@ def test_bench_times_a_users_model_beside_a_bare_horovod_loop(tmp_path):
     assert all(s["median"] > 0 for s in row["impls"].values())
 
 
+@pytest.mark.heavy
 def test_time_to_accuracy_trains_a_users_model_to_its_target(tmp_path):
     env, out = user_env(tmp_path), tmp_path / "tta"
     proc = lab(
@@ -163,6 +164,7 @@ def test_time_to_accuracy_trains_a_users_model_to_its_target(tmp_path):
     assert (out / "runs" / "net.build").is_dir() and (out / "report.md").exists()
 
 
+@pytest.mark.heavy
 def test_time_to_accuracy_refuses_a_bad_reference_or_a_missing_target_in_one_line(tmp_path):
     env = user_env(tmp_path)
     for args, needle in (

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from typing import Any
 
+import pytest
+
 from lab.paper import main as paper
 
 from helpers import ROOT
@@ -140,6 +142,7 @@ def test_the_plan_is_the_papers_design_on_the_existing_grids(capsys):
     assert opt(tta, "--target") == "lenet5=eval/accuracy>=0.85" and opt(tta, "--rates") == "100mbit"
 
 
+@pytest.mark.heavy
 def test_bad_input_is_one_line_naming_the_flag_and_exit_2(capsys):
     for argv, flag in (
         (["--hosts", "2,4"], "--hosts"),
@@ -163,6 +166,7 @@ def test_bad_input_is_one_line_naming_the_flag_and_exit_2(capsys):
     )
 
 
+@pytest.mark.heavy
 def test_the_report_gives_a_verdict_per_finding_with_the_model_beside_and_draws_the_figure(tmp_path):
     write_grids(tmp_path)
     res = paper.report(

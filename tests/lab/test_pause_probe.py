@@ -23,6 +23,7 @@ def test_two_ranks_time_exact_exchanges_after_each_pause(impl, extra):
     assert lines == ["0", "15"], out
 
 
+@pytest.mark.heavy
 def test_bad_pauses_are_one_line_naming_the_flag():
     proc = launch(1, ["--pauses", "0,soon"], module=MODULE)
     assert proc.returncode != 0

@@ -324,6 +324,7 @@ def lab(args, env, timeout=240):
     )
 
 
+@pytest.mark.heavy
 def test_recommend_prints_a_time_to_accuracy_answer_for_a_users_model(tmp_path):
     (tmp_path / "b").mkdir()
     env, d = user_env(tmp_path), grid(tmp_path / "b")
@@ -369,6 +370,7 @@ def test_recommend_prints_a_time_to_accuracy_answer_for_a_users_model(tmp_path):
     assert (out / "recommend.png").stat().st_size > 10_000
 
 
+@pytest.mark.heavy
 def test_recommend_answers_what_fits_in_the_memory_per_rank_beside_the_fastest(tmp_path):
     # the grid's sharded jobs as the time-to-accuracy grid names them (ring-mpi-zeroS), under AdamW
     d = grid(tmp_path / "b")
@@ -420,6 +422,7 @@ def test_recommend_names_a_concept_whose_real_job_crashed_as_failed_with_its_err
     assert "did not reach" not in proc.stdout and "at 2 workers: localsgd-h4 failed  [measured" in proc.stdout
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize(
     "args, needle",
     [

@@ -178,6 +178,7 @@ def test_hparams_has_one_session_per_job_with_its_settings_and_metrics(tmp_path)
     assert scalars(tmp_path / "hparams" / "lenet5" / "allreduce-n1-r1", "time_to_target_s") == [(0, 12.5)]
 
 
+@pytest.mark.heavy
 def test_report_redraws_everything_from_results_json_without_doubling_points(tmp_path, capsys):
     res = results()
     (tmp_path / "results.json").write_text(json.dumps(res))

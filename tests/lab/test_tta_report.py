@@ -41,6 +41,7 @@ def png_size(path):
     return struct.unpack(">II", head[16:24])
 
 
+@pytest.mark.heavy
 def test_one_panel_per_model_and_worker_count_with_every_job_that_evaluated(tmp_path):
     acc, ppl = "eval/accuracy>=0.8", "eval/perplexity<=300"
     jobs = [
@@ -230,6 +231,7 @@ def test_the_model_ratio_is_the_measured_mean_step_over_the_cost_models_step_on_
     assert local.endswith("| – |") and "| model ratio |" in report
 
 
+@pytest.mark.heavy
 def test_the_figure_has_a_panel_per_worker_count_and_link_rate(tmp_path):
     jobs = [
         concept_job("ring-mpi-fp16", 100.0, rate="10mbit"),

@@ -104,6 +104,7 @@ def check_crd(obj: dict, name: str) -> None:
     check_model(obj["metadata"], "V1ObjectMeta")
 
 
+@pytest.mark.heavy
 def test_the_schema_check_catches_unknown_fields_wrong_types_and_enums():
     job = by_kind(rendered("--api", "mpijob"), "MPIJob")
     check_crd(job, "mpijob")
@@ -859,6 +860,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.heavy
 def test_launcher_entrypoint_ends_a_job_that_cannot_answer_the_stop_within_its_grace_period(tmp_path):
     mark = tmp_path / "rank"
     proc = subprocess.Popen(
@@ -908,6 +910,7 @@ def test_worker_entrypoint_asks_its_ranks_to_checkpoint_before_sshd_stops(tmp_pa
             proc.wait()
 
 
+@pytest.mark.heavy
 def test_launcher_entrypoint_waits_for_the_hostfiles_names_and_gives_up_with_one_line(tmp_path):
     # mpi-operator v0.8.0 build/base/entrypoint.sh resolves every hostfile name before mpirun: ssh's
     # ConnectionAttempts (the operators' OMPI_MCA_plm_rsh_args) does not retry a failed lookup

@@ -23,6 +23,7 @@ def tta(*args, timeout=600):
     )
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize(
     "args, needle",
     [

@@ -71,6 +71,7 @@ def bn_net(track=True, affine=True, momentum=0.1):
     )
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("track, affine, momentum", [(True, True, 0.1), (False, True, 0.1), (True, False, None)])
 def test_two_workers_sync_batchnorm_is_one_batchnorm_over_their_joint_batch(track, affine, momentum):
     """Outputs, the gradients of every parameter (the sum of the workers' for a loss that is their sum)

@@ -332,6 +332,7 @@ def test_the_best_so_far_comes_back_from_the_checkpoint_or_the_best_file_whichev
     assert other.best is None
 
 
+@pytest.mark.heavy
 def test_a_hugging_face_gpt2_exports_to_both_formats_and_its_own_safetensors_file_starts_a_run(tmp_path, capsys):
     """A model from a widely used library, with tied input and output embeddings: our export loads strictly into
     a fresh GPT2LMHeadModel (.pt and .safetensors) and gives the same logits; the file transformers itself writes

@@ -126,6 +126,7 @@ def test_plain_pypi_gets_the_cpu_build_from_pytorchs_cpu_index():
     assert proc.stdout.split() == PLAIN_PYPI_CPU
 
 
+@pytest.mark.heavy
 @linux_x86_64
 def test_a_local_cpu_wheel_pip_finds_is_taken_without_any_index(tmp_path):
     local = tmp_path / "wheels"
@@ -137,6 +138,7 @@ def test_a_local_cpu_wheel_pip_finds_is_taken_without_any_index(tmp_path):
     assert resolves_to(proc.stdout.split(), pip_env(find_links=local), None) == f"{VERSION}+cpu"
 
 
+@pytest.mark.heavy
 @linux_x86_64
 def test_without_a_local_wheel_the_reachable_cpu_index_wins_over_the_cuda_build_on_the_package_index(tmp_path, serve):
     (tmp_path / "files").mkdir()
@@ -151,6 +153,7 @@ def test_without_a_local_wheel_the_reachable_cpu_index_wins_over_the_cuda_build_
     assert resolves_to(proc.stdout.split(), env, pypi) == f"{VERSION}+cpu"
 
 
+@pytest.mark.heavy
 @linux_x86_64
 def test_an_unreachable_cpu_index_falls_back_to_the_package_index_with_one_line(tmp_path):
     with socket.socket() as s:  # a port nobody listens on: connection refused

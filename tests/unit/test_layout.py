@@ -177,6 +177,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+@pytest.mark.heavy
 def test_no_import_cycle_anywhere():
     graph = import_graph()
     assert len(graph) > 60 and "lab.scaling.grid" in graph
@@ -219,6 +220,7 @@ def test_modules_over_500_lines_are_justified():
     assert not stale, f"no longer over 500 lines (drop them from LONG_MODULES): {stale}"
 
 
+@pytest.mark.heavy
 def test_the_old_experiments_entry_point_says_where_they_went_in_one_line():
     import subprocess
 

@@ -52,6 +52,7 @@ def test_truncated_bptt_carries_the_state_but_not_the_graph():
     assert task.loss(model, x, x, rows).item() == pytest.approx(first.item(), rel=1e-6)  # fresh state
 
 
+@pytest.mark.heavy
 def test_evaluation_scores_every_token_once_carrying_the_state():
     import torch.nn.functional as F
 
@@ -74,6 +75,7 @@ def test_evaluation_scores_every_token_once_carrying_the_state():
             assert task.eval_sums(model, part, "cpu", rows)[1] == 202
 
 
+@pytest.mark.heavy
 def test_dropout_masks_are_the_models_own():
     m = MODELS["ptb-lstm-medium"].build(vocab_size=30)
     x = torch.randint(0, 30, (2, 35))

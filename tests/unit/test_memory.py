@@ -33,6 +33,7 @@ def faults_per_step(mode: str) -> float:
     return float(proc.stdout.split()[-1])
 
 
+@pytest.mark.heavy
 def test_training_steps_stop_faulting_memory_back_in():
     """With glibc's defaults a step's freed activations go back to the kernel and every step faults
     them in again (about 4100 pages per LeNet-5 step here, the probe holding glibc's thresholds at
@@ -83,6 +84,7 @@ def test_the_state_per_parameter_comes_from_one_step_of_the_optimizers_class():
     assert state_bytes_per_param(torch.optim.SGD(params, lr=0.1)) == 0
 
 
+@pytest.mark.heavy
 def test_a_run_over_its_memory_limit_is_refused_in_one_line(tmp_path):
     """Under ``prlimit --as`` (RLIMIT_AS: a rank has about 1 GiB of virtual memory before its model), a
     model of 37M parameters with AdamW needs 0.41 GiB more by the ZeRO formula than the 0.3 GiB left:

@@ -2,6 +2,7 @@ import ast
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from models import MODELS, count_parameters, get_model
@@ -16,6 +17,7 @@ def test_lenet5_shapes_and_size():
     assert count_parameters(m) == 61_706  # the classic LeNet-5 on 32x32 (28x28 padded by 2)
 
 
+@pytest.mark.heavy
 def test_every_model_runs_on_its_declared_input():
     for name, spec in MODELS.items():
         if spec.task == "lm":  # token ids in, next-token logits and the carried state out
@@ -27,6 +29,7 @@ def test_every_model_runs_on_its_declared_input():
             assert out.shape == (2, spec.num_classes), name
 
 
+@pytest.mark.heavy
 def test_models_never_import_distribution_packages():
     code = (
         "import sys, models\n"

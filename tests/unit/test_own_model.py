@@ -85,6 +85,7 @@ def _cfg(argv):
     return build_config(p.parse_args(argv))
 
 
+@pytest.mark.heavy
 def test_own_code_is_named_on_the_command_line_and_in_a_toml_file(tmp_path):
     cfg = _cfg(
         [

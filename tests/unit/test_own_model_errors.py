@@ -79,6 +79,7 @@ def user_root(tmp_path_factory):
         del sys.modules[name]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_bad_own_code_fails_the_set_up_with_one_line_naming_it(case, user_root, tmp_path):
     """In one process, through the trainer's own set-up (an exchange of one rank): each case raises the

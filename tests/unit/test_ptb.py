@@ -77,6 +77,7 @@ def test_missing_directory_is_named(tmp_path):
         ptb.load_ptb(str(tmp_path / "nope"))
 
 
+@pytest.mark.heavy
 def test_offline_corpus_is_ptb_format_capped_and_cached(tmp_path):
     first = ptb.offline_corpus(str(tmp_path))
     c = ptb.load_ptb(first)

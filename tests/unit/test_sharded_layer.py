@@ -73,6 +73,7 @@ def steps(model, opt, n: int, seed: int = 0) -> None:
         opt.step()
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_every_stage_updates_as_the_users_optimizer_and_its_state_is_the_classs_own(stage):
     torch.manual_seed(0)

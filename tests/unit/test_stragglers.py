@@ -130,6 +130,7 @@ def test_the_others_median_from_one_sort_is_the_definitions():
         assert slow_workers(figures, 1.5) == by_definition, figures
 
 
+@pytest.mark.heavy
 def test_one_process_reports_its_rank_host_and_figures(tmp_path):
     cfg = parse(
         [

@@ -33,6 +33,7 @@ def test_heartbeats_reach_the_board_and_its_answer_comes_back():
     assert watchdog.current() is None
 
 
+@pytest.mark.heavy
 def test_a_silent_board_host_is_the_one_named():
     host, peer = Watchdog(0, 2, timeout=60), Watchdog(1, 2, timeout=60)
     board = host.address()
