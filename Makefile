@@ -12,6 +12,7 @@ INSTALL_INPUTS := pyproject.toml tools/install.sh tools/torch_pip.py tools/build
 
 # `make help`: every target with a `## text` comment on its line or the line before it; $(VAR) in a text shows
 # the variable's value (the variables named on the awk line).
+## this list: every target and what it does
 help:
 	@NP='$(NP)' NODES='$(NODES)' PORT='$(PORT)' awk '/^## /{h=substr($$0,4);next} \
 	    match($$0,/^[a-z][a-z0-9-]*:/){t=substr($$0,1,RLENGTH-1);if(match($$0,/ ## /))h=substr($$0,RSTART+4); \
