@@ -727,6 +727,20 @@ def parse_slow_rank(text: str) -> tuple[int, float]:
     return out
 
 
+def parse_trace_steps(text: str) -> tuple[int, int]:
+    """``--trace-steps 10:15`` -> (10, 15): the steps after the first ten, up to and with the fifteenth."""
+    first, _, stop = text.partition(":")
+    try:
+        out = int(first), int(stop)
+    except ValueError:
+        out = (-1, -1)
+    if not 0 <= out[0] < out[1]:
+        raise ConfigError(
+            f"--trace-steps {text!r}: write A:B with whole numbers 0 <= A < B, e.g. 0:5 (the first five steps)"
+        )
+    return out
+
+
 @dataclass
 class RunConfig:
     """Where the run writes and what it writes."""
@@ -762,6 +776,11 @@ class RunConfig:
         "refuse to train unless the ranks run on at least this many distinct hosts, and print "
         "every rank's host at start (set by the Kubernetes and Slurm launchers; 0 = no check)",
     )
+    trace_steps: str = _f(
+        "",
+        "A:B writes a Chrome trace of the steps A to B-1 (0:5 = the first five) per rank to "
+        "<run dir>/trace/rank<R>.json: each phase and each bucket's exchange (docs/training.md)",
+    )
 
     def __post_init__(self) -> None:
         _check(self.checkpoint_every >= 0, "checkpoint_every", "must be >= 0", self.checkpoint_every)
@@ -773,6 +792,8 @@ class RunConfig:
             )
         _check(self.expect_hosts >= 0, "expect_hosts", "must be >= 0", self.expect_hosts)
         _check("/" not in self.name, "name", "must be a plain directory name", self.name)
+        if self.trace_steps:
+            parse_trace_steps(self.trace_steps)
 
 
 @dataclass
