@@ -51,6 +51,31 @@ def test_truncated_bptt_carries_the_state_but_not_the_graph():
     assert task.loss(model, x, x).item() == pytest.approx(first.item(), rel=1e-6)  # fresh state
 
 
+def test_micro_batches_carry_their_own_rows_state():
+    """--backward-passes-per-step 2: the trainer hands the two halves of a batch in order, window after window;
+    each half continues its own rows' state, so the mean of the halves' losses is the whole batch's."""
+    from allreduce_train.config import Config, DataConfig, ExchangeConfig, ModelConfig
+    from allreduce_train.tasks import LanguageModelTask
+
+    def task(k):
+        cfg = Config(
+            model=ModelConfig("ptb-lstm-small"),
+            data=DataConfig(dataset="synthetic"),
+            exchange=ExchangeConfig(backward_passes_per_step=k),
+        )
+        return LanguageModelTask(cfg, MODELS["ptb-lstm-small"])
+
+    torch.manual_seed(0)
+    model = MODELS["ptb-lstm-small"].build(vocab_size=50).eval()  # no dropout: the same numbers both ways
+    whole, halves = task(1), task(2)
+    with torch.no_grad():
+        for _ in range(3):  # windows: from the second on, each half must take its own state
+            x = torch.randint(0, 50, (6, 20))
+            mean = (halves.loss(model, x[:3], x[:3]) + halves.loss(model, x[3:], x[3:])) / 2
+            assert mean.item() == pytest.approx(whole.loss(model, x, x).item(), rel=1e-5)
+    assert sorted(halves.hidden) == [0, 3]  # keyed by the first row, as the checkpoint stores it
+
+
 def test_evaluation_scores_every_token_once_carrying_the_state():
     import torch.nn.functional as F
 
