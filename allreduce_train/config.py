@@ -1,7 +1,8 @@
 """One typed configuration tree for a training run.
 
 Each section is a small dataclass; every field carries its help text in ``metadata`` and the
-command-line flags are generated from the fields (``--batch-size`` for ``data.batch_size``). Each
+command-line flags are generated from the fields (``--batch-size`` for ``data.batch_size``) by the
+launchers' own generator, launch/specflags.py (standard library only). Each
 exchange engine has a section of its own, read by that engine only (``[horovod]``, ``[mpi]``,
 ``[ps]``), whose flags carry the section's name (``--ps-servers`` for ``ps.servers``).
 Values come from, in increasing priority: the defaults (which run on a CPU laptop), an optional
