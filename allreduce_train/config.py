@@ -26,7 +26,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - the project targets 3.11; tomli is its backport
     import tomli as tomllib
 
-from launch.specflags import add_flag, add_flags, choices, flag, option
+from launch.specflags import add_flag, choices, flag, option
 
 from .errors import ConfigError
 
@@ -38,7 +38,7 @@ SHARD_STAGES = (1, 2, 3)  # --shard-stage: what of the training state --strategy
 
 def _f(default: Any, help: str, choices: tuple | None = None) -> Any:
     """A config field and its flag (launch/specflags.py generates the flags; a list is a fresh one per config)."""
-    return option(default, help, choices=choices) if choices else option(default, help)
+    return option(default, help, choices=choices)
 
 
 def key(section: Any, name: str) -> str:
@@ -802,13 +802,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE.toml", help="TOML file with [model], [data], [optim], ... tables")
     seen: set[str] = set()
     for section, cls in _sections().items():
+        group = parser.add_argument_group(section, cls.__doc__)
         for f in dataclasses.fields(cls):
             name = key(cls, f.name)
             assert name not in seen, f"config field {name} appears in two sections"
             seen.add(name)
-        add_flags(
-            parser.add_argument_group(section, cls.__doc__), cls, section=section, prefix=getattr(cls, "prefix", "")
-        )
+            add_field_argument(group, section, cls, f)
 
 
 def add_field_argument(group: Any, section: str, cls: type, f: dataclasses.Field) -> None:

@@ -7,7 +7,7 @@ beyond the field's type. :func:`add_flags` adds one flag per such field, in fiel
 :func:`spec_from_args` builds the spec back from the parsed arguments. A field without ``option``
 (e.g. the interpreter a Slurm job runs) has no flag and keeps its default.
 
-The trainer's flags are the same fields added with ``section=`` (:func:`add_flags`): each one's value
+The trainer's flags are the same fields added by :func:`add_flag` for each section: each one's value
 lands in ``args.<section>.<field>``, None when not given, because the trainer merges the command line
 over a TOML file's values and the defaults itself; a bool is ``--x/--no-x`` (either can override the
 file) and the help ends with the default.
@@ -103,16 +103,11 @@ def flag_names(f: dataclasses.Field) -> tuple[str, ...]:
     return names if names[0] else (flag(f.name),)
 
 
-def add_flags(parser: Any, cls: type, *, section: str = "", prefix: str = "") -> None:
-    """One flag per :func:`option` field of ``cls``, in field order, on ``parser`` (or an argument group): a
-    launcher's spec (its default the field's), or with ``section`` a section of the trainer's configuration
-    (:func:`add_flag`)."""
+def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
+    """One flag per :func:`option` field of a launcher's spec ``cls``, its default the field's, in field order."""
     hints = get_type_hints(cls)
     groups: dict[str, Any] = {}
     for f in flag_fields(cls):
-        if section:
-            add_flag(parser, cls, f, section=section, prefix=prefix, hints=hints)
-            continue
         meta = f.metadata[FLAG]
         default = _default(f)
         where: Any = parser
