@@ -7,8 +7,8 @@ beyond the field's type. :func:`add_flags` adds one flag per such field, in fiel
 :func:`spec_from_args` builds the spec back from the parsed arguments. A field without ``option``
 (e.g. the interpreter a Slurm job runs) has no flag and keeps its default.
 
-The trainer's flags are the same fields added by :func:`add_flag` for each section: each one's value
-lands in ``args.<section>.<field>``, None when not given, because the trainer merges the command line
+The trainer's configuration fields are :func:`option` fields too; :func:`add_flag` adds each one's flag: its
+value lands in ``args.<section>.<field>``, None when not given, because the trainer merges the command line
 over a TOML file's values and the defaults itself; a bool is ``--x/--no-x`` (either can override the
 file) and the help ends with the default.
 
