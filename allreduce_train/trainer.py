@@ -33,7 +33,8 @@ from .optim import LRSchedule, build_optimizer
 from .precision import Precision
 from .run_logger import NullLogger, flat_hparams
 from .stragglers import StragglerRule, window_median_ms
-from .tasks import Batches, make_task
+from .tasks import make_task
+from .usertask import Batches
 
 
 @dataclass
@@ -98,14 +99,12 @@ class Trainer:
 
         # classification, language model or the user's own: data, loss, evaluation
         self.task = make_task(cfg, self.own_task)
-        batches, eval_set = self.task.data(ex.worker_index, ex.num_workers)
+        batches, eval_set = self.task.shards(cfg, ex.worker_index, ex.num_workers)
         total = cfg.train.steps or cfg.train.epochs * batches.steps_per_epoch
 
-        model = self.task.build_model().to(device)
-        check = getattr(self.task, "check", None)
-        if check is not None:  # your own model and loss: one batch through both before any rank trains
-            x, y = batches.sample_batch()
-            check(model, x.to(device), y.to(device))
+        model = self.task.checked_model().to(device)
+        x, y = batches.sample_batch()  # one batch through the model and the loss before any rank trains
+        self.task.check(model, x.to(device), y.to(device))
         if cfg.exchange.sync_batchnorm:  # before the optimizer takes the parameters and prepare() broadcasts them
             model, swapped = sync_batchnorm(model, cfg.exchange.engine, ex, device)
             if not swapped and ex.is_main:
@@ -177,9 +176,7 @@ class Trainer:
             part = slice(j * rows, (j + 1) * rows)
             self.trace.mark("forward")
             with precision.forward_context():  # --precision: autocast (bf16-mixed, 16-mixed) or nothing
-                loss = self.task.loss(
-                    model, inputs[part] if k > 1 else inputs, targets[part] if k > 1 else targets, part
-                )
+                loss = self.task.loss(model, inputs[part] if k > 1 else inputs, targets[part] if k > 1 else targets)
             if k > 1:
                 loss = loss / k  # the mean over the micro-batches (dividing by 1 would only add an op)
             loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
@@ -228,9 +225,9 @@ class Trainer:
         self.agree_buffers(model)
         model.eval()
         with self.precision.forward_context():
-            totals = self.task.eval_sums(model, eval_set, device, self.cfg.data.eval_batch_size)
+            totals = self.task.evaluate(model, eval_set, device, self.cfg.data.eval_batch_size)
         model.train()
-        return self.task.eval_metrics(self.ex.sum_over_workers(totals))  # communication: global sums
+        return self.task.figures(self.ex.sum_over_workers(totals))  # communication: global sums
 
     def save_checkpoint(self, model, optimizer, step: int, latest: bool = True, best: bool = False) -> None:
         """Write the checkpoint of step ``step`` (collective over the workers; the main rank writes) as
@@ -347,7 +344,7 @@ class Trainer:
             epoch, in_epoch = divmod(step, spe)
             self.task.start_epoch(epoch)
             if task_state is not None and in_epoch:  # resumed mid-epoch: the state of the saved step
-                self.task.load_state_dict(task_state, device)
+                self.task.load_state_dict(task_state)
             task_state = None
             batches = s.batches.batches(epoch, in_epoch)  # the shard order of this epoch
             ahead = [next(batches, None)]
