@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .config import parse_target
 from .stragglers import window_median_ms
+
+if TYPE_CHECKING:
+    from .usertask import Task
 
 __all__ = ["Throughput", "TimeToTarget"]
 
@@ -125,3 +128,8 @@ class TimeToTarget:
                 **({key: self.reached[key] for key in ("step", "epoch", "seconds")} if self.reached else {}),
             }
         return out
+
+
+def words_per_sec(task: Task, samples_per_sec: float) -> dict[str, float]:
+    """A language model's throughput in tokens (each sample is a window of ``bptt`` words)."""
+    return {"perf/words_per_sec": samples_per_sec * task.words_per_sample} if task.words_per_sample else {}
