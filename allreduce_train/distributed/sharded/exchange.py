@@ -11,9 +11,9 @@ where they go and what is kept (:mod:`.layout` says who owns what):
 
 Stage 1 keeps the full-size gradient buckets from one step to the next; stage 2 frees each parameter's
 gradient as soon as it is in its bucket and each bucket once its reduce-scatter is done, keeping only
-this worker's shard (float32) to the update; at most
-:data:`IN_FLIGHT` full-size buckets exist at once (a bucket's start waits for the oldest beyond them),
-so a step's transient gradients are a few buckets, not the model. Both move the ring's bytes. ``--grad-clip`` is applied
+this worker's shard (float32) to the update; at most :data:`IN_FLIGHT` full-size buckets are in their
+reduce-scatter at once (a bucket's start waits for the oldest beyond them), so a step's transient
+gradients are a few buckets, not the model. Both move the ring's bytes. ``--grad-clip`` is applied
 here, over the shards (the global norm from every worker's sum of its shard's squares, as the parameter
 servers clip), since no worker holds the whole gradient; the trainer then finds no ``.grad`` to clip.
 Everything a run needs besides the shards (metrics, votes, broadcast, BatchNorm's buffers, abort) is
@@ -39,9 +39,9 @@ from .params import ShardedParams
 
 WHERE = "--strategy sharded builds it over each worker's shard"
 # Stages 2 and 3: full-size gradient buckets in their reduce-scatter at once (a third is being filled).
-# Each one more costs a bucket (--mpi-bucket-bytes) at the step's peak: with them all in flight, as
-# before, a step peaked at the whole model's gradients again, 0.3 GiB over stage 3's 0.65 GiB for an
-# 87M-parameter model at 2 ranks (docs/performance.md).
+# Each one more costs a bucket (--mpi-bucket-bytes) at the step's peak; with all of them in flight a
+# step held the whole model's gradients again (0.32 GiB for the 87M-parameter model of
+# docs/performance.md's fit run, beside stage 3's 0.65 GiB per rank at 2 ranks).
 IN_FLIGHT = 2
 
 
