@@ -32,6 +32,10 @@ _MALLOPT = {
     "MALLOC_MMAP_THRESHOLD_": (-3, 32 << 20),  # M_MMAP_THRESHOLD: blocks up to 32 MB come from the heap ...
     "MALLOC_TRIM_THRESHOLD_": (-1, 1 << 30),  # M_TRIM_THRESHOLD: ... which is not shrunk after each step ...
     "MALLOC_TOP_PAD_": (-2, 64 << 20),  # M_TOP_PAD: ... and grows 64 MB at a time
+    # M_ARENA_MAX: each thread that allocates (MPI's, the watchdog, torch's pool) would get an arena of its
+    # own, 64 MB of address space reserved each: untouched, but RLIMIT_AS counts it (measured: VmSize 149 MB
+    # higher once the trainer's threads run, docs/performance.md); the main thread's arena and one shared
+    "MALLOC_ARENA_MAX": (-8, 2),
 }
 
 

@@ -43,10 +43,32 @@ def test_training_steps_stop_faulting_memory_back_in():
     assert keep < 5, f"{keep} page faults per step with keep_freed_memory() (glibc's defaults: {default})"
 
 
+def test_threads_share_an_arena_instead_of_reserving_64_mb_each():
+    """RLIMIT_AS counts address space reserved and never touched: glibc's default gives each of 8 threads an
+    arena of its own (64 MB reserved each); under keep_freed_memory() they share one beside the main one."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "ALLREDUCE_TRAIN_MALLOC"))}
+
+    def growth(mode: str) -> float:
+        cmd = [sys.executable, str(RANKS / "arena_probe.py"), mode]
+        return float(check(subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)).stdout.split()[-1])
+
+    default, keep = growth("default"), growth("keep")
+    assert default >= keep + 6 * 64, f"8 threads grew VmSize {default} MiB by default, {keep} MiB with the setting"
+
+
 def test_a_users_own_malloc_setting_wins():
-    env = {"MALLOC_TRIM_THRESHOLD_": "1", "MALLOC_TOP_PAD_": "1", "MALLOC_MMAP_THRESHOLD_": "1"}
+    env = {
+        "MALLOC_TRIM_THRESHOLD_": "1",
+        "MALLOC_TOP_PAD_": "1",
+        "MALLOC_MMAP_THRESHOLD_": "1",
+        "MALLOC_ARENA_MAX": "8",
+    }
     assert keep_freed_memory(env) == {}
-    assert set(keep_freed_memory({"MALLOC_TOP_PAD_": "1"})) == {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"}
+    assert set(keep_freed_memory({"MALLOC_TOP_PAD_": "1"})) == {
+        "MALLOC_MMAP_THRESHOLD_",
+        "MALLOC_TRIM_THRESHOLD_",
+        "MALLOC_ARENA_MAX",
+    }
     assert keep_freed_memory({"ALLREDUCE_TRAIN_MALLOC": "glibc"}) == {}
     with pytest.raises(UserError, match="ALLREDUCE_TRAIN_MALLOC='kep': use keep"):
         keep_freed_memory({"ALLREDUCE_TRAIN_MALLOC": "kep"})

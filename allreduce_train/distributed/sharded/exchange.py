@@ -11,7 +11,9 @@ where they go and what is kept (:mod:`.layout` says who owns what):
 
 Stage 1 keeps the full-size gradient buckets from one step to the next; stage 2 frees each parameter's
 gradient as soon as it is in its bucket and each bucket once its reduce-scatter is done, keeping only
-this worker's shard (float32) to the update. Both move the ring's bytes. ``--grad-clip`` is applied
+this worker's shard (float32) to the update; at most :data:`IN_FLIGHT` full-size buckets are in their
+reduce-scatter at once (a bucket's start waits for the oldest beyond them), so a step's transient
+gradients are a few buckets, not the model. Both move the ring's bytes. ``--grad-clip`` is applied
 here, over the shards (the global norm from every worker's sum of its shard's squares, as the parameter
 servers clip), since no worker holds the whole gradient; the trainer then finds no ``.grad`` to clip.
 Everything a run needs besides the shards (metrics, votes, broadcast, BatchNorm's buffers, abort) is
@@ -29,13 +31,18 @@ from ...config import ExchangeConfig
 from ...errors import UserError
 from ..base import GradientExchange
 from ..buffers import elements_in, held_bytes, pack
-from ..shardstate import PLACE_KEYS, assemble, leaves, pieces, shard_optimizer
+from ..shardstate import PLACE_KEYS, assemble, leaves, per_element, pieces, shard_optimizer
 from .collectives import ShardCollectives
 from .layout import make_layout
 from .optimizer import sharded_optimizer
 from .params import ShardedParams
 
 WHERE = "--strategy sharded builds it over each worker's shard"
+# Stages 2 and 3: full-size gradient buckets in their reduce-scatter at once (a third is being filled).
+# Each one more costs a bucket (--mpi-bucket-bytes) at the step's peak; with all of them in flight a
+# step held the whole model's gradients again (0.32 GiB for the 87M-parameter model of
+# docs/performance.md's fit run, beside stage 3's 0.65 GiB per rank at 2 ranks).
+IN_FLIGHT = 2
 
 
 class ShardedExchange(GradientExchange):
@@ -151,6 +158,7 @@ class ShardedExchange(GradientExchange):
     # ------------------------------------------------------------ one step
     def _reset_step(self) -> None:
         self._missing = [len(members) * self.k for members in self.layout.buckets]
+        self._flying: list[int] = []  # stages 2 and 3: the buckets started and not yet finished, oldest first
         self._next = 0  # buckets start in index order on every rank (the engines' collectives must match)
 
     def _grad_ready(self, b: int) -> None:
@@ -175,22 +183,35 @@ class ShardedExchange(GradientExchange):
         self._handles[b] = self.coll.start_reduce_scatter(b, flat)  # communication
         self.tracer.bucket_start(b)
         self.store.free(b)  # stage 3: no more of backward needs these parameters
+        if self.stage >= 2:
+            self._flying.append(b)
+            while len(self._flying) > IN_FLIGHT:
+                self._finish(self._flying.pop(0))  # communication: the oldest, done before another bucket exists
+
+    def _finish(self, b: int) -> None:
+        """Wait for bucket ``b``'s reduce-scatter and keep this worker's averaged shard of it (stages 2 and 3:
+        the full-size bucket is freed)."""
+        handle, self._handles[b] = self._handles[b], None
+        if handle is not None:  # (None: one rank, whose shard is its bucket)
+            self.coll.wait([handle], "the reduce-scatter of the gradients")  # communication
+        self.tracer.bucket_done(b)
+        flat = self.gflat[b]
+        assert flat is not None
+        lo, hi = self.mine[b]
+        shard = self.gshard[b]
+        if not self._in_bucket[b]:
+            shard.copy_(flat[lo:hi])  # widened to float32 (exactly), on the parameters' device
+        shard.div_(self.size)  # the average: the ring's division, element for element
+        if self.stage >= 2:
+            self.gflat[b] = None
 
     def synchronize(self) -> None:
         # A bucket whose gradients were not all produced (a parameter outside this step's loss) starts now.
         while self._next < len(self._missing):
             self._start(self._next)
             self._next += 1
-        self.coll.wait(self._handles, "the reduce-scatter of the gradients")  # communication
-        for b, (lo, hi) in enumerate(self.mine):
-            self.tracer.bucket_done(b)  # seen done once every bucket is (one wait for all)
-            flat = self.gflat[b]
-            assert flat is not None
-            if not self._in_bucket[b]:
-                self.gshard[b].copy_(flat[lo:hi])  # widened to float32 (exactly), on the parameters' device
-            self.gshard[b].div_(self.size)  # the average: the ring's division, element for element
-            if self.stage >= 2:
-                self.gflat[b] = None
+        for b in range(len(self.layout.buckets)) if self.stage == 1 else self._flying:
+            self._finish(b)  # communication: its shard summed, then averaged here
         for p in self.params:
             p.grad = None  # the whole gradients are not the averaged ones: nothing above reads them
         for b in range(len(self.layout.buckets)):
@@ -245,7 +266,10 @@ class ShardedExchange(GradientExchange):
         gradients (stage 1: the full-size buckets; every stage: its averaged shard), its shards' optimizer
         state, and the engine's own buffers."""
         params = [*model.parameters(), *self.store.shard, *(f for f in self.store.flat if f is not None)]
-        grads = [*(p.grad for p in model.parameters() if p.grad is not None), *self.gshard]
+        grads = [
+            *(p.grad for p in model.parameters() if p.grad is not None),
+            *self.gshard,
+        ]
         grads += [g for g in self.gflat if g is not None]
         state = [
             v
@@ -258,15 +282,68 @@ class ShardedExchange(GradientExchange):
         return held_bytes({"params": params, "grads": grads, "optimizer": state, "buffers": self.engine.flat_buffers()})
 
     # ------------------------------------------------------------ checkpoints
-    def gather_state(self) -> list[dict[str, Any]]:
-        """Every parameter's optimizer state in the user's class's format, whole (collective over the workers)."""
-        mine = {}
+    def gather_state(self, root: int = 0) -> list[dict[str, Any]]:
+        """Every parameter's optimizer state in the user's class's format, whole, on rank ``root`` ({} for
+        each elsewhere): a collective over the workers.
+
+        Streamed a bucket and a state key at a time: this worker's pieces of, say, ``exp_avg`` go into a
+        bucket-sized buffer, one allgather of the parameters' collectives fills it, and ``root`` copies
+        each parameter's whole tensor out of it; every worker holds one bucket's buffer on top of its
+        shard, and only ``root`` the whole state (not every worker every worker's pickled pieces). A
+        bucket whose segments differ in their state's keys or dtypes (a parameter outside the optimizer, a
+        class with per-element state that is not float32) goes pickled, its pieces to every worker."""
+        n = len(self.layout.buckets)
+        mine: dict[int, list[dict[str, Any]]] = {}  # bucket -> per segment: a key's dtype, or its small value
         for b, built in enumerate(self.shards):
-            if self.segs[b]:
-                states = [dict(built[0].state.get(leaf, {})) if built else {} for leaf in self.leaves[b]]
-                mine[b] = (self.store.shard[b].cpu(), states)
+            states = [built[0].state.get(leaf, {}) if built else {} for leaf in self.leaves[b]]
+            mine[b] = [
+                {k: str(v.dtype) if per_element(v, leaf.shape) else v for k, v in st.items()}
+                for leaf, st in zip(self.leaves[b], states, strict=True)
+            ]
+        described = self.engine.allgather_object(mine)  # communication: keys, dtypes and steps (small)
+        out: list[dict[str, Any]] = [{} for _ in self.params]
+        at_root = self.rank == root
+        for b in range(n):
+            owners = [  # every worker's segments of the bucket, each with its description
+                (seg, d)
+                for r, of in enumerate(described)
+                for seg, d in zip(self.layout.segments.get((b, r), []), of[b], strict=True)
+            ]
+            keysets = {tuple(sorted((k, v) for k, v in d.items() if isinstance(v, str))) for _, d in owners}
+            if len(keysets) != 1 or any(v != "torch.float32" for _, v in next(iter(keysets))):
+                self._gather_pickled(b, out, at_root)  # communication
+                continue
+            flat_keys = [k for k, _ in next(iter(keysets))]
+            if at_root:  # the rest (AdamW's step) from the segment holding each parameter's first element
+                for (p, lo, _), d in owners:
+                    if lo == 0:
+                        out[p].update({k: v for k, v in d.items() if not isinstance(v, str)})
+            for key in flat_keys:
+                flat = torch.empty(self.layout.numel(b), dtype=torch.float32, device=self.store.nan.device)
+                built, (off, _) = self.shards[b], self.mine[b]
+                for leaf in self.leaves[b]:  # none where this worker's shard of the bucket is empty
+                    assert built is not None  # its segments have the bucket's keys
+                    piece = built[0].state[leaf][key].reshape(-1)
+                    flat[off : off + piece.numel()].copy_(piece)
+                    off += piece.numel()
+                self.coll.wait([self.coll.start_allgather(b, flat)], "the optimizer state for a checkpoint")
+                if at_root:
+                    for p, s in zip(self.layout.buckets[b], self.layout.starts[b], strict=False):
+                        size = self.layout.sizes[p]
+                        out[p][key] = flat[s : s + size].clone().view_as(self.params[p])
+                del flat
+        return out
+
+    def _gather_pickled(self, b: int, out: list[dict[str, Any]], at_root: bool) -> None:
+        """Bucket ``b``'s state to every worker as pickles, joined on the root (:func:`..shardstate.assemble`)."""
+        built = self.shards[b]
+        states = [dict(built[0].state.get(leaf, {})) if built else {} for leaf in self.leaves[b]]
+        mine = {b: (self.store.shard[b].cpu(), states)} if self.segs[b] else {}
         answers = self.engine.allgather_object(mine)  # communication
-        return assemble(self.layout, self.params, answers)[0]
+        if at_root:
+            joined = assemble(self.layout, self.params, answers)[0]
+            for p in self.layout.buckets[b]:
+                out[p] = joined[p]
 
     def optimizer_state_dict(self, optimizer) -> dict[str, Any] | None:
         state = optimizer.state_dict()  # communication: every worker's shard

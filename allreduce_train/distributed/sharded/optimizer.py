@@ -28,8 +28,9 @@ class _Sharded(torch.optim.Optimizer):
         self._exchange.step()
 
     def state_dict(self) -> dict[str, Any]:
-        """The class's own ``state_dict`` for every parameter, gathered from every worker's shard: a
-        collective over the workers (every worker calls it at the same point)."""
+        """The class's own ``state_dict`` for every parameter, gathered from every worker's shard onto the main
+        rank (rank 0; elsewhere the groups without state): a collective over the workers (every worker calls it
+        at the same point), that holds the whole state on the main rank alone."""
         held = self.state
         self.state = defaultdict(dict)
         for p, st in zip(self._exchange.params, self._exchange.gather_state(), strict=True):  # communication
