@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from .buffers import flatten, held_bytes, views
+from .wire import FLOAT32, WireFormat
 
 
 class GradientExchange(ABC):
@@ -30,6 +31,10 @@ class GradientExchange(ABC):
     # Whether the workers train one model (gradients or parameters averaged): False for --strategy none,
     # where every rank trains its own and nothing of it is averaged, BatchNorm's statistics included.
     one_model: bool = True
+    # The run's wire format (--compression, made once: distributed.create_exchange): the engine's gradient
+    # sum reads its dtype, and the schedule takes it from here. float32 where an engine is given none
+    # (one process; --strategy none, whose --compression config keeps at none).
+    wire: WireFormat = FLOAT32
 
     @property
     def is_main(self) -> bool:
