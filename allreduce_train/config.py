@@ -28,6 +28,7 @@ else:  # pragma: no cover - the project targets 3.11; tomli is its backport
 
 from launch.specflags import add_flag, choices, flag, option
 
+from .distributed.wirecost import SIXTEEN_BIT, WIRE_DTYPES  # torch-free: the wire formats' one table
 from .errors import ConfigError
 
 DEFAULT_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
@@ -280,7 +281,7 @@ class ExchangeConfig:
         "fp16/bf16: 16 bits on the wire for gradients (allreduce; bf16 not with Horovod) "
         "and with ps also the pulled parameters; powersgd: rank-r factors with error "
         "feedback (allreduce) (docs/concepts.md)",
-        ("none", "fp16", "bf16", "powersgd"),
+        tuple(WIRE_DTYPES),
     )
     powersgd_rank: int = _f(1, "--compression powersgd: the rank r of each gradient matrix's approximation")
     backward_passes_per_step: int = _f(1, "local gradient accumulation steps per exchange (allreduce)")
@@ -357,7 +358,6 @@ class ExchangeConfig:
 # checked before any process group forms (every rank fails alike). First match wins.
 # A row: (refused when, the line; both functions of the exchange section and, for the rows that
 # read other sections, the whole Config, which is None while the exchange section alone is checked).
-SIXTEEN_BIT = ("fp16", "bf16")
 SYNC_BATCHNORM_REFUSED = {  # --sync-batchnorm: why an engine has none, and what has one
     "mpi": ("the mpi engine has no SyncBatchNorm", "--allreduce-engine horovod (or torch on CUDA)"),
     "ps": ("the parameter servers sum gradients only", "--strategy allreduce"),

@@ -4,7 +4,8 @@
   (:mod:`.horovod`), the mpi4py ring (:mod:`.ring`), torch.distributed (:mod:`.c10d`), the
   parameter server (:mod:`.ps`), ZeRO's shards on an engine's collectives (:mod:`.sharded`), and one
   process or ``--strategy none`` (:mod:`.local`);
-* wire formats -- what of a gradient travels (:mod:`.wire`: float32, 16 bits, PowerSGD);
+* wire formats -- what of a gradient travels (:mod:`.wire`: float32, 16 bits, PowerSGD), one object
+  per run that the engine reads and the schedule runs;
 * schedules -- when the workers agree (:mod:`.schedules`: synchronous, Adasum's, :mod:`.localsgd`,
   :mod:`.diloco`);
 * plumbing, once -- flat buffers (:mod:`.buffers`), MPI helpers (:mod:`.mpi`), bytes on the wire
@@ -19,25 +20,23 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..config import STRATEGIES
-
 if TYPE_CHECKING:
     from ..config import Config, ExchangeConfig
     from .base import GradientExchange
     from .schedules import Sync
 
-__all__ = ["STRATEGIES", "create_exchange", "make_schedule"]
+__all__ = ["create_exchange", "make_schedule"]
 
 
 def create_exchange(cfg: Config) -> GradientExchange:
     """Initialise the communication backend of ``cfg.exchange.strategy`` and return the engine.
 
     Each engine gets the settings every exchange shares (``cfg.exchange``), its own section only,
-    and the dtype its gradient sum runs in (the wire format's, :mod:`.wire`); the layers above it
-    come from :func:`make_schedule`."""
-    from .compression import wire_dtype
+    and the run's wire format (:mod:`.wire`, made here once from ``--compression``), whose dtype its
+    gradient sum runs in; the layers above it come from :func:`make_schedule`."""
+    from .wire import make_wire
 
-    wire = wire_dtype(cfg.exchange.compression)
+    wire = make_wire(cfg.exchange.compression, cfg.exchange.powersgd_rank)
     if cfg.exchange.strategy == "allreduce" and cfg.exchange.allreduce_engine == "mpi":
         from .ring import MPIRingAllreduce
 
@@ -66,11 +65,11 @@ def create_exchange(cfg: Config) -> GradientExchange:
 
 
 def make_schedule(x: ExchangeConfig, ex: GradientExchange) -> Sync:
-    """The schedule of ``--average-every`` / ``--diloco-every`` over ``ex``, with ``--compression``'s wire format."""
+    """The schedule of ``--average-every`` / ``--diloco-every`` over ``ex``, with the wire format ``ex`` was
+    given (``ex.wire``: ``--compression``'s)."""
     from .schedules import Sync
-    from .wire import make_wire
 
-    wire = make_wire(x.compression, x.powersgd_rank)
+    wire = ex.wire
     if x.average_every:
         from .localsgd import LocalSGD
 

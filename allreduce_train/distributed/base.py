@@ -20,6 +20,7 @@ import torch
 
 from ..trace import NULL, NullTracer
 from .buffers import flatten, held_bytes, views
+from .wire import FLOAT32, WireFormat
 
 
 class GradientExchange(ABC):
@@ -33,6 +34,10 @@ class GradientExchange(ABC):
     one_model: bool = True
     # --trace-steps (the trainer sets it): an engine reports each bucket's start and finish to it, once per place
     tracer: NullTracer = NULL
+    # The run's wire format (--compression, made once: distributed.create_exchange): the engine's gradient
+    # sum reads its dtype, and the schedule takes it from here. float32 where an engine is given none
+    # (one process; --strategy none, whose --compression config keeps at none).
+    wire: WireFormat = FLOAT32
 
     @property
     def is_main(self) -> bool:

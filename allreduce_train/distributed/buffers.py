@@ -2,7 +2,8 @@
 gradients (or parameters, or factors) this way before a collective and unpacks after it; the
 offsets are the cumulative element counts, and a copy between dtypes is the cast (16 bits on the
 wire: packing narrows, unpacking widens). One element-size rule goes with them: bucket sizes
-(``--mpi-bucket-bytes``, ``--ps-bucket-bytes``, ``--torch-bucket-bytes``) count bytes on the wire.
+(``--mpi-bucket-bytes``, ``--ps-bucket-bytes``, ``--torch-bucket-bytes``) count bytes on the wire, at
+the wire dtype's size in :mod:`.wirecost`'s table.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from itertools import pairwise
 
 import torch
 
+from .wirecost import DTYPE_BYTES
+
 
 def element_size(dtype: torch.dtype) -> int:
-    """Bytes per element of ``dtype`` on the wire (4 for float32, 2 for float16 and bfloat16)."""
-    return torch.empty((), dtype=dtype).element_size()
+    """Bytes per element of a wire dtype (4 for float32, 2 for float16 and bfloat16: wirecost's table)."""
+    return DTYPE_BYTES[str(dtype).removeprefix("torch.")]
 
 
 def elements_in(nbytes: int, dtype: torch.dtype) -> int:

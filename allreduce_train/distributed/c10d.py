@@ -31,6 +31,7 @@ from .base import GradientExchange
 from .buffers import elements_in, flatten, pack, unpack, views
 from .mpi import abort, import_mpi, poll
 from .ps.sharding import plan
+from .wire import FLOAT32, WireFormat
 
 
 def _ipv4_addresses() -> list[str]:
@@ -75,10 +76,11 @@ class TorchDistributed(GradientExchange):
 
     name = "allreduce"
 
-    def __init__(self, x: ExchangeConfig, cfg: TorchConfig, wire: torch.dtype = torch.float32) -> None:
+    def __init__(self, x: ExchangeConfig, cfg: TorchConfig, wire: WireFormat = FLOAT32) -> None:
+        """``wire``: the run's wire format, whose dtype the buckets are summed in."""
         import torch.distributed as dist
 
-        self.cfg, self.torch_cfg, self.dist, self.dtype = x, cfg, dist, wire
+        self.cfg, self.torch_cfg, self.dist, self.wire, self.dtype = x, cfg, dist, wire, wire.dtype
         env = os.environ
         self.rank, self.size = int(env.get("OMPI_COMM_WORLD_RANK", 0)), int(env.get("OMPI_COMM_WORLD_SIZE", 1))
         self.local_rank = int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", 0))

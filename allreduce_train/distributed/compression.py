@@ -15,34 +15,21 @@ widening are the extra compute; where they happen depends on the engine (docs/co
   the parameters into the pull reply; the worker widens them into its model. The conversions of
   all workers' messages land on the servers.
 
-Bytes per step are the cost model's and the trainer's alike (:mod:`.wirecost`).
+The wire format itself, made once from ``--compression`` and given to the engine and the schedule,
+is :class:`.wire.WireFormat`; element sizes and the 16-bit names are one table in :mod:`.wirecost`,
+and so are the bytes per step, the cost model's and the trainer's alike.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .wirecost import allreduce_bytes_per_step, element_bytes, ps_bytes_per_step
+from .wirecost import WIRE_DTYPES, allreduce_bytes_per_step, ps_bytes_per_step
 
-__all__ = [
-    "SIXTEEN_BIT",
-    "WIRE_DTYPES",
-    "allreduce_bytes_per_step",
-    "bytes_per_element",
-    "ps_bytes_per_step",
-    "wire_dtype",
-]
-
-# powersgd sends float32 factors (powersgd.py)
-WIRE_DTYPES = {"none": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "powersgd": torch.float32}
-SIXTEEN_BIT = ("fp16", "bf16")
+__all__ = ["allreduce_bytes_per_step", "ps_bytes_per_step", "wire_dtype"]
 
 
 def wire_dtype(compression: str) -> torch.dtype:
-    """The dtype gradients travel in under ``--compression`` (none, fp16, bf16)."""
-    return WIRE_DTYPES[compression]
-
-
-def bytes_per_element(compression: str) -> int:
-    """Bytes one gradient element takes on the wire: 4, or 2 for the 16-bit formats (:mod:`.wirecost`)."""
-    return element_bytes(compression)
+    """The dtype gradients travel in under ``--compression`` (wirecost's table: float32, or the 16-bit
+    formats' float16 and bfloat16)."""
+    return getattr(torch, WIRE_DTYPES[compression])

@@ -18,6 +18,7 @@ from ..errors import UserError
 from .base import GradientExchange
 from .horovod_shard import HorovodShardCollectives
 from .mpi import abort
+from .wire import FLOAT32, WireFormat
 
 POLL_S = 1e-4  # sleep between polls of an in-flight allreduce: ~1 % of a LeNet-5 step
 ONE_HOST_CYCLE_MS = "0.25"  # HOROVOD_CYCLE_TIME when every rank is on this host (measured: docs/performance.md)
@@ -215,8 +216,8 @@ class HorovodAllreduce(GradientExchange):
 
     name = "allreduce"
 
-    def __init__(self, cfg: ExchangeConfig, horovod: HorovodConfig, wire: torch.dtype = torch.float32) -> None:
-        """``wire``: the dtype gradients are summed in (the wire format's: float32 or float16, which
+    def __init__(self, cfg: ExchangeConfig, horovod: HorovodConfig, wire: WireFormat = FLOAT32) -> None:
+        """``wire``: the run's wire format, whose dtype gradients are summed in (float32 or float16, which
         Horovod's Compression.fp16 sends; config's table refuses bfloat16, which 0.28.1 cannot sum)."""
         self.cfg, self.wire = cfg, wire
         self.hvd = hvd = _import_horovod()
@@ -286,7 +287,7 @@ class HorovodAllreduce(GradientExchange):
             # background-thread round trips altogether (no fp16 round trip either: nothing is sent).
             return optimizer
         hvd = self.hvd
-        compression = hvd.Compression.fp16 if self.wire == torch.float16 else hvd.Compression.none
+        compression = hvd.Compression.fp16 if self.wire.dtype == torch.float16 else hvd.Compression.none
         op = hvd.Adasum if self.cfg.reduce_op == "adasum" else hvd.Average
         if not every_step:
             # A schedule that skips steps (local SGD, DiLoCo) or a wire format that sums after backward

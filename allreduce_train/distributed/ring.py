@@ -50,6 +50,7 @@ from .mpi import (
     sum_now,
 )
 from .ps.sharding import plan
+from .wire import FLOAT32, WireFormat
 
 
 def chunk_bounds(numel: int, n: int) -> list[int]:
@@ -179,11 +180,9 @@ class MPIRingAllreduce(GradientExchange):
 
     name = "allreduce"
 
-    def __init__(
-        self, x: ExchangeConfig, mpi: MPIConfig, average: bool = True, wire: torch.dtype = torch.float32
-    ) -> None:
+    def __init__(self, x: ExchangeConfig, mpi: MPIConfig, average: bool = True, wire: WireFormat = FLOAT32) -> None:
         """``average=False``: leave the sum (commbench checks it exactly on integer inputs); ``wire``:
-        the dtype the gradients are summed in (the wire format's)."""
+        the run's wire format, whose dtype the gradients are summed in."""
         self.cfg, self.mpi_cfg = x, mpi
         # As with Horovod: a rank waiting inside MPI yields its core (docs/performance.md).
         os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
@@ -197,7 +196,7 @@ class MPIRingAllreduce(GradientExchange):
         self.comm = world.Dup()
         self.timeout = x.stall_timeout  # 0: wait forever (the watchdog is off too)
         self.algorithm = mpi.algorithm
-        self.dtype = wire  # the bucket's buffer: the copy in is the cast (compression.py)
+        self.wire, self.dtype = wire, wire.dtype  # the bucket's buffer: the copy in is the cast (compression.py)
         self.divisor = self.size if average else 1
         self._hooks: list[Any] = []
         self._buckets: list[_Bucket] = []

@@ -43,7 +43,7 @@ class Sync:
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """Rank 0's model and optimizer state to every worker (the engine), then the layers' own set-up."""
         optimizer = self.ex.prepare(model, optimizer, every_step=self.every_step)
-        self.wire.attach(self.ex, [p for p in model.parameters() if p.requires_grad])
+        self.wire.attach(self.ex.sum_tensors, self.ex.num_workers, [p for p in model.parameters() if p.requires_grad])
         return optimizer
 
     def exchanging(self, step: int) -> bool:

@@ -1,9 +1,10 @@
-"""Bytes on the wire per step: the one model of what each concept sends, without torch.
+"""Bytes on the wire per step: the one model of what each concept sends, and the one table of
+the wire formats' element sizes, without torch.
 
 The trainer's layers (:mod:`.compression`, :mod:`.powersgd`, :mod:`.schedules`) and the lab's cost
 model (lab/common/costmodel.py) both import these formulas, so a test of one is a test of the
 other. Shapes are plain tuples of ints (a ``torch.Size`` is one). Pure Python: importing this
-module loads neither torch nor MPI.
+module loads neither torch nor MPI (config.py reads the table too, before torch is loaded).
 """
 
 from __future__ import annotations
@@ -11,14 +12,19 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
-# Bytes one gradient element takes on the wire under --compression (PowerSGD's factors are float32).
-ELEMENT_BYTES = {"none": 4, "fp16": 2, "bf16": 2, "powersgd": 4}
+# The wire formats of --compression (its choices, in this order): the dtype one gradient element
+# travels in, by torch's name (PowerSGD's factors are float32), and each such dtype's bytes. The one
+# table: config.py's choices and checks, the wire format's dtype (compression.wire_dtype), the
+# engines' buffer sizes (buffers.element_size) and the formulas below all read it.
+WIRE_DTYPES = {"none": "float32", "fp16": "float16", "bf16": "bfloat16", "powersgd": "float32"}
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+SIXTEEN_BIT = tuple(c for c, dtype in WIRE_DTYPES.items() if DTYPE_BYTES[dtype] == 2)  # fp16, bf16
 
 
 def element_bytes(compression: str) -> int:
     """Bytes one gradient element takes on the wire: 4, or 2 for the 16-bit formats. Every engine's
     bucket size (``--mpi-bucket-bytes``, ``--ps-bucket-bytes``, ``--torch-bucket-bytes``) counts these."""
-    return ELEMENT_BYTES[compression]
+    return DTYPE_BYTES[WIRE_DTYPES[compression]]
 
 
 def ring_bytes(numel: float, workers: int, elem: int = 4) -> float:

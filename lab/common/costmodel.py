@@ -43,9 +43,15 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-# The bytes-per-step formulas and PowerSGD's rule of which matrices it compresses: the trainer's own
-# (torch-free), so the model charges what the product sends.
-from allreduce_train.distributed.wirecost import compressible, sharded_bytes_per_step
+# The bytes-per-step formulas, the wire formats' element sizes and PowerSGD's rule of which matrices it
+# compresses: the trainer's own (torch-free), so the model charges what the product sends.
+from allreduce_train.distributed.wirecost import (
+    SIXTEEN_BIT,
+    WIRE_DTYPES,
+    compressible,
+    element_bytes,
+    sharded_bytes_per_step,
+)
 from allreduce_train.distributed.wirecost import dims as _dims
 
 ALLREDUCE = "allreduce"
@@ -183,7 +189,7 @@ def fit_alpha_beta(kind: str, n: int, points: Iterable[tuple[float, float]], ser
 # overlap, so a prediction is an upper bound of the same kind as :func:`predict`'s.
 
 NONE, FP16, BF16, POWERSGD = "none", "fp16", "bf16", "powersgd"
-COMPRESSIONS = (NONE, FP16, BF16, POWERSGD)
+COMPRESSIONS = tuple(WIRE_DTYPES)  # --compression's choices
 CAST_BYTES = 6  # a cast of one element between float32 and 16 bits reads 4 bytes and writes 2, or reads 2 writes 4
 # PowerSGD's memory traffic per gradient element (allreduce_train/distributed/powersgd.py, one step):
 # add the error (read 2 x 4, write 4), clone what is sent (read 4, write 4), the new error
@@ -267,7 +273,7 @@ class Method:
     @property
     def elem(self) -> int:
         """Bytes per gradient element on the wire (PowerSGD's factors are float32)."""
-        return 2 if self.compression in (FP16, BF16) else 4
+        return element_bytes(self.compression)
 
     @property
     def label(self) -> str:
@@ -299,7 +305,7 @@ class Method:
             if stage not in ("1", "2", "3"):
                 raise ValueError(f"method {text!r}: the sharded concept is zero1, zero2 or zero3 (ZeRO's stages)")
             inner = cls.parse(rest) if sep else cls()
-            if sep and inner.compression not in (FP16, BF16):
+            if sep and inner.compression not in SIXTEEN_BIT:
                 raise ValueError(f"method {text!r}: a sharded stage combines with fp16 or bf16 only (zero2+fp16)")
             return cls(inner.compression, shard=int(stage))
         if t.startswith("diloco-h"):
@@ -320,7 +326,7 @@ class Method:
             raise ValueError(f"method {text!r}: only local SGD combines with another method (localsgd-h4+fp16)")
         if t in ("fp32", NONE):
             return cls()
-        if t in (FP16, BF16):
+        if t in SIXTEEN_BIT:
             return cls(t)
         if t.startswith("powersgd-r") and t[len("powersgd-r") :].isdigit():
             return cls(POWERSGD, int(t[len("powersgd-r") :]))

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from allreduce_train.distributed.wirecost import SIXTEEN_BIT
+
 from ..common import sharded
 
 
@@ -64,7 +66,7 @@ class Method:
     @property
     def sixteen_bit_allreduce(self) -> bool:
         """A 16-bit allreduce: the baseline a communication-reduction concept must beat (docs/concepts.md)."""
-        return self.name.startswith("ring-") and self.concept in ("fp16", "bf16")
+        return self.name.startswith("ring-") and self.concept in SIXTEEN_BIT
 
 
 # PowerSGD's rank and local SGD's periods in the grid. Rank 4 is the rank Vogels et al. found to match

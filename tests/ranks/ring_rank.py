@@ -12,8 +12,8 @@ import torch
 
 from allreduce_train.cli import make_parser
 from allreduce_train.config import build_config
-from allreduce_train.distributed.compression import wire_dtype
 from allreduce_train.distributed.ring import MPIRingAllreduce
+from allreduce_train.distributed.wire import make_wire
 
 SIZES = [1, 2, 5, 1000, 3]  # the last takes no part in the loss: its gradient stays None
 VARIANTS = [  # (flags, passes per step, relative tolerance)
@@ -28,7 +28,7 @@ VARIANTS = [  # (flags, passes per step, relative tolerance)
 def run(flags: list[str], passes: int, tol: float) -> None:
     argv = ["train", "--allreduce-engine", "mpi", *sys.argv[1:], *flags, "--backward-passes-per-step", str(passes)]
     cfg = build_config(make_parser().parse_args(argv))
-    ex = MPIRingAllreduce(cfg.exchange, cfg.mpi, wire=wire_dtype(cfg.exchange.compression))
+    ex = MPIRingAllreduce(cfg.exchange, cfg.mpi, wire=make_wire(cfg.exchange.compression))
     torch.manual_seed(0)
     model = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(n)) for n in SIZES])
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

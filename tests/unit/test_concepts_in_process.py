@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from allreduce_train.distributed import compression
+from allreduce_train.distributed import buffers, compression, make_schedule, wirecost
 from allreduce_train.distributed.local import LocalExchange
 from allreduce_train.distributed.localsgd import LocalSGD, bytes_per_step
 from allreduce_train.distributed.ps.server import HEADER_BYTES, message
-from allreduce_train.distributed.wire import WireFormat
+from allreduce_train.distributed.wire import WireFormat, make_wire
 from allreduce_train.errors import ConfigError
 from allreduce_train.run_logger import RunLogger
 from allreduce_train.trainer import Trainer
@@ -31,12 +31,30 @@ def test_16_bit_halves_the_bytes_of_both_exchanges():
 @pytest.mark.parametrize("name, dtype", [("none", torch.float32), ("fp16", torch.float16), ("bf16", torch.bfloat16)])
 def test_a_ps_message_carries_its_payload_in_the_wire_dtype_in_the_raw_bytes_mpi_sends(name, dtype):
     raw, head, data = message(5, compression.wire_dtype(name))
-    assert data.dtype == dtype and raw.nbytes == HEADER_BYTES + 5 * compression.bytes_per_element(name)
+    assert data.dtype == dtype and raw.nbytes == HEADER_BYTES + 5 * wirecost.element_bytes(name)
     data.copy_(torch.tensor([0.1, 1.0, 2.0, 3.0, -1e-3]))  # a cast: 0.1 is not exact in 16 bits
     head[0] = 7
     back = torch.from_numpy(raw[HEADER_BYTES:].copy()).view(dtype).float()
     assert torch.equal(back, data.float()) and raw[:HEADER_BYTES].view("float64")[0] == 7
     assert (back[0].item() == torch.tensor(0.1).item()) == (name == "none")
+
+
+@pytest.mark.parametrize("name", wirecost.WIRE_DTYPES)
+def test_one_table_gives_each_wire_format_its_dtype_and_torchs_element_size(name):
+    # --compression's choices, the 16-bit names, the wire dtype and the bytes a bucket counts, all from wirecost
+    dtype = make_wire(name).dtype
+    assert dtype == compression.wire_dtype(name) and parse(["--compression", name, "--allreduce-engine", "mpi"])
+    size = torch.empty((), dtype=dtype).element_size()
+    assert wirecost.element_bytes(name) == buffers.element_size(dtype) == size
+    assert (name in wirecost.SIXTEEN_BIT) == (size == 2) and (name == "powersgd") == (not make_wire(name).streams)
+
+
+@pytest.mark.parametrize("flags", [[], ["--average-every", "4"], ["--diloco-every", "4"]])
+def test_the_schedule_runs_the_one_wire_format_its_engine_was_given(flags):
+    ex = LocalExchange()
+    ex.wire = make_wire("fp16")  # as create_exchange gives it (its only maker)
+    assert make_schedule(parse(flags).exchange, ex).wire is ex.wire
+    assert LocalExchange().wire.dtype == torch.float32  # an engine given none sums float32
 
 
 def test_bf16_with_horovod_is_refused_naming_the_flag_and_the_way_out():

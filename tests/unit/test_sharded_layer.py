@@ -15,6 +15,7 @@ from allreduce_train.api import Communicator
 from allreduce_train.config import Config, ExchangeConfig
 from allreduce_train.distributed.local import LocalExchange
 from allreduce_train.distributed.sharded.exchange import ShardedExchange
+from allreduce_train.distributed.wire import FLOAT32
 
 
 class OneRank:
@@ -61,7 +62,7 @@ def adamw(model: torch.nn.Module) -> torch.optim.Optimizer:
 
 def sharded(stage: int, model: torch.nn.Module, clip: float = 0.0):
     x = ExchangeConfig(strategy="sharded", shard_stage=stage)
-    ex = ShardedExchange(x, LocalExchange(), OneRank(), grad_clip=clip, wire=torch.float32, bucket_bytes=200)
+    ex = ShardedExchange(x, LocalExchange(), OneRank(), grad_clip=clip, wire=FLOAT32, bucket_bytes=200)
     return ex, Communicator(ex, Config(exchange=x)).distributed_optimizer(model, adamw(model))
 
 

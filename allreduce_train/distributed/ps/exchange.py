@@ -41,7 +41,7 @@ also step the optimizer and answer with parameters. So a wire format cannot be a
 way it is over an allreduce engine: with 16 bits the pushes are rounded gradients, but the pulls are
 rounded *parameters*, and the servers must keep float32 master parameters and state (a 16-bit master
 would lose every update smaller than its rounding). The PS therefore takes the wire dtype as its
-message dtype (``wire``) and owns both casts; PowerSGD, local SGD and DiLoCo, which need the
+message dtype (``wire.dtype``) and owns both casts; PowerSGD, local SGD and DiLoCo, which need the
 workers to hold the parameters, are refused by config's table.
 """
 
@@ -70,6 +70,7 @@ from ..mpi import (
     sum_now,
 )
 from ..shardstate import assemble
+from ..wire import FLOAT32, WireFormat
 from .optimizer import describe, server_side
 from .server import ELEM, STATE_BYTES, STATE_FULL, TAG_DONE, TAG_STATE, Server, message, push_slots
 from .sharding import plan
@@ -80,11 +81,10 @@ class ParameterServer(GradientExchange):
 
     name = "ps"
 
-    def __init__(
-        self, x: ExchangeConfig, ps: PSConfig, grad_clip: float = 0.0, wire: torch.dtype = torch.float32
-    ) -> None:
+    def __init__(self, x: ExchangeConfig, ps: PSConfig, grad_clip: float = 0.0, wire: WireFormat = FLOAT32) -> None:
         """``grad_clip``: ``--grad-clip``, which the servers apply (sync) or each worker before it pushes
-        (async); ``wire``: the dtype of pushes and pulls (the module docstring says why it is the engine's)."""
+        (async); ``wire``: the run's wire format, whose dtype pushes and pulls travel in (the module
+        docstring says why it is the engine's)."""
         self.xcfg, self.pcfg = x, ps
         self.MPI = MPI = import_mpi()
         world = self.world = MPI.COMM_WORLD
@@ -118,7 +118,7 @@ class ParameterServer(GradientExchange):
         # Clipping: sync clips the averaged gradient on the servers (see server.Server); async clips each
         # worker's own gradient, which needs its whole norm first, so all pushes wait for synchronize().
         self.clip = grad_clip
-        self.wire = wire  # pushes and pulls (compression.py says where the casts go)
+        self.wire, self.dtype = wire, wire.dtype  # pushes and pulls (compression.py says where the casts go)
         self._clip_local = grad_clip if ps.mode == "async" else 0.0
         self._window = [0, 0, 0, 0]  # since the last stats(): steps, staleness sum, count, max
 
@@ -160,8 +160,8 @@ class ParameterServer(GradientExchange):
         self.layout = plan(
             sizes,
             len(self.server_ranks),
-            elements_in(ps.split_bytes, self.wire),
-            elements_in(ps.bucket_bytes, self.wire),
+            elements_in(ps.split_bytes, self.dtype),
+            elements_in(ps.bucket_bytes, self.dtype),
         )
         if len(self.layout.buckets) > MAX_BUCKETS:
             raise UserError(f"{len(self.layout.buckets)} buckets are too many message tags; raise --ps-bucket-bytes")
@@ -184,7 +184,7 @@ class ParameterServer(GradientExchange):
                 x.stall_timeout,
                 sync_clip,
                 clip_comm,
-                self.wire,
+                self.dtype,
             )
         self._started = True
 
@@ -228,17 +228,17 @@ class ParameterServer(GradientExchange):
                 p.copy_(src)
             for name, b in model.named_buffers():
                 b.copy_(payload["buffers"][name])
-            if self.wire != torch.float32:
+            if self.dtype != torch.float32:
                 # Workers compute on the parameters as a pull delivers them (rounded to 16 bits), from
                 # the first step on, fresh or resumed: a resumed run then continues bit-exactly.
                 for p in params:
-                    p.copy_(p.to(self.wire))
+                    p.copy_(p.to(self.dtype))
         self.params = params
         self._flat = [p.data.view(-1) for p in params]
         lay = self.layout
         slots = push_slots(len(optimizer.param_groups))
-        self._out = {key: message(lay.segment_numel(*key), self.wire, slots) for key in lay.segments}
-        self._in = {key: message(lay.segment_numel(*key), self.wire) for key in lay.segments}
+        self._out = {key: message(lay.segment_numel(*key), self.dtype, slots) for key in lay.segments}
+        self._in = {key: message(lay.segment_numel(*key), self.dtype) for key in lay.segments}
         self._version = dict.fromkeys(lay.segments, 0)
         self._step_bytes = (sum(m[0].nbytes for m in self._out.values()), sum(m[0].nbytes for m in self._in.values()))
         self._k = self.xcfg.backward_passes_per_step
@@ -269,7 +269,7 @@ class ParameterServer(GradientExchange):
             raw, head, data = self._out[(b, s)]
             head[0], head[1 : 1 + len(lrs)] = self._version[(b, s)], lrs
             segments = [self._grad(p)[lo:hi] for p, lo, hi in lay.segments[(b, s)]]
-            if self.wire == torch.float32 and segments[0].device.type == "cpu":
+            if self.dtype == torch.float32 and segments[0].device.type == "cpu":
                 torch.cat(segments, out=data)
             else:  # 16 bits: packing is the cast; a GPU's gradients: the copy to the host
                 pack(segments, data)
@@ -323,7 +323,7 @@ class ParameterServer(GradientExchange):
         """With 16-bit pulls the workers hold rounded parameters: the checkpoint takes the servers'
         float32 master parameters instead (they start a resumed run's servers)."""
         sd = model.state_dict()
-        if self.wire == torch.float32 or not self._started:
+        if self.dtype == torch.float32 or not self._started:
             return sd
         _, master = self._fetch_state()
         names = {id(p): n for n, p in model.named_parameters()}

@@ -18,15 +18,14 @@ from importlib import import_module
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    import torch
-
     from ...config import Config
     from ..base import GradientExchange
+    from ..wire import WireFormat
 
 ENGINES = {"mpi": "mpi", "horovod": "horovod", "torch": "fsdp"}  # --allreduce-engine -> its module here
 
 
-def create_sharded(cfg: Config, wire: torch.dtype) -> GradientExchange:
+def create_sharded(cfg: Config, wire: WireFormat) -> GradientExchange:
     """The sharded exchange of ``--shard-stage`` on ``--allreduce-engine``'s collectives; ``wire``: the
-    dtype the gradients are reduce-scattered in (the wire format's)."""
+    run's wire format, whose dtype the gradients are reduce-scattered in."""
     return import_module(f".{ENGINES[cfg.exchange.allreduce_engine]}", __name__).create(cfg, wire)

@@ -32,6 +32,7 @@ from ...errors import UserError
 from ..base import GradientExchange
 from ..buffers import elements_in, held_bytes, pack
 from ..shardstate import PLACE_KEYS, assemble, leaves, per_element, pieces, shard_optimizer
+from ..wire import WireFormat
 from .collectives import ShardCollectives
 from .layout import make_layout
 from .optimizer import sharded_optimizer
@@ -47,7 +48,8 @@ IN_FLIGHT = 2
 
 class ShardedExchange(GradientExchange):
     """``--strategy sharded``: see the module docstring. ``bucket_bytes``: the gradients' bucket size on the
-    wire (the engine's, e.g. ``--mpi-bucket-bytes``); ``wire``: their dtype in the reduce-scatter."""
+    wire (the engine's, e.g. ``--mpi-bucket-bytes``); ``wire``: the run's wire format (the engine's), whose
+    dtype they are reduce-scattered in."""
 
     name = "sharded"
 
@@ -58,14 +60,15 @@ class ShardedExchange(GradientExchange):
         coll: ShardCollectives,
         *,
         grad_clip: float,
-        wire: torch.dtype,
+        wire: WireFormat,
         bucket_bytes: int,
     ) -> None:
         self.engine, self.coll = engine, coll
         self.rank, self.size = engine.rank, engine.size
         self.local_rank, self.local_size = engine.local_rank, engine.local_size
-        self.stage, self.k, self.clip, self.wire = x.shard_stage, x.backward_passes_per_step, grad_clip, wire
-        self.bucket_elems = elements_in(bucket_bytes, wire)
+        self.stage, self.k, self.clip = x.shard_stage, x.backward_passes_per_step, grad_clip
+        self.wire, self.dtype = wire, wire.dtype
+        self.bucket_elems = elements_in(bucket_bytes, self.dtype)
         self.params: list[torch.Tensor] = []
         self._hooks: list[Any] = []
         self._closed = False
@@ -102,12 +105,12 @@ class ShardedExchange(GradientExchange):
         optimizer.state.clear()  # the whole state is in the shards now: 1/N of it here
         # stage 1: the full-size gradient buckets, kept; stage 2: made per step, freed after their reduce-scatter
         self.gflat: list[torch.Tensor | None] = [
-            torch.empty(lay.numel(b), dtype=self.wire) if self.stage == 1 else None for b in range(n)
+            torch.empty(lay.numel(b), dtype=self.dtype) if self.stage == 1 else None for b in range(n)
         ]
         # this worker's averaged gradient shard of each bucket, float32 on the parameters' device, kept from step
         # to step (stage 1 with a float32 wire on CPU: a view of its bucket, averaged in place as the ring does)
         device = self.store.nan.device
-        self._in_bucket = [g is not None and self.wire == torch.float32 and device.type == "cpu" for g in self.gflat]
+        self._in_bucket = [g is not None and self.dtype == torch.float32 and device.type == "cpu" for g in self.gflat]
         self.gshard = [
             g[lo:hi] if inplace and g is not None else torch.empty(hi - lo, device=device)
             for g, inplace, (lo, hi) in zip(self.gflat, self._in_bucket, self.mine, strict=True)
@@ -174,7 +177,7 @@ class ShardedExchange(GradientExchange):
         members = [self.params[p] for p in self.layout.buckets[b]]
         flat = self.gflat[b]
         if flat is None:
-            flat = self.gflat[b] = torch.empty(self.layout.numel(b), dtype=self.wire)
+            flat = self.gflat[b] = torch.empty(self.layout.numel(b), dtype=self.dtype)
         # the copy in is the cast to the wire's dtype; a parameter outside this step's loss sends zeros
         pack([p.grad for p in members], flat, [p.numel() for p in members])
         if self.stage >= 2:

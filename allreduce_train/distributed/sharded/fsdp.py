@@ -37,6 +37,7 @@ from ...config import Config, ExchangeConfig, TorchConfig
 from ...errors import UserError
 from ..buffers import held_bytes
 from ..c10d import TorchDistributed
+from ..wire import FLOAT32, WireFormat
 
 # What each stage is, in metrics.json's "shard_impl"
 IMPLEMENTATION = {1: "ZeroRedundancyOptimizer", 2: "fully_shard", 3: "fully_shard"}
@@ -78,9 +79,11 @@ class TorchSharded(TorchDistributed):
 
     name = "sharded"
 
-    def __init__(self, x: ExchangeConfig, cfg: TorchConfig, wire: torch.dtype = torch.float32, stage: int = 2) -> None:
-        super().__init__(x, cfg, wire if stage == 1 else torch.float32)  # 2, 3: FSDP2 casts (reduce_dtype)
-        self.stage, self.reduce_dtype = stage, wire
+    def __init__(self, x: ExchangeConfig, cfg: TorchConfig, wire: WireFormat = FLOAT32, stage: int = 2) -> None:
+        super().__init__(x, cfg, wire)
+        if stage != 1:
+            self.dtype = torch.float32  # the engine's own buckets; FSDP2 casts (reduce_dtype)
+        self.stage, self.reduce_dtype = stage, wire.dtype
         self._model: torch.nn.Module | None = None
         self._optimizer: Any = None  # ZeroRedundancyOptimizer (stage 1), the user's class over shards (2, 3)
         self._model_state: dict[str, Any] | None = None  # gathered whole for the main rank's checkpoint
@@ -261,6 +264,6 @@ def _gathered_state_dict(module: torch.nn.Module, state_dict: dict[str, Any], pr
         state_dict[key] = _whole(state_dict[key]).detach()
 
 
-def create(cfg: Config, wire: torch.dtype) -> TorchSharded:
+def create(cfg: Config, wire: WireFormat) -> TorchSharded:
     """The engine of ``--strategy sharded --allreduce-engine torch`` (:func:`..create_sharded`)."""
     return TorchSharded(cfg.exchange, cfg.torch, wire=wire, stage=cfg.exchange.shard_stage)

@@ -12,16 +12,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
-
 from ..horovod import HorovodAllreduce
+from ..wire import WireFormat
 from .exchange import ShardedExchange
 
 if TYPE_CHECKING:
     from ...config import Config
 
 
-def create(cfg: Config, wire: torch.dtype) -> ShardedExchange:
+def create(cfg: Config, wire: WireFormat) -> ShardedExchange:
     """The sharded exchange on Horovod (``--horovod-bucket-bytes`` per gradient bucket)."""
     engine = HorovodAllreduce(cfg.exchange, cfg.horovod, wire=wire)
     return ShardedExchange(

@@ -16,6 +16,7 @@ import torch
 
 from ..mpi import poll
 from ..ring import MPIRingAllreduce, Ring, chunk_bounds
+from ..wire import WireFormat
 from .exchange import ShardedExchange
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ class MPIShardCollectives:
                 flat.copy_(ring.flat)
 
 
-def create(cfg: Config, wire: torch.dtype) -> ShardedExchange:
+def create(cfg: Config, wire: WireFormat) -> ShardedExchange:
     """The sharded exchange on the mpi4py ring (``--mpi-bucket-bytes`` per gradient bucket)."""
     engine = MPIRingAllreduce(cfg.exchange, cfg.mpi, wire=wire)
     return ShardedExchange(
