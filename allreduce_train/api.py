@@ -81,7 +81,7 @@ def fit(
     else:
         label = _reference(type(task))
         if optimizer is not None:
-            task._optimizer = optimizer  # read when the trainer builds the optimizer (usertask.TaskAdapter)
+            task._optimizer = optimizer  # read when the trainer builds the optimizer (Task.checked_optimizer)
     code, result = job.run(job.configure(argv, {"model": label, **settings}), task)
     if code:
         job.exit(code)

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from .optim import LRSchedule
     from .precision import Precision
     from .run_logger import NullLogger
-    from .tasks import Batches
+    from .usertask import Batches
 
 
 @dataclass
@@ -161,8 +161,7 @@ class Checkpointer:
         """After the task's ``start_epoch`` of the run's first epoch: a run resumed mid-epoch (``in_epoch``
         steps into it) gives the task its state of the saved step; later epochs start afresh."""
         if self.task_state is not None and in_epoch:
-            p = self._parts()
-            p.task.load_state_dict(self.task_state, p.device)
+            self._parts().task.load_state_dict(self.task_state)
         self.task_state = None
 
     # ---------------------------------------------------------------- saving

@@ -1,7 +1,8 @@
 """One typed configuration tree for a training run.
 
 Each section is a small dataclass; every field carries its help text in ``metadata`` and the
-command-line flags are generated from the fields (``--batch-size`` for ``data.batch_size``). Each
+command-line flags are generated from the fields (``--batch-size`` for ``data.batch_size``) by the
+launchers' own generator, launch/specflags.py (standard library only). Each
 exchange engine has a section of its own, read by that engine only (``[horovod]``, ``[mpi]``,
 ``[ps]``), whose flags carry the section's name (``--ps-servers`` for ``ps.servers``).
 Values come from, in increasing priority: the defaults (which run on a CPU laptop), an optional
@@ -25,6 +26,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - the project targets 3.11; tomli is its backport
     import tomli as tomllib
 
+from launch.specflags import add_flag, choices, flag, option
+
 from .errors import ConfigError
 
 DEFAULT_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
@@ -34,17 +37,8 @@ SHARD_STAGES = (1, 2, 3)  # --shard-stage: what of the training state --strategy
 
 
 def _f(default: Any, help: str, choices: tuple | None = None) -> Any:
-    meta: dict[str, Any] = {"help": help}
-    if choices:
-        meta["choices"] = choices
-    if isinstance(default, list):  # a repeatable flag (``--model-arg k=v``): a fresh list per config
-        return field(default_factory=lambda: list(default), metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-def flag(name: str) -> str:
-    """The command-line flag of a config field: ``batch_size`` -> ``--batch-size``."""
-    return "--" + name.replace("_", "-")
+    """A config field and its flag (launch/specflags.py generates the flags; a list is a fresh one per config)."""
+    return option(default, help, choices=choices)
 
 
 def key(section: Any, name: str) -> str:
@@ -62,11 +56,11 @@ def _check(cond: bool, name: str, what: str, value: Any) -> None:
 def _check_choices(section: Any) -> None:
     """Every field with ``choices`` in its metadata holds one of them (a TOML file bypasses argparse)."""
     for f in dataclasses.fields(section):
-        choices = f.metadata.get("choices")
+        allowed = choices(f)
         value = getattr(section, f.name)
-        if choices and value not in choices:
+        if allowed and value not in allowed:
             raise ConfigError(
-                f"{flag(key(section, f.name))}: unknown value {value!r}; choose one of: {', '.join(map(str, choices))}"
+                f"{flag(key(section, f.name))}: unknown value {value!r}; choose one of: {', '.join(map(str, allowed))}"
             )
 
 
@@ -727,6 +721,20 @@ def parse_slow_rank(text: str) -> tuple[int, float]:
     return out
 
 
+def parse_trace_steps(text: str) -> tuple[int, int]:
+    """``--trace-steps 10:15`` -> (10, 15): the steps after the first ten, up to and with the fifteenth."""
+    first, _, stop = text.partition(":")
+    try:
+        out = int(first), int(stop)
+    except ValueError:
+        out = (-1, -1)
+    if not 0 <= out[0] < out[1]:
+        raise ConfigError(
+            f"--trace-steps {text!r}: write A:B with whole numbers 0 <= A < B, e.g. 0:5 (the first five steps)"
+        )
+    return out
+
+
 @dataclass
 class RunConfig:
     """Where the run writes and what it writes."""
@@ -762,6 +770,11 @@ class RunConfig:
         "refuse to train unless the ranks run on at least this many distinct hosts, and print "
         "every rank's host at start (set by the Kubernetes and Slurm launchers; 0 = no check)",
     )
+    trace_steps: str = _f(
+        "",
+        "A:B writes a Chrome trace of the steps A to B-1 (0:5 = the first five) per rank to "
+        "<run dir>/trace/rank<R>.json: each phase and each bucket's exchange (docs/training.md)",
+    )
 
     def __post_init__(self) -> None:
         _check(self.checkpoint_every >= 0, "checkpoint_every", "must be >= 0", self.checkpoint_every)
@@ -773,6 +786,8 @@ class RunConfig:
             )
         _check(self.expect_hosts >= 0, "expect_hosts", "must be >= 0", self.expect_hosts)
         _check("/" not in self.name, "name", "must be a plain directory name", self.name)
+        if self.trace_steps:
+            parse_trace_steps(self.trace_steps)
 
 
 @dataclass
@@ -820,23 +835,7 @@ def add_field_argument(group: Any, section: str, cls: type, f: dataclasses.Field
     """One config field's flag on ``group`` (a parser or an argument group), its help and default read from the
     field: the value lands in ``args.<section>.<field>`` (None when not given) for :func:`build_config`. The
     lab's experiments add the recipe's fields with it (lab/common/recipe.py)."""
-    name, typ = key(cls, f.name), get_type_hints(cls)[f.name]
-    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-    kwargs: dict[str, Any] = {
-        "dest": f"{section}.{f.name}",
-        "default": None,
-        "help": f"{f.metadata['help']} (default: {default!r})",
-    }
-    if typ is list:
-        group.add_argument(flag(name), action="append", metavar="KEY=VALUE", **kwargs)
-    elif typ is bool:
-        group.add_argument(flag(name), action=argparse.BooleanOptionalAction, **kwargs)
-    else:
-        metavar = name.upper()
-        if "choices" in f.metadata:  # shown in --help as {a,b}
-            kwargs["choices"] = f.metadata["choices"]
-            metavar = "{" + ",".join(map(str, f.metadata["choices"])) + "}"
-        group.add_argument(flag(name), type=typ, metavar=metavar, **kwargs)
+    add_flag(group, cls, f, section=section, prefix=getattr(cls, "prefix", ""))
 
 
 def _owners() -> dict[str, tuple[str, str]]:

@@ -116,8 +116,8 @@ def run(cfg: Config, task: Any = None) -> tuple[int, dict | None]:
     command line's do: one line from the lowest failing rank, or the whole job aborted."""
     ex = connect(cfg)
 
-    from .run_logger import RunLogger
-    from .trainer import Trainer, config_text
+    from .run_logger import RunLogger, config_text
+    from .trainer import Trainer
     from .watchdog import Watchdog
 
     held = _Held(ex)

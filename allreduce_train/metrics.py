@@ -125,3 +125,8 @@ class TimeToTarget:
                 **({key: self.reached[key] for key in ("step", "epoch", "seconds")} if self.reached else {}),
             }
         return out
+
+
+def words_per_sec(task, samples_per_sec: float) -> dict[str, float]:
+    """A language model's throughput in tokens (each sample is a window of ``bptt`` words)."""
+    return {"perf/words_per_sec": samples_per_sec * task.words_per_sample} if task.words_per_sample else {}

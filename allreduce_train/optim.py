@@ -40,11 +40,10 @@ def param_groups(model: torch.nn.Module, cfg: OptimConfig) -> list[dict[str, Any
 
 
 def build_optimizer(cfg: OptimConfig, model: torch.nn.Module, task: Any = None) -> torch.optim.Optimizer:
-    """The run's optimizer: the task's own (``Task.optimizer(model)`` returning one), else ``--optimizer``.
+    """The run's optimizer: the task's own (:meth:`.usertask.Task.checked_optimizer`), else ``--optimizer``.
     Each group's ``initial_lr`` is set (torch's LR schedulers use the same key): :class:`LRSchedule`
     scales it every step."""
-    own = getattr(task, "optimizer", None)
-    optimizer = own(model) if callable(own) else None
+    optimizer = task.checked_optimizer(model, cfg) if task is not None else None
     if optimizer is None:
         optimizer = _from_flags(cfg, model)
     for group in optimizer.param_groups:

@@ -7,6 +7,7 @@ Only the process with global rank 0 gets a real :class:`RunLogger`; every other 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -97,3 +98,13 @@ class RunLogger(NullLogger):
             self.bar.close()
         if self.writer:
             self.writer.close()
+
+
+def config_text(cfg: Any) -> str:
+    """The run's configuration as TensorBoard text (a Markdown code block of its JSON)."""
+    return "```\n" + json.dumps(cfg.to_dict(), indent=2) + "\n```"
+
+
+def flat_hparams(cfg: Any) -> dict[str, Any]:
+    """The configuration as TensorBoard HParams: ``section.field`` -> value."""
+    return {f"{sec}.{k}": v for sec, d in dataclasses.asdict(cfg).items() for k, v in d.items()}

@@ -9,8 +9,6 @@ the shard order set per epoch. Figures are reduced over workers before they are 
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 import socket
 import time
@@ -20,7 +18,7 @@ from typing import Any
 
 import torch
 
-from . import preempt, watchdog
+from . import preempt, trace, watchdog
 from .checkpointer import Checkpointer, Parts
 from .config import Config, parse_slow_rank
 from .devices import local_cores, pick_device
@@ -29,12 +27,13 @@ from .distributed.base import GradientExchange
 from .distributed.batchnorm import average_buffers, sync_batchnorm
 from .errors import ConfigError, Diverged, Preempted
 from .memory import MemoryLog, peak_rss_mib
-from .metrics import Throughput, TimeToTarget
+from .metrics import Throughput, TimeToTarget, words_per_sec
 from .optim import LRSchedule, build_optimizer
 from .precision import Precision
-from .run_logger import NullLogger
+from .run_logger import NullLogger, flat_hparams
 from .stragglers import StragglerRule, window_median_ms
-from .tasks import Batches, make_task
+from .tasks import make_task
+from .usertask import Batches
 
 
 @dataclass
@@ -58,6 +57,7 @@ class Trainer:
         """``task``: a user's :class:`~.usertask.Task` object (:func:`allreduce_train.fit`); else the
         configuration names the task (a registered model, or the user's code by reference)."""
         self.cfg, self.ex, self.run_dir = cfg, exchange, run_dir
+        self.trace = exchange.tracer = trace.make(cfg.run.trace_steps, exchange.rank, run_dir)  # --trace-steps
         self.own_task = task
         self.task: Any = None  # made in build(): a user's code fails there, as a set-up error of every rank
         slow = parse_slow_rank(cfg.train.debug_slow_rank) if cfg.train.debug_slow_rank else (-1, 1.0)
@@ -95,14 +95,12 @@ class Trainer:
 
         # classification, language model or the user's own: data, loss, evaluation
         self.task = make_task(cfg, self.own_task)
-        batches, eval_set = self.task.data(ex.worker_index, ex.num_workers)
+        batches, eval_set = self.task.shards(cfg, ex.worker_index, ex.num_workers)
         total = cfg.train.steps or cfg.train.epochs * batches.steps_per_epoch
 
-        model = self.task.build_model().to(device)
-        check = getattr(self.task, "check", None)
-        if check is not None:  # your own model and loss: one batch through both before any rank trains
-            x, y = batches.sample_batch()
-            check(model, x.to(device), y.to(device))
+        model = self.task.checked_model().to(device)
+        x, y = batches.sample_batch()  # one batch through the model and the loss before any rank trains
+        self.task.check(model, x.to(device), y.to(device))
         if cfg.exchange.sync_batchnorm:  # before the optimizer takes the parameters and prepare() broadcasts them
             model, swapped = sync_batchnorm(model, cfg.exchange.engine, ex, device)
             if not swapped and ex.is_main:
@@ -141,10 +139,9 @@ class Trainer:
         precision = self.precision
         for j in range(k):
             part = slice(j * rows, (j + 1) * rows)
+            self.trace.mark("forward")
             with precision.forward_context():  # --precision: autocast (bf16-mixed, 16-mixed) or nothing
-                loss = self.task.loss(
-                    model, inputs[part] if k > 1 else inputs, targets[part] if k > 1 else targets, part
-                )
+                loss = self.task.loss(model, inputs[part] if k > 1 else inputs, targets[part] if k > 1 else targets)
             if k > 1:
                 loss = loss / k  # the mean over the micro-batches (dividing by 1 would only add an op)
             loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
@@ -157,16 +154,20 @@ class Trainer:
                 self.ex.start_vote(
                     torch.tensor([float(bool(preempt.requested())), loss_sum.item()], dtype=torch.float64)
                 )
+            self.trace.mark("backward")
             precision.backward(loss)  # the allreduce of each gradient starts from its hook, overlapping backward
         if self.slow_factor > 1:  # --debug-slow-rank: a straggler on purpose (tests)
             time.sleep((self.slow_factor - 1) * (time.perf_counter() - began))
         if after_backward is not None:
+            self.trace.mark("data")
             after_backward()
         t0 = time.perf_counter()  # the wait starts: whatever follows is exchange, not this rank's compute
+        self.trace.mark("wait")
         watchdog.note(step, watchdog.EXCHANGING)
         self.schedule.synchronize()  # the engine's gradient sums (and a wire format's own: PowerSGD's)
         stops, losses = self.ex.end_vote().tolist()
         wait = time.perf_counter() - t0
+        self.trace.mark("update")
         if not math.isfinite(losses):
             raise Diverged(step, "the training loss (mean over workers)", losses / self.ex.num_workers)
         if precision.scaler is not None:  # 16-mixed: unscaled before clipping; inf/NaN skips the step everywhere
@@ -185,12 +186,13 @@ class Trainer:
     def evaluate(self, model, eval_set, device) -> dict[str, float]:
         """Figures over the whole evaluation set: each worker scores its share, the sums are reduced
         (loss and accuracy; for a language model, token-weighted loss and perplexity)."""
+        self.trace.mark("evaluation")
         self.agree_buffers(model)
         model.eval()
         with self.precision.forward_context():
-            totals = self.task.eval_sums(model, eval_set, device, self.cfg.data.eval_batch_size)
+            totals = self.task.evaluate(model, eval_set, device, self.cfg.data.eval_batch_size)
         model.train()
-        return self.task.eval_metrics(self.ex.sum_over_workers(totals))  # communication: global sums
+        return self.task.figures(self.ex.sum_over_workers(totals))  # communication: global sums
 
     def agree_buffers(self, model) -> None:
         """The parameters whole (--shard-stage 3 gathers them) and BatchNorm's running statistics averaged over the
@@ -255,6 +257,7 @@ class Trainer:
 
             while ahead[0] is not None:
                 inputs, targets = ahead[0]
+                self.trace.step(step)  # --trace-steps: phases from here (data first) to the next step
                 started = time.perf_counter()
                 lr = self.lr_schedule.set(optimizer, step)  # every group's LR for this update
                 watchdog.note(step + 1, watchdog.COMPUTING)
@@ -264,6 +267,7 @@ class Trainer:
                 loss, wait, stop = self.train_step(
                     model, optimizer, inputs, targets, k, step + 1, after_backward=gather_next
                 )
+                self.trace.mark("")  # the update ends; log steps are the step's, no phase's
                 if device.type == "cuda":
                     torch.cuda.synchronize()  # honest step times
                 step += 1
@@ -310,12 +314,14 @@ class Trainer:
                         stop_at = step  # every rank evaluated the same global figures: all stop here
                 latest = self.checkpoints.due(step, last=step == stop_at or stop)
                 if latest or improved:
+                    self.trace.mark("checkpoint")
                     self.checkpoints.save(step, latest, improved)
                 if stop:  # every worker saw the same vote: all stop after this step
                     raise Preempted(step, preempt.requested() or "a signal to another rank")
                 if step >= stop_at:
                     break
 
+        self.trace.close()  # writes the trace, if the run ended before --trace-steps' last step
         self.agree_buffers(model)  # the model every rank dumps and returns
         if not last_eval:
             last_eval = self.evaluate(model, s.eval_set, device)
@@ -389,16 +395,3 @@ class Trainer:
             + f", {result['samples_per_sec']:.0f} samples/s{words} "
             f"({result['workers']} workers), step {result['step_ms']:.2f} ms -> {result['run_dir']}"
         )
-
-
-def words_per_sec(task, samples_per_sec: float) -> dict[str, float]:
-    """A language model's throughput in tokens (each sample is a window of ``bptt`` words)."""
-    return {"perf/words_per_sec": samples_per_sec * task.words_per_sample} if task.words_per_sample else {}
-
-
-def config_text(cfg: Config) -> str:
-    return "```\n" + json.dumps(cfg.to_dict(), indent=2) + "\n```"
-
-
-def flat_hparams(cfg: Config) -> dict[str, Any]:
-    return {f"{sec}.{k}": v for sec, d in dataclasses.asdict(cfg).items() for k, v in d.items()}

@@ -1,10 +1,16 @@
-"""Command-line flags generated from a launcher's spec dataclass, as allreduce_train/config.py does.
+"""Command-line flags generated from dataclass fields: the one generator of the launchers' specs
+(``LaunchSpec``, Slurm's, Kubernetes') and of the trainer's configuration (allreduce_train/config.py).
 
 Each field that is a flag is declared with :func:`option`: its default (the one place it lives: the
 spec's and the flag's), its help text (``%(default)s`` prints that default) and what argparse needs
 beyond the field's type. :func:`add_flags` adds one flag per such field, in field order;
 :func:`spec_from_args` builds the spec back from the parsed arguments. A field without ``option``
 (e.g. the interpreter a Slurm job runs) has no flag and keeps its default.
+
+The trainer's configuration fields are :func:`option` fields too; :func:`add_flag` adds each one's flag: its
+value lands in ``args.<section>.<field>``, None when not given, because the trainer merges the command line
+over a TOML file's values and the defaults itself; a bool is ``--x/--no-x`` (either can override the
+file) and the help ends with the default.
 
     nodes: int = option(2, "nodes (default: %(default)s)")                      # --nodes, type int
     np: int = option(1, "ranks", flag=("-np", "--np"))                            # two names
@@ -57,6 +63,21 @@ def option(
     return dataclasses.field(default=default, metadata=meta)
 
 
+def flag(name: str) -> str:
+    """A field's flag when not named otherwise: ``batch_size`` -> ``--batch-size``."""
+    return "--" + name.replace("_", "-")
+
+
+def help_text(f: dataclasses.Field) -> str:
+    """An :func:`option` field's help text."""
+    return f.metadata[FLAG]["help"]
+
+
+def choices(f: dataclasses.Field) -> tuple | None:
+    """An :func:`option` field's choices (None: any value of its type)."""
+    return f.metadata[FLAG]["kwargs"].get("choices")
+
+
 def trailing(words: list[str]) -> list[str]:
     """The words after the ``--`` that ends a launcher's own flags (argparse keeps it in a remainder)."""
     return words[1:] if words[:1] == ["--"] else list(words)
@@ -79,11 +100,11 @@ def flag_fields(cls: type) -> list[dataclasses.Field]:
 def flag_names(f: dataclasses.Field) -> tuple[str, ...]:
     """The flag's names on the command line (a positional's: its one name, without dashes)."""
     names = f.metadata[FLAG]["flag"]
-    return names if names[0] else ("--" + f.name.replace("_", "-"),)
+    return names if names[0] else (flag(f.name),)
 
 
 def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
-    """One flag per :func:`option` field of ``cls``, its default the field's, in field order."""
+    """One flag per :func:`option` field of a launcher's spec ``cls``, its default the field's, in field order."""
     hints = get_type_hints(cls)
     groups: dict[str, Any] = {}
     for f in flag_fields(cls):
@@ -115,6 +136,32 @@ def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
             kwargs.setdefault("type", typ)
         kwargs.setdefault("default", default)  # a flag whose default is worked out elsewhere passes its own
         where.add_argument(*names, dest=f.name, **kwargs)  # --no-resume sets resume
+
+
+def add_flag(
+    where: Any, cls: type, f: dataclasses.Field, *, section: str, prefix: str = "", hints: dict | None = None
+) -> None:
+    """A configuration field's flag on ``where`` (a parser or an argument group): ``--`` + the field's
+    name, after ``prefix`` (an engine's section: ``--ps-servers``); its value in ``args.<section>.<field>``,
+    None when not given; the help ends with the field's default. A ``list`` field is a repeatable
+    ``KEY=VALUE``, a bool ``--x/--no-x``, anything else its type (shown as its choices, or its name)."""
+    typ = (hints or get_type_hints(cls))[f.name]
+    name = f"{prefix}_{f.name}" if prefix else f.name
+    kwargs: dict[str, Any] = {
+        "dest": f"{section}.{f.name}",
+        "default": None,
+        "help": f"{help_text(f)} (default: {_default(f)!r})",
+    }
+    if typ is list:
+        where.add_argument(flag(name), action="append", metavar="KEY=VALUE", **kwargs)
+    elif typ is bool:
+        where.add_argument(flag(name), action=argparse.BooleanOptionalAction, **kwargs)
+    else:
+        metavar = name.upper()
+        if choices(f):  # shown in --help as {a,b}
+            kwargs["choices"] = choices(f)
+            metavar = "{" + ",".join(map(str, kwargs["choices"])) + "}"
+        where.add_argument(flag(name), type=typ, metavar=metavar, **kwargs)
 
 
 def spec_kwargs(cls: type, args: argparse.Namespace) -> dict[str, Any]:

@@ -26,6 +26,7 @@ import shutil
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -107,6 +108,10 @@ class LMBatches:
         self.rows = rows[rank * batch_size : (rank + 1) * batch_size]  # (B, L): contiguous tokens of the stream
         self.steps_per_epoch = max(0, length - 1) // bptt  # targets are inputs shifted by one
 
+    def sample_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first batch (the trainer's check of the model and the loss)."""
+        return next(self.batches(0))
+
     def batches(self, epoch: int, start_step: int = 0):
         """Yield (inputs, targets), each (B, bptt), for steps ``start_step ..`` of an epoch."""
         for step in range(start_step, self.steps_per_epoch):
@@ -123,6 +128,16 @@ class EvalStream:
 
     def __len__(self) -> int:
         return len(self.targets)
+
+    def batches(self, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The part as ``batch_size`` parallel streams (rows of equal length) and the tail that does not
+        fill a row as one more stream: (inputs, targets) blocks of shape (rows, length), every token once."""
+        n = len(self)
+        rows = max(1, min(batch_size, n))
+        length = n // rows
+        yield self.inputs[: rows * length].view(rows, length), self.targets[: rows * length].view(rows, length)
+        if rows * length < n:
+            yield self.inputs[rows * length :].view(1, -1), self.targets[rows * length :].view(1, -1)
 
 
 def eval_part(stream: torch.Tensor, rank: int, num_shards: int) -> EvalStream:

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ..trace import NULL, NullTracer
 from .buffers import flatten, held_bytes, views
 
 
@@ -30,6 +31,8 @@ class GradientExchange(ABC):
     # Whether the workers train one model (gradients or parameters averaged): False for --strategy none,
     # where every rank trains its own and nothing of it is averaged, BatchNorm's statistics included.
     one_model: bool = True
+    # --trace-steps (the trainer sets it): an engine reports each bucket's start and finish to it, once per place
+    tracer: NullTracer = NULL
 
     @property
     def is_main(self) -> bool:

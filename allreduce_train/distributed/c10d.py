@@ -185,6 +185,7 @@ class TorchDistributed(GradientExchange):
         pack([self.params[p].grad for p in members], bucket["flat"], [self.params[p].numel() for p in members])
         # communication: the bucket, summed over the workers (NCCL for CUDA tensors, Gloo on CPU)
         bucket["work"] = self.dist.all_reduce(bucket["flat"], async_op=True)
+        self.tracer.bucket_start(self._next)  # the callers start bucket self._next
 
     def synchronize(self) -> None:
         if not self._buckets:  # one worker: nothing to exchange
@@ -197,7 +198,8 @@ class TorchDistributed(GradientExchange):
             self._next += 1
         self._wait([b["work"] for b in self._buckets], "the allreduce of the gradients")
         with torch.no_grad():
-            for bucket in self._buckets:
+            for b, bucket in enumerate(self._buckets):
+                self.tracer.bucket_done(b)  # seen done once every bucket is (one wait for all)
                 avg = bucket["flat"].float() if self.dtype != torch.float32 else bucket["flat"]
                 avg.div_(self.size)
                 for p in bucket["members"]:

@@ -262,6 +262,7 @@ class HorovodAllreduce(GradientExchange):
         self._optimizer = None
         self._local_params: list[torch.Tensor] | None = None  # every_step=False: the gradients synchronize() sums
         self._exchanging = True
+        self._bucket_of: dict[Any, int] = {}  # --trace-steps: each parameter's index, its bucket in the trace
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -322,7 +323,23 @@ class HorovodAllreduce(GradientExchange):
         # may have touched the other ranks' parameters.
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         self._optimizer = wrapped
+        if self.tracer.active:
+            self._trace_buckets(wrapped)
         return wrapped
+
+    def _trace_buckets(self, wrapped) -> None:
+        """--trace-steps: each parameter's allreduce_async_ (Horovod's hook starts it) is a bucket of the trace,
+        from that call to the moment :meth:`synchronize` sees its handle done (Horovod's timeline has a row
+        per tensor too). Only here is Horovod's method wrapped, on this run's optimizer."""
+        params = [p for group in wrapped.param_groups for p in group["params"]]
+        self._bucket_of = {p: i for i, p in enumerate(params)}
+        send = wrapped._allreduce_grad_async
+
+        def traced(p):
+            self.tracer.bucket_start(self._bucket_of[p])
+            return send(p)
+
+        wrapped._allreduce_grad_async = traced
 
     def shard_collectives(self) -> HorovodShardCollectives:
         """Reduce-scatter and allgather of buckets through this engine's Horovod, for ``--strategy sharded``."""
@@ -345,12 +362,16 @@ class HorovodAllreduce(GradientExchange):
         # (_handles: {param: (handle, ctx)} in Horovod 0.28; None/callable handles are not in flight.)
         if self._sleep_wait:
             with watchdog.waiting():
-                for handle, _ in list(getattr(self._optimizer, "_handles", {}).values()):
+                for p, (handle, _) in list(getattr(self._optimizer, "_handles", {}).items()):
                     if handle is None or callable(handle):
                         continue
                     while not self.hvd.poll(handle):
                         time.sleep(POLL_S)
+                    self.tracer.bucket_done(self._bucket_of.get(p, -1))
         self._optimizer.synchronize()  # communication: wait for the in-flight allreduces
+        if self.tracer.on:  # ALLREDUCE_TRAIN_WAIT=horovod: each seen done only now
+            for i in self._bucket_of.values():
+                self.tracer.bucket_done(i)
 
     def _average_local_grads(self) -> None:
         """An exchanging step without the DistributedOptimizer: every gradient averaged, as it would."""
@@ -363,7 +384,9 @@ class HorovodAllreduce(GradientExchange):
         wire = [self._compression.compress(g) for g in grads]
         # communication: the step's gradients, one grouped (fused) allreduce
         handle = self.hvd.grouped_allreduce_async([t for t, _ in wire], op=self.hvd.Average, name="grads")
+        self.tracer.bucket_start(0)  # the whole group: the trace's one bucket
         for g, out, (_, ctx) in zip(grads, self._wait(handle), wire, strict=True):
+            self.tracer.bucket_done(0)
             g.copy_(self._compression.decompress(out, ctx))
 
     def sum_tensors(self, tensors: list[torch.Tensor], name: str = "") -> list[torch.Tensor]:

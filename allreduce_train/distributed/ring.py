@@ -276,6 +276,7 @@ class MPIRingAllreduce(GradientExchange):
         members = [self.params[p] for p in bucket.members]
         pack([p.grad for p in members], bucket.flat, [p.numel() for p in members])
         bucket.started = True
+        self.tracer.bucket_start(bucket.index)
         if self.algorithm == "iallreduce":
             # communication: the whole bucket, summed by MPI's own algorithm
             bucket.request = self.comm.Iallreduce(self.MPI.IN_PLACE, bucket.arr, op=self.MPI.SUM)
@@ -292,9 +293,10 @@ class MPIRingAllreduce(GradientExchange):
         return moved
 
     def _bucket_done(self, bucket: _Bucket) -> bool:
-        if bucket.request is not None:
-            return bucket.request.Test()
-        return bucket.ring is not None and bucket.ring.done()
+        done = bucket.request.Test() if bucket.request is not None else bucket.ring is not None and bucket.ring.done()
+        if done:
+            self.tracer.bucket_done(bucket.index)  # polled until all are: the tracer keeps the first time only
+        return done
 
     def synchronize(self) -> None:
         if not self._buckets:  # one worker: nothing to exchange

@@ -93,10 +93,7 @@ def run_rank(args: argparse.Namespace) -> int:
         task, x, y = usermodel.first_batch(w, args.batch_size, rank, size, args.seed, args.synthetic_samples)
         torch.manual_seed(args.seed)  # as the trainer: seed, then build
         model = task.build_model()
-        rows = slice(0, args.batch_size)
-
-        def loss(m, x, y):
-            return task.loss(m, x, y, rows)
+        loss = task.loss
     else:  # the trainer's seed: identical initial parameters
         model, x, y = workload(
             args.model, args.batch_size, args.synthetic_samples, args.seed, rank, size, torch.device("cpu")

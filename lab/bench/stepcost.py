@@ -3,18 +3,18 @@
     python -m launch -np 2 --module lab.bench.stepcost -- --impl trainer --model lenet5 --out runs/stepcost
     python -m launch -np 2 --module lab.bench.stepcost -- --impl horovod --model lenet5 --out runs/stepcost
 
-Every rank runs the real thing -- the trainer's ``train`` command with the flags ``bench`` gives it,
-or the bare Horovod loop of :mod:`lab.common.baselines` -- with a timer wrapped around each part a step calls (the
-batch, the forward pass and loss, backward, the exchange's wait, the vote, the optimizer step,
-the watchdog's notes, the step meter, the progress bar, the log steps' figures and TensorBoard).
-After the warm-up every call is timed; what no wrapper covers is the loop's own residue. Each
-rank writes ``<out>/stepcost-<impl>-<model>-rank<R>.json``: per part the microseconds per step,
-the calls per step, and the wrapper's own cost per call (measured on a no-op), which the figures
-already exclude. ``python -m lab.bench.stepcost --table <out>`` prints them side by side.
+Every rank runs the real thing -- the trainer's ``train`` command with the flags ``bench`` gives it (any
+engine: add its flags after ``--``, e.g. ``-- --allreduce-engine torch``), or the bare Horovod loop of
+:mod:`lab.common.baselines` -- and traces the timed steps after the warm-up: the trainer with its own
+``--trace-steps`` (each phase it marks: the batch, the forward pass and loss, backward, the exchange's wait,
+the update, evaluation, checkpoint), the bare loop with the same tracer around the same phases. What no
+phase covers is the step's residue. Each rank writes ``<out>/stepcost-<impl>-<model>-rank<R>.json``: per
+phase the microseconds per step and the spans per step, and the tracer's own cost per mark, which the
+residue already excludes. ``python -m lab.bench.stepcost --table <out>`` prints them side by side; the trace
+itself lies beside them (``<out>/jobs/stepcost-<model>/trace/``, or ``<out>/trace-horovod-<model>-rank<R>.json``).
 
 Each part has two figures: wall clock (including any wait for the peer inside it) and this thread's
-CPU time, which load from other processes changes far less. A wrapper costs about a microsecond per
-call; a part called once per step is measured to that precision (:mod:`lab.common.stepparts`).
+CPU time, which load from other processes changes far less (:mod:`lab.common.stepparts`).
 ``--no-vote`` (trainer only, a measurement, not a mode) keeps the per-step stop/loss vote on each
 rank instead of summing it over the ranks: paired with a run without it, the vote's whole cost,
 the background thread's included.
@@ -28,45 +28,52 @@ import os
 import sys
 
 from ..common.baselines import launcher_rank
-from ..common.stepparts import Meter, instrument_trainer, load, patch, result, table, thread_cpu, wall_clock
+from ..common.stepparts import load, read, table, trace_flags
 
 
 def trainer_argv(args: argparse.Namespace, out: str) -> list[str]:
-    """The ``train`` flags that ``bench`` runs the trainer with (:func:`.main.job_args`)."""
+    """The ``train`` flags that ``bench`` runs the trainer with (:func:`.main.job_args`), traced."""
     from .main import BenchSpec, job_args
 
     spec = BenchSpec(
         models=[args.model], steps=args.steps, warmup=args.warmup, batch_size=args.batch_size, threads=args.threads
     )
-    _, argv = job_args("trainer", args.model, spec, "", os.path.join(out, "jobs"), f"stepcost-{args.model}")
-    return ["train", *argv, *args.trainer_args]
+    _, argv = job_args("trainer", args.model, spec, "", run_dir(out), f"stepcost-{args.model}")
+    warmup, steps = spec.warmup_for(args.model), spec.steps_for(args.model)
+    # one step more than bench runs: its evaluation and checkpoint at the end fall outside the traced steps
+    longer = ["--steps", str(warmup + steps + 1)]
+    return ["train", *argv, *longer, *trace_flags(warmup, steps), *args.trainer_args]
 
 
-def run_trainer(args: argparse.Namespace, meter: Meter) -> int:
+def run_dir(out: str) -> str:
+    return os.path.join(out, "jobs")
+
+
+def run_trainer(args: argparse.Namespace) -> tuple[int, str]:
+    """The trainer's run, and the trace file this rank wrote."""
     from allreduce_train.cli import main as train_main
     from allreduce_train.distributed.base import GradientExchange
 
-    from .main import BenchSpec
-
-    spec = BenchSpec(steps=args.steps, warmup=args.warmup)
     if args.no_vote:  # the ablation: every engine's vote becomes the base class's, then kept on this rank
-        from allreduce_train.distributed import horovod, local, ring
+        from allreduce_train.distributed import c10d, horovod, local, ring
         from allreduce_train.distributed.ps import exchange
 
-        for cls in (horovod.HorovodAllreduce, ring.MPIRingAllreduce, exchange.ParameterServer, local.NoExchange):
+        engines = (horovod.HorovodAllreduce, ring.MPIRingAllreduce, c10d.TorchDistributed, exchange.ParameterServer)
+        for cls in (*engines, local.NoExchange):
             # the ablation replaces the engines' vote methods on purpose (in this process only)
             cls.start_vote = GradientExchange.start_vote  # type: ignore[method-assign]
             cls.end_vote = lambda self: self._vote  # type: ignore[method-assign]
-    instrument_trainer(meter, spec.warmup_for(args.model), spec.steps_for(args.model))
     rc = train_main(trainer_argv(args, args.out))
-    return rc
+    rank, _ = launcher_rank()
+    return rc, os.path.join(run_dir(args.out), f"stepcost-{args.model}", "trace", f"rank{rank}.json")
 
 
-def run_horovod(args: argparse.Namespace, meter: Meter) -> int:
-    """The bare Horovod loop of :mod:`lab.common.baselines`, written out here to put the same wrappers around
-    its parts (its optimizer's methods are patched, which the shared loop keeps to itself)."""
+def run_horovod(args: argparse.Namespace) -> tuple[int, str]:
+    """The bare Horovod loop of :mod:`lab.common.baselines`, written out here to trace the same phases as the
+    trainer's (the exchange's wait apart from the optimizer's step: Horovod's synchronize, then step without it)."""
     import torch
 
+    from allreduce_train.trace import Tracer
     from models import MODELS
 
     from ..common.workloads import first_batch, loss_of
@@ -85,26 +92,24 @@ def run_horovod(args: argparse.Namespace, meter: Meter) -> int:
     opt = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size(), momentum=0.9)
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())  # communication: hooks
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # communication
-    patch(meter, torch.Tensor, "backward", "backward")
-    patch(meter, opt, "zero_grad", "zero_grad")
-    patch(meter, opt, "synchronize", "exchange wait (synchronize)")
-    loss_fn = meter.wrap("forward+loss", loss_of)
-    step_fn = meter.wrap("optimizer step (apply)", opt.step)
-
-    def one_step():
+    warmup, n = spec.warmup_for(args.model), spec.steps_for(args.model)
+    path = os.path.join(args.out, f"trace-horovod-{args.model}-rank{rank}.json")
+    tracer = Tracer(rank, warmup, warmup + n, path)
+    for step in range(warmup + n):
+        tracer.step(step)  # the data phase: zero_grad (the batch is the same every step)
         opt.zero_grad()
-        loss_fn(model, x, y).backward()
-        step_fn()
-
-    for _ in range(spec.warmup_for(args.model)):
-        one_step()
-    n = spec.steps_for(args.model)
-    meter.on, meter.started, meter.cpu_started = True, wall_clock(), thread_cpu()
-    for _ in range(n):
-        one_step()
-    meter.stopped, meter.cpu_stopped, meter.on, meter.steps = wall_clock(), thread_cpu(), False, n
+        tracer.mark("forward")
+        loss = loss_of(model, x, y)
+        tracer.mark("backward")
+        loss.backward()  # communication: each gradient's allreduce starts from its hook
+        tracer.mark("wait")
+        opt.synchronize()  # communication: wait for them
+        tracer.mark("update")
+        with opt.skip_synchronize():
+            opt.step()
+    tracer.close()
     hvd.shutdown()
-    return 0
+    return 0, path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,14 +138,13 @@ def main(argv: list[str] | None = None) -> int:
         print(table(found))
         return 0
     os.makedirs(args.out, exist_ok=True)
-    meter = Meter()
-    rc = (run_trainer if args.impl == "trainer" else run_horovod)(args, meter)
+    rc, traced = (run_trainer if args.impl == "trainer" else run_horovod)(args)
     rank, size = launcher_rank()
-    if getattr(meter, "steps", 0):
+    if rc == 0:
         impl = args.impl + (f"-{args.tag}" if args.tag else "")
         path = os.path.join(args.out, f"stepcost-{impl}-{args.model}-rank{rank}.json")
         with open(path, "w") as fh:
-            json.dump(result(meter, impl, args.model, rank, size), fh, indent=1)
+            json.dump(read(traced, impl, args.model, rank, size), fh, indent=1)
     return rc
 
 

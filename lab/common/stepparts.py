@@ -1,181 +1,64 @@
-"""A step's parts, timed: wrappers around what a training step calls, for the per-step accounting of
-``python -m lab.bench.stepcost`` (the trainer against the bare Horovod loop, on CPU) and of
-``gpucheck --parts`` (the trainer on a GPU).
+"""A step's parts, from the trainer's own trace: the per-step accounting of ``python -m lab.bench.stepcost`` (the
+trainer against the bare Horovod loop, on CPU) and of ``gpucheck --parts`` (the trainer on a GPU).
 
-:func:`instrument_trainer` wraps the trainer's parts (the batch, the forward pass and loss, backward,
-the exchange's wait, the vote, the optimizer step, the watchdog's notes, the step meter, the progress
-bar, the log steps' figures and TensorBoard) in a :class:`Meter`, which counts each part's own wall
-and CPU time (this thread's), without the timed parts it calls, over the steps the trainer's own
-throughput figure covers. What no wrapper covers is the loop's residue. A wrapper costs about a
-microsecond per call (measured on a no-op and taken off the residue).
+The trainer marks its phases (allreduce_train/trace.py: data, forward, backward, the exchange's wait, the
+update, evaluation, checkpoint); ``--trace-steps`` (:func:`trace_flags`) records the steps the trainer's own
+throughput figure covers, and :func:`result` turns a rank's trace into each phase's wall and CPU time (this
+thread's: ``tdur``) per step. What no phase covers (the vote's tensor, the step meter, the log steps'
+figures and TensorBoard) is the step's residue. Nothing of the trainer is wrapped or replaced: every engine
+is timed alike, the torch engine included. A mark costs about a microsecond while tracing (:func:`mark_us`,
+measured on the tracer itself and taken off the residue).
 """
 
 from __future__ import annotations
 
-import functools
 import glob
 import json
 import os
 import statistics
 import time
-from collections.abc import Callable
 from typing import Any
 
-wall_clock = time.perf_counter
-thread_cpu = time.thread_time  # this thread's CPU time: what a part costs, whatever else the machine runs
+from allreduce_train.trace import Tracer
 
 
-class Meter:
-    """Accumulated wall time and calls per named part, counted only while ``on``."""
-
-    def __init__(self) -> None:
-        self.total: dict[str, float] = {}
-        self.cpu: dict[str, float] = {}
-        self.calls: dict[str, int] = {}
-        self.on = False
-        self.inner: list[list[float]] = []  # per open timed call: [wall, CPU] of the timed calls inside it
-        # the measured steps: set by whoever runs them, around them
-        self.started = self.stopped = self.cpu_started = self.cpu_stopped = 0.0
-        self.steps = 0
-
-    def wrap(self, name: str, fn: Callable) -> Callable:
-        @functools.wraps(fn)
-        def timed(*args, **kwargs):
-            if not self.on:
-                return fn(*args, **kwargs)
-            t0, c0 = wall_clock(), thread_cpu()
-            self.inner.append([0.0, 0.0])
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                took, used = wall_clock() - t0, thread_cpu() - c0
-                inner_wall, inner_cpu = self.inner.pop()
-                # a part's own time: without the parts it called (backward inside train_step)
-                self.total[name] = self.total.get(name, 0.0) + took - inner_wall
-                self.cpu[name] = self.cpu.get(name, 0.0) + used - inner_cpu
-                self.calls[name] = self.calls.get(name, 0) + 1
-                if self.inner:
-                    self.inner[-1][0] += took
-                    self.inner[-1][1] += used
-
-        return timed
-
-    def wrap_iter(self, name: str, it):
-        """The time each ``next()`` of an iterator takes (the batches)."""
-        while True:
-            t0, c0 = wall_clock(), thread_cpu()
-            try:
-                item = next(it)
-            except StopIteration:
-                return
-            if self.on:
-                took, used = wall_clock() - t0, thread_cpu() - c0
-                self.total[name] = self.total.get(name, 0.0) + took
-                self.cpu[name] = self.cpu.get(name, 0.0) + used
-                self.calls[name] = self.calls.get(name, 0) + 1
-                if self.inner:  # fetched inside a timed part (the trainer fetches the next batch in its step)
-                    self.inner[-1][0] += took
-                    self.inner[-1][1] += used
-            yield item
-
-    def overhead_us(self, n: int = 20000) -> float:
-        """A wrapper's own cost per call (a no-op timed ``n`` times), so it can be taken off."""
-        probe = Meter()
-        probe.on = True
-        noop = probe.wrap("noop", lambda: None)
-        t0 = wall_clock()
-        for _ in range(n):
-            noop()
-        wrapped = wall_clock() - t0
-        bare = lambda: None  # noqa: E731
-        t0 = wall_clock()
-        for _ in range(n):
-            bare()
-        return 1e6 * max(0.0, wrapped - (wall_clock() - t0)) / n
+def trace_flags(warmup: int, steps: int) -> list[str]:
+    """The ``train`` flags that trace the timed steps: after ``warmup`` steps, ``steps`` of them."""
+    return ["--trace-steps", f"{warmup}:{warmup + steps}"]
 
 
-def patch(meter: Meter, owner: Any, attr: str, name: str) -> None:
-    setattr(owner, attr, meter.wrap(name, getattr(owner, attr)))
+def mark_us(n: int = 2000) -> tuple[float, float]:
+    """What one mark of a recording :class:`Tracer` costs, wall and this thread's CPU (``n`` marks timed), so
+    that it can be taken off (wall time under load is mostly the time the process waited for a core)."""
+    probe = Tracer(0, 0, 1)
+    probe.step(0)
+    t0, c0 = time.perf_counter(), time.thread_time()
+    for _ in range(n):
+        probe.mark("forward")
+    return 1e6 * (time.perf_counter() - t0) / n, 1e6 * (time.thread_time() - c0) / n
 
 
-def instrument_trainer(meter: Meter, warmup: int, steps: int) -> None:
-    """Wrap the trainer's parts (module and class attributes, before the run builds anything).
-    Timing covers what the bench's wall clock covers: from the end of step ``warmup`` to the end of
-    step ``warmup + steps`` (the step meter's record of each)."""
-    import torch
-
-    from allreduce_train import optim, preempt, run_logger, trainer, watchdog
-
-    patch(meter, torch.Tensor, "backward", "backward")
-    patch(meter, watchdog, "note", "watchdog notes")
-    patch(meter, preempt, "requested", "preempt check")
-    patch(meter, optim.LRSchedule, "set", "lr schedule")
-    for cls in (run_logger.NullLogger, run_logger.RunLogger):
-        patch(meter, cls, "progress", "progress bar")
-        patch(meter, cls, "scalars", "log step: figures+TensorBoard")
-    patch(meter, trainer.Trainer, "log_figures", "log step: metric allreduce")
-    patch(meter, trainer.Trainer, "train_step", "train_step")
-
-    record = meter.wrap("step meter (Throughput.record)", trainer.Throughput.record)
-    seen = {"n": 0}
-
-    def counted(self, started, wait):
-        record(self, started, wait)
-        seen["n"] += 1
-        if seen["n"] == warmup:
-            meter.on, meter.started, meter.cpu_started = True, wall_clock(), thread_cpu()
-        elif seen["n"] == warmup + steps:
-            meter.on, meter.stopped, meter.cpu_stopped, meter.steps = False, wall_clock(), thread_cpu(), steps
-
-    build = trainer.Trainer.build
-
-    def built(self):
-        s = build(self)
-        batches = s.batches.batches
-        s.batches.batches = lambda *a, **k: meter.wrap_iter("batch (data)", batches(*a, **k))
-        self.task.loss = meter.wrap("forward+loss", self.task.loss)
-        ex = self.ex
-        for attr, name in (
-            ("start_vote", "vote: start"),
-            ("synchronize", "exchange wait (synchronize)"),
-            ("end_vote", "vote: end"),
-            ("apply", "optimizer step (apply)"),
-        ):
-            patch(meter, ex, attr, name)
-        prepare = ex.prepare
-
-        def prepared(model, optimizer, **kwargs):  # the schedule passes every_step=
-            opt = prepare(model, optimizer, **kwargs)
-            patch(meter, opt, "zero_grad", "zero_grad")
-            return opt
-
-        ex.prepare = prepared
-        return s
-
-    # the instrumentation replaces these methods on purpose (in this benchmark process only)
-    trainer.Throughput.record = counted  # type: ignore[method-assign]
-    trainer.Trainer.build = built  # type: ignore[method-assign]
-
-
-def result(meter: Meter, impl: str, model: str, rank: int, size: int) -> dict[str, Any]:
-    """Per part its own microseconds per step (without the timed parts it called) and calls per step."""
-    steps = max(1, getattr(meter, "steps", 0))
-    over = meter.overhead_us()
-    parts = {
-        name: {
-            "us_per_step": 1e6 * total / steps,
-            "cpu_us_per_step": 1e6 * meter.cpu[name] / steps,
-            "calls_per_step": meter.calls[name] / steps,
-        }
-        for name, total in meter.total.items()
-    }
-    wall = 1e6 * (meter.stopped - meter.started) / steps
-    cpu = 1e6 * (meter.cpu_stopped - meter.cpu_started) / steps
-    calls = sum(p["calls_per_step"] for p in parts.values())
-    # what no wrapper covers: the loop's own lines, less the wrappers' own cost
-    parts["loop residue"] = {
-        "us_per_step": wall - sum(p["us_per_step"] for p in parts.values()) - over * calls,
-        "cpu_us_per_step": cpu - sum(p["cpu_us_per_step"] for p in parts.values()) - over * calls,
+def result(trace: dict[str, Any], impl: str, model: str, rank: int, size: int) -> dict[str, Any]:
+    """Per phase of a rank's trace (Chrome JSON) its microseconds per step, wall and CPU, and its spans per step;
+    the step's whole time, and what no phase covers as the residue."""
+    events = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    stepped = [e for e in events if e["cat"] == "step"]
+    steps = max(1, len(stepped))
+    parts: dict[str, dict[str, float]] = {}
+    for e in events:
+        if e["cat"] != "phase":  # buckets travel beside the phases: their time is the wait's, where it shows
+            continue
+        part = parts.setdefault(e["name"], {"us_per_step": 0.0, "cpu_us_per_step": 0.0, "calls_per_step": 0.0})
+        part["us_per_step"] += e["dur"] / steps
+        part["cpu_us_per_step"] += e["tdur"] / steps
+        part["calls_per_step"] += 1 / steps
+    wall = sum(e["dur"] for e in stepped) / steps
+    cpu = sum(e["tdur"] for e in stepped) / steps
+    over, over_cpu = mark_us()
+    marks = sum(p["calls_per_step"] for p in parts.values()) + 1  # each phase's mark, and the step's own
+    parts["step residue"] = {
+        "us_per_step": wall - sum(p["us_per_step"] for p in parts.values()) - over * marks,
+        "cpu_us_per_step": cpu - sum(p["cpu_us_per_step"] for p in parts.values()) - over_cpu * marks,
         "calls_per_step": 1.0,
     }
     return {
@@ -183,13 +66,20 @@ def result(meter: Meter, impl: str, model: str, rank: int, size: int) -> dict[st
         "model": model,
         "rank": rank,
         "size": size,
-        "steps": steps,
+        "steps": len(stepped),
         "step_us": wall,
         "step_cpu_us": cpu,
-        "wrapper_us_per_call": over,
-        "wrapper_us_per_step": over * calls,
+        "mark_us": over,
+        "mark_cpu_us": over_cpu,
+        "marks_us_per_step": over * marks,
         "parts": parts,
     }
+
+
+def read(path: str, impl: str, model: str, rank: int, size: int) -> dict[str, Any]:
+    """:func:`result` of the trace file a trainer's rank wrote (``<run dir>/trace/rank<R>.json``)."""
+    with open(path) as fh:
+        return result(json.load(fh), impl, model, rank, size)
 
 
 def load(out: str) -> dict[tuple[str, str], list[dict]]:
@@ -202,26 +92,14 @@ def load(out: str) -> dict[tuple[str, str], list[dict]]:
     return found
 
 
-ORDER = (
-    "batch (data)",
-    "lr schedule",
-    "watchdog notes",
-    "zero_grad",
-    "forward+loss",
-    "preempt check",
-    "vote: start",
-    "backward",
-    "exchange wait (synchronize)",
-    "vote: end",
-    "optimizer step (apply)",
-    "train_step",
-    "step meter (Throughput.record)",
-    "progress bar",
-    "log step: metric allreduce",
-    "log step: figures+TensorBoard",
-    "loop residue",
-)
-LABELS = {"train_step": "train_step's own lines (the vote's tensor)", "optimizer step (apply)": "optimizer step"}
+ORDER = ("data", "forward", "backward", "wait", "update", "evaluation", "checkpoint", "step residue")
+LABELS = {
+    "data": "data (the batch to the device, the next one gathered, zero_grad)",
+    "forward": "forward+loss (and the vote's start)",
+    "wait": "exchange wait (synchronize, the vote's end)",
+    "update": "update (clipping, the optimizer step)",
+    "step residue": "step residue (the step meter, log steps' figures and TensorBoard)",
+}
 
 
 def table(found: dict[tuple[str, str], list[dict]]) -> str:
@@ -256,8 +134,12 @@ def table(found: dict[tuple[str, str], list[dict]]) -> str:
         + " |"
     )
     lines.append(
-        "| wrapper cost per call (taken off the residue) | "
-        + " | ".join(f"{statistics.median(r['wrapper_us_per_call'] for r in found[c]):.2f}" for c in cols)
+        "| tracer cost per mark (taken off the residue) | "
+        + " | ".join(
+            f"{statistics.median(r['mark_us'] for r in found[c]):.2f} / "
+            f"{statistics.median(r['mark_cpu_us'] for r in found[c]):.2f}"
+            for c in cols
+        )
         + " |"
     )
     return "\n".join(lines)

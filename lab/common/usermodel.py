@@ -119,11 +119,11 @@ def first_batch(
     w: Workload, batch_size: int, rank: int, size: int, seed: int = 42, synthetic_samples: int = 6400
 ) -> tuple[Any, Any, Any]:
     """(task, inputs, targets): this rank's share of the trainer's first global batch, and the task whose
-    ``loss(model, x, y, rows)`` the trainer takes on it."""
+    ``loss(model, x, y)`` the trainer takes on it."""
     extra = ["--batch-size", str(batch_size), "--seed", str(seed)]
     if not w.own and w.dataset == "synthetic":
         extra += ["--synthetic-samples", str(synthetic_samples)]
     task = task_of(w, extra)
-    batches, _ = task.data(rank, size)
+    batches, _ = task.shards(config(w, extra), rank, size)
     x, y = next(iter(batches.batches(0)))
     return task, x, y

@@ -35,8 +35,8 @@ rank's parameters compared at the end (identical only if the exchange really ave
 
 Below the table, the accounting of issue 28 per model and batch: the trainer's step against
 DDP-NCCL's (and the bare Horovod loop's), as the microseconds per step the trainer adds, and with
-``--parts`` where they go: the trainer's exchanging run once more with a timer around each part of
-its step (:mod:`lab.common.stepparts`; a separate run, so the figures above carry no timer's cost).
+``--parts`` where they go: the trainer's exchanging run once more, its timed steps traced (each phase of
+its step, :mod:`lab.common.stepparts`; a separate run, so the figures above carry no tracer's cost).
 On a GPU a part's wall time is where the CPU waited: the forward pass's kernels show up where the
 step's vote reads the loss, backward's in the step end's ``torch.cuda.synchronize()`` (residue).
 

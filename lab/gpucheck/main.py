@@ -140,7 +140,7 @@ def run_all(args: argparse.Namespace) -> int:
                     ),
                     None,
                 )
-                if args.parts and timed:  # the same run again with a timer around each part of the step
+                if args.parts and timed:  # the same run again, its steps traced phase by phase
                     log(f"{model} / {LABELS[timed['way']]}, batch {batch}: once more, each part of the step timed")
                     again = run_single(args, tmp, model, timed["way"], batch, parts=True)
                     if "parts" in again:

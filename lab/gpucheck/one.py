@@ -13,6 +13,7 @@ import torch
 
 from ..common.baselines import setup_ddp, setup_horovod, time_steps, workload
 from ..common.jobs import free_port
+from ..common.stepparts import result, trace_flags
 from .ways import PRECISION, batch_for
 
 
@@ -63,6 +64,9 @@ def run_trainer(args: argparse.Namespace, device: torch.device) -> dict:
             str(args.threads),
             "--precision",
             PRECISION.get(args.way, "32"),
+            # --parts (a run of its own): the trainer's trace of the timed steps (lab.common.stepparts reads it),
+            # and a step more, whose evaluation at the end lies outside them
+            *([*trace_flags(args.warmup_steps, args.steps), "--steps", str(total + 1)] if args.parts else []),
         ]
     )
     cfg = build_config(cli)
@@ -97,6 +101,7 @@ def run_trainer(args: argparse.Namespace, device: torch.device) -> dict:
             "steps_run": total,
             "precision": result["precision"],
             "note": note,
+            **({"trace": trainer.trace.chrome()} if args.parts else {}),  # type: ignore[attr-defined]
         }
     finally:
         ex.close()
@@ -156,17 +161,9 @@ def run_one(args: argparse.Namespace) -> int:
         torch.cuda.reset_peak_memory_stats(device)
     else:
         torch.set_num_threads(args.threads)
-    meter = None
-    if args.parts and args.way.startswith("trainer"):  # a timer around each part of the trainer's step
-        from ..common.stepparts import Meter, instrument_trainer
-
-        meter = Meter()
-        instrument_trainer(meter, args.warmup_steps, args.steps)
     row = run_trainer(args, device) if args.way.startswith("trainer") else run_loop(args, device)
-    if meter is not None:
-        from ..common.stepparts import result
-
-        row["parts"] = result(meter, args.way, args.model, 0, 1)
+    if "trace" in row:  # --parts: where the trainer's step goes, from its trace
+        row["parts"] = result(row.pop("trace"), args.way, args.model, 0, 1)
     with open(args.result, "w") as fh:
         json.dump(
             {

@@ -81,7 +81,7 @@ def steps_per_epoch(cfg: TtaConfig, model: str, workers: int) -> int:
     args = [*cfg.workload(model).trainer_flags(), *cfg.recipe, *cfg.extra]
     try:
         tcfg = build_config(make_parser().parse_args(["train", *args]))
-        return make_task(tcfg).data(0, workers)[0].steps_per_epoch
+        return make_task(tcfg).shards(tcfg, 0, workers)[0].steps_per_epoch
     except UserError as e:
         raise TtaError(f"{model} at {workers} workers: {e}") from None
 

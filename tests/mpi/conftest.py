@@ -50,7 +50,7 @@ def lstm_run(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def mpi_engine_run(tmp_path_factory):
-    """np -> a run dir holding the mpi engine's job at np ranks (ENGINE_RUN + MPI_ENGINE, run ``mpi``) and
+    """np -> a run dir holding the mpi engine's job at np ranks (ENGINE_RUN + MPI_ENGINE, run ``mpi``, traced) and
     one process at the np-fold batch (run ``one``), each run once: the references of test_ring_engine
     (Horovod against them, the resume test) and test_torch_engine (the torch engine against them)."""
     done = {}
@@ -58,7 +58,9 @@ def mpi_engine_run(tmp_path_factory):
     def run(np: int):
         if np not in done:
             d = tmp_path_factory.mktemp(f"mpi-engine-np{np}")
-            check(launch(np, ENGINE_RUN + MPI_ENGINE + run_args(d, "mpi"), oversubscribe=True))
+            # traced (tests/mpi/test_trace.py reads the traces): the checks of its result hold with the trace on
+            mpi = run_args(d, "mpi", "--trace-steps", "3:6")
+            check(launch(np, ENGINE_RUN + MPI_ENGINE + mpi, oversubscribe=True))
             check(run_single(ENGINE_RUN + run_args(d, "one", "--batch-size", str(8 * np))))
             done[np] = d
         return done[np]

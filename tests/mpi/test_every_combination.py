@@ -52,6 +52,7 @@ from allreduce_train.config import (
     TrainConfig,
 )
 from allreduce_train.errors import ConfigError
+from launch import specflags
 
 from helpers import check, launch, load_params, parse, run_args, write_user_package
 
@@ -88,7 +89,7 @@ RECIPE = {"--precision": ("32", "bf16-mixed"), "--optimizer": ("sgd", "adamw")}
 
 def choices(cls: type, name: str) -> tuple[str, ...]:
     """A config field's choices, as its flag offers them."""
-    return next(f.metadata["choices"] for f in dataclasses.fields(cls) if f.name == name)
+    return next(tuple(specflags.choices(f) or ()) for f in dataclasses.fields(cls) if f.name == name)
 
 
 # An engine's own choices, spread over that engine's jobs (the torch engine's backend is Gloo on CPU)

@@ -59,7 +59,8 @@ def test_exported_weights_load_into_plain_torch_and_score_the_runs_final_evaluat
     sd = torch.load(exported, weights_only=True)
     dumped = load_params(sync_run / "sync-0.pt")  # rank 0's parameters at the end of the run
     assert sd.keys() == dumped.keys() and all(torch.equal(sd[k], dumped[k]) for k in sd)
-    _, evaluation = make_task(parse(RUN)).data(0, 1)  # the whole evaluation set, both workers' shares
+    cfg = parse(RUN)
+    _, evaluation = make_task(cfg).shards(cfg, 0, 1)  # the whole evaluation set, both workers' shares
     torch.save({"inputs": evaluation.inputs, "targets": evaluation.targets}, tmp_path / "eval.pt")
     proc = check(run("-c", PLAIN_EVAL, str(exported), str(tmp_path / "eval.pt")))
     final = json.loads((sync_run / "sync" / "metrics.json").read_text())["final"]["eval_loss"]

@@ -81,20 +81,21 @@ def test_launch_imports_only_the_standard_library_and_itself():
     assert not bad, bad
 
 
-def test_the_trainer_takes_from_launch_only_the_exit_code_table():
+def test_the_trainer_takes_from_launch_only_the_exit_code_table_and_the_flag_generator():
     bad = [
         (str(p.relative_to(ROOT)), m)
         for p in files("allreduce_train")
         for m in imports(p)
-        if (m == "launch" or m.startswith("launch.")) and not m.startswith("launch.exitcodes")
+        if (m == "launch" or m.startswith("launch.")) and not m.startswith(("launch.exitcodes", "launch.specflags"))
     ]
     assert not bad, bad
-    # and importing that table loads no other module of launch/ (the package's names load on first use)
+    # and importing them loads no other module of launch/ (the package's names load on first use)
     loaded = subprocess.run(
         [
             sys.executable,
             "-c",
-            "import sys, launch.exitcodes; print(sorted(m for m in sys.modules if m.startswith('launch')))",
+            "import sys, launch.exitcodes, launch.specflags; "
+            "print(sorted(m for m in sys.modules if m.startswith('launch')))",
         ],
         cwd=ROOT,
         capture_output=True,
@@ -102,7 +103,7 @@ def test_the_trainer_takes_from_launch_only_the_exit_code_table():
         timeout=60,
         check=True,
     ).stdout.strip()
-    assert loaded == "['launch', 'launch.exitcodes']", loaded
+    assert loaded == "['launch', 'launch.exitcodes', 'launch.specflags']", loaded
 
 
 @pytest.mark.parametrize(

@@ -40,16 +40,40 @@ def test_truncated_bptt_carries_the_state_but_not_the_graph():
     torch.manual_seed(0)
     model = MODELS["ptb-lstm-small"].build(vocab_size=50)
     x = torch.randint(0, 50, (4, 20))
-    rows = slice(0, 4)
-    first = task.loss(model, x, x, rows)
+    first = task.loss(model, x, x)
     h1 = task.hidden[0]
     assert not h1[0].requires_grad and h1[0].abs().sum() > 0
-    second = task.loss(model, x, x, rows)  # same window, carried state: a different loss
+    second = task.loss(model, x, x)  # same window, carried state: a different loss
     assert second.item() != pytest.approx(first.item(), abs=1e-6)
     second.backward()  # would fail ("backward through the graph a second time") without detach
     first.backward()
     task.start_epoch(0)
-    assert task.loss(model, x, x, rows).item() == pytest.approx(first.item(), rel=1e-6)  # fresh state
+    assert task.loss(model, x, x).item() == pytest.approx(first.item(), rel=1e-6)  # fresh state
+
+
+def test_micro_batches_carry_their_own_rows_state():
+    """--backward-passes-per-step 2: the trainer hands the two halves of a batch in order, window after window;
+    each half continues its own rows' state, so the mean of the halves' losses is the whole batch's."""
+    from allreduce_train.config import Config, DataConfig, ExchangeConfig, ModelConfig
+    from allreduce_train.tasks import LanguageModelTask
+
+    def task(k):
+        cfg = Config(
+            model=ModelConfig("ptb-lstm-small"),
+            data=DataConfig(dataset="synthetic"),
+            exchange=ExchangeConfig(backward_passes_per_step=k),
+        )
+        return LanguageModelTask(cfg, MODELS["ptb-lstm-small"])
+
+    torch.manual_seed(0)
+    model = MODELS["ptb-lstm-small"].build(vocab_size=50).eval()  # no dropout: the same numbers both ways
+    whole, halves = task(1), task(2)
+    with torch.no_grad():
+        for _ in range(3):  # windows: from the second on, each half must take its own state
+            x = torch.randint(0, 50, (6, 20))
+            mean = (halves.loss(model, x[:3], x[:3]) + halves.loss(model, x[3:], x[3:])) / 2
+            assert mean.item() == pytest.approx(whole.loss(model, x, x).item(), rel=1e-5)
+    assert sorted(halves.hidden) == [0, 3]  # keyed by the first row, as the checkpoint stores it
 
 
 def test_evaluation_scores_every_token_once_carrying_the_state():
@@ -68,10 +92,10 @@ def test_evaluation_scores_every_token_once_carrying_the_state():
     with torch.no_grad():
         whole, _ = model(part.inputs[None])  # one pass over the whole text: what windows with carried state equal
         expected = F.cross_entropy(whole[0], part.targets, reduction="sum").item()
-        one = task.eval_sums(model, part, "cpu", 1)
+        one = task.evaluate(model, part, "cpu", 1)  # (loss sum, tokens)
         assert one[1] == 202 and one[0].item() == pytest.approx(expected, rel=1e-5)
         for rows in (3, 7, 500):  # parallel streams and a ragged tail: still every token exactly once
-            assert task.eval_sums(model, part, "cpu", rows)[1] == 202
+            assert task.evaluate(model, part, "cpu", rows)[1] == 202
 
 
 def test_dropout_masks_are_the_models_own():

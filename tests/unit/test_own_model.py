@@ -147,7 +147,7 @@ def test_the_public_surface_is_named_documented_and_import_stays_light():
 
 
 def test_the_loss_check_leaves_no_trace_and_names_a_misfit():
-    from allreduce_train.usertask import Task, TaskAdapter
+    from allreduce_train.usertask import Task
 
     class Counting(Task):
         seen = 0
@@ -164,11 +164,12 @@ def test_the_loss_check_leaves_no_trace_and_names_a_misfit():
 
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Dropout(0.5))
     task = Counting()
+    task.source = "--task t"
     before = {k: v.clone() for k, v in model.state_dict().items()}
     x, y = torch.randn(8, 3), torch.randint(0, 4, (8,))
     rng = torch.get_rng_state()
-    TaskAdapter(task, "--task t", None).check(model, x, y)
+    task.check(model, x, y)
     assert task.seen == 0 and torch.equal(torch.get_rng_state(), rng) and model.training
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     with pytest.raises(ConfigError, match="the loss on one training batch"):
-        TaskAdapter(task, "--task t", None).check(model, torch.randn(8, 3), torch.randint(0, 4, (8, 2)))
+        task.check(model, torch.randn(8, 3), torch.randint(0, 4, (8, 2)))

@@ -278,6 +278,7 @@ class ParameterServer(GradientExchange):
             self._reqs.append(self.pull.Irecv([self._in[(b, s)][0], MPI.BYTE], source=dest, tag=b))
             self._reqs.append(self.push.Isend([raw, MPI.BYTE], dest=dest, tag=b))
         self._pushed[b] = True
+        self.tracer.bucket_start(b)
 
     def _grad(self, i: int) -> torch.Tensor:
         g = self.params[i].grad
@@ -292,6 +293,8 @@ class ParameterServer(GradientExchange):
                 self._push(b)
         reqs = self._reqs
         self._poll(lambda: self.MPI.Request.Testall(reqs), "the servers' replies")  # communication
+        for b in range(len(self._pushed)):
+            self.tracer.bucket_done(b)  # every server's reply to it is in (one wait for all)
         self._reqs = []
         stale = [int(m[1][1]) for m in self._in.values()]
         for key, m in self._in.items():

@@ -173,6 +173,7 @@ class ShardedExchange(GradientExchange):
             for p in members:
                 p.grad = None  # in the bucket now: the full gradient is not kept
         self._handles[b] = self.coll.start_reduce_scatter(b, flat)  # communication
+        self.tracer.bucket_start(b)
         self.store.free(b)  # stage 3: no more of backward needs these parameters
 
     def synchronize(self) -> None:
@@ -182,6 +183,7 @@ class ShardedExchange(GradientExchange):
             self._next += 1
         self.coll.wait(self._handles, "the reduce-scatter of the gradients")  # communication
         for b, (lo, hi) in enumerate(self.mine):
+            self.tracer.bucket_done(b)  # seen done once every bucket is (one wait for all)
             flat = self.gflat[b]
             assert flat is not None
             if not self._in_bucket[b]:
