@@ -10,7 +10,6 @@ the shard order set per epoch. Figures are reduced over workers before they are 
 from __future__ import annotations
 
 import math
-import os
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -19,8 +18,8 @@ from typing import Any
 
 import torch
 
-from . import checkpoint, preempt, trace, watchdog
-from .checkpoint import WorkerState
+from . import preempt, trace, watchdog
+from .checkpointer import Checkpointer, Parts
 from .config import Config, parse_slow_rank
 from .devices import local_cores, pick_device
 from .distributed import make_schedule
@@ -47,9 +46,7 @@ class Setup:
     batches: Batches
     eval_set: Any  # this worker's evaluation share: a TensorDataset or a ptb.EvalStream
     total_steps: int
-    start_step: int
-    worker_states: list[dict[str, Any]] | None = None  # from the checkpoint (rank 0), one per worker
-    precision_state: dict[str, Any] | None = None  # from the checkpoint (rank 0): the loss scaler's
+    start_step: int  # the main rank's: 0, or the resumed checkpoint's (Checkpointer.load)
 
 
 class Trainer:
@@ -70,8 +67,7 @@ class Trainer:
         self.precision = Precision("32", torch.device("cpu"))  # build() sets --precision on the run's device
         self.lr_schedule: LRSchedule  # made in build(), which knows the run's length
         self.optimizer_name = ""
-        # the checkpoints kept besides the latest: step checkpoints, the best evaluation
-        self.kept = checkpoint.Kept(run_dir, cfg.run.keep_checkpoints, cfg.train.target if cfg.run.keep_best else "")
+        self.checkpoints = Checkpointer(cfg, exchange, run_dir, agree=self.agree_buffers)  # load, restore, save
 
     # ---------------------------------------------------------------- set-up
     def build(self) -> Setup:
@@ -121,39 +117,8 @@ class Trainer:
         self.memory = MemoryLog.check(cfg, ex, model, optimizer, device)  # refuses a run that cannot fit its limit
         self.lr_schedule = LRSchedule.make(cfg.optim, ex.num_workers, total, batches.steps_per_epoch)
         self.lr_schedule.set(optimizer, 0)
-        start, workers, precision_state = 0, None, None
-        path = os.path.join(self.run_dir, checkpoint.CHECKPOINT_NAME) if cfg.run.resume == "auto" else cfg.run.resume
-        # --resume auto with nothing saved yet starts fresh: the same command line serves the first
-        # run and every restart after a preemption
-        if cfg.run.resume and ex.is_main and (cfg.run.resume != "auto" or os.path.isfile(path)):
-            # rank 0 reads, prepare() and run() broadcast
-            state = checkpoint.load(path)
-            saved = state["config"]
-            for section, key in (("model", "model"), ("model", "task"), ("data", "batch_size")):
-                if saved[section].get(key, "") != getattr(getattr(cfg, section), key):
-                    raise ConfigError(
-                        f"--resume {path}: checkpoint has {section}.{key}={saved[section].get(key, '')!r}, "
-                        f"this run {getattr(getattr(cfg, section), key)!r}; run with the same value"
-                    )
-            model.load_state_dict(state["model"])
-            initial = [g["initial_lr"] for g in optimizer.param_groups]
-            try:
-                optimizer.load_state_dict(state["optimizer"])
-            except (ValueError, KeyError) as e:
-                raise ConfigError(
-                    f"--resume {path}: the checkpoint's optimizer state does not fit this run's optimizer "
-                    f"({type(optimizer).__name__}, {len(optimizer.param_groups)} group(s)): {e}; resume with the "
-                    "saved run's --optimizer and --decay-norm-bias setting"
-                ) from None
-            for group, lr in zip(optimizer.param_groups, initial, strict=True):
-                group["initial_lr"] = lr  # this run's --lr (the schedule scales it), not the saved run's
-            start = int(state["step"])
-            workers = state.get("workers")
-            precision_state = state.get("precision")
-            self.kept.load_state_dict(state)
-        elif cfg.run.init_from and ex.is_main:  # weights only (fine-tuning): prepare() gives them to every rank
-            checkpoint.init_weights(model, cfg.run.init_from)
-        return Setup(device, model, optimizer, batches, eval_set, total, start, workers, precision_state)
+        start = self.checkpoints.load(model, optimizer)  # rank 0: --resume's state, or --init-from's weights
+        return Setup(device, model, optimizer, batches, eval_set, total, start)
 
     # ---------------------------------------------------------------- one step
     def train_step(
@@ -229,40 +194,6 @@ class Trainer:
         model.train()
         return self.task.figures(self.ex.sum_over_workers(totals))  # communication: global sums
 
-    def save_checkpoint(self, model, optimizer, step: int, latest: bool = True, best: bool = False) -> None:
-        """Write the checkpoint of step ``step`` (collective over the workers; the main rank writes) as
-        the latest and/or as the best evaluation so far (:class:`checkpoint.Kept`)."""
-        self.trace.mark("checkpoint")
-        self.agree_buffers(model)
-        # Every worker checks its own copy (identical parameters, so all decide alike): a diverged
-        # model never replaces the last good checkpoint.
-        for name, p in model.named_parameters():
-            if not torch.isfinite(p).all():
-                raise Diverged(step, f"parameter {name}", p[~torch.isfinite(p)].flatten()[0].item())
-        # communication: every worker's RNG and task state (an LSTM's hidden state), so that a resumed run
-        # continues bit-exactly mid-epoch (dropout masks, the text's state); the optimizer's state (if sharded)
-        sch = self.schedule
-        mine = WorkerState(
-            torch.get_rng_state(),
-            self.task.state_dict(),
-            exchange=sch.wire.state_dict(),  # e.g. PowerSGD's error feedback and Qs
-            # local SGD, DiLoCo: each worker's own parameters and momentum between averagings
-            schedule={sch.state_key: sch.state_dict(model, optimizer)} if sch.state_key else {},
-            cuda_rng=torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
-        )
-        workers, optimizer_state = self.ex.gather_from_workers(mine.to_dict()), self.ex.optimizer_state_dict(optimizer)
-        if self.ex.is_main:
-            state = {
-                "model": self.ex.model_state_dict(model),
-                "optimizer": optimizer_state,
-                "step": step,
-                "config": self.cfg.to_dict(),
-                "workers": workers,
-                "lr_schedule": self.lr_schedule.describe(),  # the LR follows from it and the step
-                "precision": self.precision.state_dict(),  # 16-mixed: the loss scaler's scale
-            }
-            self.kept.write(state, latest, best)
-
     def agree_buffers(self, model) -> None:
         """The parameters whole (--shard-stage 3 gathers them) and BatchNorm's running statistics averaged over the
         workers, unless --no-average-buffers: the model evaluated, saved and returned is the same on every rank."""
@@ -289,38 +220,12 @@ class Trainer:
         cfg, ex = self.cfg, self.ex
         model, device = s.model, s.device
         optimizer = self.schedule.prepare(model, s.optimizer)  # communication: rank 0's state to every worker
-        step = ex.broadcast_object(s.start_step)  # communication: the resumed step, from rank 0
-        resumed = ex.broadcast_object(s.worker_states)  # communication: each worker's saved RNG and task state
-        if self.precision.scaler is not None:
-            self.precision.load_state_dict(ex.broadcast_object(s.precision_state))  # communication: the scale
-        self.kept.best = ex.broadcast_object(self.kept.best)  # communication: a resumed run's best evaluation
-        task_state = None
-        if resumed and len(resumed) == ex.num_workers:
-            mine = WorkerState.from_dict(resumed[ex.worker_index], cfg.run.resume)
-            torch.set_rng_state(mine.rng)
-            if mine.cuda_rng is not None and device.type == "cuda":
-                torch.cuda.set_rng_state(mine.cuda_rng)
-            task_state = mine.task
-            if self.schedule.state_key in mine.schedule:
-                self.schedule.load_state_dict(mine.schedule[self.schedule.state_key], model, optimizer)
-            self.schedule.wire.load_state_dict(mine.exchange)
-        elif resumed:  # another worker count (an elastic restart): per-worker state does not carry over
-            old, new = len(resumed), ex.num_workers
-
-            def lr_of(workers: int) -> float:
-                return self.lr_schedule.lr(step, cfg.optim.lr, workers)
-
-            log.message(
-                f"elastic: resumed with {new} workers from a checkpoint of {old}: global batch "
-                f"{old * cfg.data.batch_size * cfg.exchange.backward_passes_per_step} -> "
-                f"{new * cfg.data.batch_size * cfg.exchange.backward_passes_per_step}, LR "
-                f"{lr_of(old):g} -> {lr_of(new):g}; RNG and task state start afresh"
-            )
+        parts = Parts(model, optimizer, self.schedule, self.task, self.precision, self.lr_schedule, s.batches, device)
+        step = self.checkpoints.restore(parts, s.start_step, log)  # communication: the step, each worker's state
         k = cfg.exchange.backward_passes_per_step
         workers, per_step = ex.num_workers, cfg.data.batch_size * k
         spe = s.batches.steps_per_epoch
         eval_every = cfg.train.eval_every or spe
-        ckpt_every = cfg.run.checkpoint_every or spe
         stop_at = min(s.total_steps, step + cfg.train.exit_after_steps) if cfg.train.exit_after_steps else s.total_steps
 
         data = "its own data" if cfg.model.task else cfg.data.dataset
@@ -343,9 +248,7 @@ class Trainer:
         while step < stop_at:
             epoch, in_epoch = divmod(step, spe)
             self.task.start_epoch(epoch)
-            if task_state is not None and in_epoch:  # resumed mid-epoch: the state of the saved step
-                self.task.load_state_dict(task_state)
-            task_state = None
+            self.checkpoints.resume_task(in_epoch)  # resumed mid-epoch: the task's state of the saved step
             batches = s.batches.batches(epoch, in_epoch)  # the shard order of this epoch
             ahead = [next(batches, None)]
 
@@ -397,7 +300,7 @@ class Trainer:
                 improved = False
                 if step % eval_every == 0 or step == s.total_steps:
                     last_eval = self.evaluate(model, s.eval_set, device)
-                    improved = self.kept.record(step, last_eval)  # --keep-best: the same figures on every worker
+                    improved = self.checkpoints.record(step, last_eval)  # --keep-best: the best so far?
                     log.scalars(step, last_eval)
                     log.message(
                         f"step {step}: " + ", ".join(f"{key.replace('/', ' ')} {v:.4f}" for key, v in last_eval.items())
@@ -409,9 +312,10 @@ class Trainer:
                             f"after {seconds:.1f} s"
                         )
                         stop_at = step  # every rank evaluated the same global figures: all stop here
-                latest = step % ckpt_every == 0 or step == stop_at or stop
+                latest = self.checkpoints.due(step, last=step == stop_at or stop)
                 if latest or improved:
-                    self.save_checkpoint(model, optimizer, step, latest, improved)
+                    self.trace.mark("checkpoint")
+                    self.checkpoints.save(step, latest, improved)
                 if stop:  # every worker saw the same vote: all stop after this step
                     raise Preempted(step, preempt.requested() or "a signal to another rank")
                 if step >= stop_at:

@@ -99,6 +99,24 @@ def test_exit_after_steps_then_resume_ends_bit_identical(tmp_path):
         assert torch.equal(p, q), name
 
 
+def test_the_checkpoint_keeps_its_format_and_one_written_before_its_later_keys_resumes_alike(tmp_path):
+    whole, _ = train(tmp_path, name="whole")
+    train(tmp_path, ["--exit-after-steps", "5", "--checkpoint-every", "100"], name="parts")
+    path = tmp_path / "parts" / "checkpoint.pt"
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    # what every earlier version wrote and read: a change here needs a version field and a reader of the old
+    assert set(state) == {"model", "optimizer", "step", "config", "workers", "lr_schedule", "precision", "best"}
+    assert state["step"] == 5 and [set(w) - {"cuda_rng"} for w in state["workers"]] == [{"rng", "task", "exchange"}]
+    # as written before the loss scaler, the LR recipe, --keep-best and the wire formats' state
+    old = {key: state[key] for key in ("model", "optimizer", "step", "config")}
+    old["workers"] = [{"rng": w["rng"], "task": w["task"]} for w in state["workers"]]
+    torch.save(old, path)
+    again, result = train(tmp_path, ["--resume", "auto"], name="parts")
+    assert result["steps"] == 12
+    for (name, p), q in zip(whole.state_dict().items(), again.state_dict().values(), strict=True):
+        assert torch.equal(p, q), name
+
+
 def test_zaremba_schedule_halves_the_lr_after_every_epoch_past_the_fourth():
     cfg = parse(["--model", "ptb-lstm-small"])
     assert (cfg.train.epochs, cfg.optim.lr_decay, cfg.optim.lr_decay_after) == (13, 0.5, 4)
