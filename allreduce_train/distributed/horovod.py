@@ -417,7 +417,7 @@ class HorovodAllreduce(GradientExchange):
             return [obj]
         return self.hvd.allgather_object(obj, name="allgather_object")  # communication
 
-    def close(self) -> None:
+    def leave(self) -> None:
         self.hvd.shutdown()
         if self._rendezvous is not None:
             self._rendezvous.shutdown()

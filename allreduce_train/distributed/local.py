@@ -44,9 +44,6 @@ class LocalExchange(GradientExchange):
     def allgather_object(self, obj: Any) -> list[Any]:
         return [obj]
 
-    def close(self) -> None:
-        pass
-
     def abort(self, code: int) -> None:
         abort(code)
 

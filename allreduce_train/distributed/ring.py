@@ -36,7 +36,8 @@ import torch
 from ..config import ExchangeConfig, MPIConfig
 from ..errors import UserError
 from .base import GradientExchange
-from .buffers import elements_in, pack, unpack
+from .bucketing import BucketedReduction, reverse_buckets
+from .buffers import elements_in
 from .mpi import (
     MAX_BUCKETS,
     abort,
@@ -49,7 +50,6 @@ from .mpi import (
     start_sum,
     sum_now,
 )
-from .ps.sharding import plan
 
 
 def chunk_bounds(numel: int, n: int) -> list[int]:
@@ -165,13 +165,11 @@ class Ring:
 class _Bucket:
     """One bucket's flat buffer and the state of its reduction (a :class:`Ring` or one MPI request)."""
 
-    def __init__(self, index: int, members: list[int], sizes: list[int], dtype: torch.dtype) -> None:
-        self.index, self.members = index, members
-        self.flat = torch.zeros(sum(sizes[p] for p in members), dtype=dtype)
+    def __init__(self, numel: int, dtype: torch.dtype) -> None:
+        self.flat = torch.zeros(numel, dtype=dtype)
         self.arr = as_bytes(self.flat)
         self.ring: Ring | None = None  # the ring of this step: its scratch lives while it does
         self.request: Any = None  # MPI_Iallreduce's
-        self.started = False
 
 
 class MPIRingAllreduce(GradientExchange):
@@ -199,10 +197,8 @@ class MPIRingAllreduce(GradientExchange):
         self.algorithm = mpi.algorithm
         self.dtype = wire  # the bucket's buffer: the copy in is the cast (compression.py)
         self.divisor = self.size if average else 1
-        self._hooks: list[Any] = []
         self._buckets: list[_Bucket] = []
-        self._exchanging = True  # a schedule turns it off for its local steps
-        self._closed = False
+        self.reduction: BucketedReduction | None = None  # attach(): the hooks, the buckets' readiness
 
     # ------------------------------------------------------------ set-up
     def describe(self) -> dict[str, Any]:
@@ -229,19 +225,14 @@ class MPIRingAllreduce(GradientExchange):
         :meth:`prepare`'s broadcast: commbench exchanges tensors that are no model's)."""
         if self.size == 1:
             return
-        self.params = params
         sizes = [p.numel() for p in params]
-        buckets = plan(sizes, 1, max(sizes), elements_in(self.mpi_cfg.bucket_bytes, self.dtype)).buckets
+        buckets = reverse_buckets(sizes, elements_in(self.mpi_cfg.bucket_bytes, self.dtype))
         if len(buckets) > MAX_BUCKETS:
             raise UserError(f"{len(buckets)} buckets are too many message tags; raise --mpi-bucket-bytes")
-        self._buckets = [_Bucket(b, members, sizes, self.dtype) for b, members in enumerate(buckets)]
-        self._k = self.cfg.backward_passes_per_step
-        self._reset_step()
-        for bucket in self._buckets:
-            for p in bucket.members:
-                self._hooks.append(
-                    params[p].register_post_accumulate_grad_hook(lambda _p, b=bucket.index: self._grad_ready(b))
-                )
+        self._buckets = [_Bucket(sum(sizes[p] for p in members), self.dtype) for members in buckets]
+        self.reduction = BucketedReduction(
+            params, buckets, self.cfg.backward_passes_per_step, self._start, self._done, progress=self._advance
+        )
 
     def flat_buffers(self) -> list[torch.Tensor]:
         """Each bucket's flat buffer and the reduce-scatter scratch of a ring in flight (none at one rank:
@@ -253,40 +244,34 @@ class MPIRingAllreduce(GradientExchange):
         ]
 
     # ------------------------------------------------------------ one step
-    def _reset_step(self) -> None:
-        self._missing = [len(b.members) * self._k for b in self._buckets]
-        self._next = 0  # buckets start in index order on every rank (MPI collectives must match)
-        for b in self._buckets:
-            b.started, b.ring, b.request = False, None, None
-
     def set_exchanging(self, on: bool) -> None:
-        self._exchanging = on
+        if self.reduction is not None:
+            self.reduction.exchanging = on
 
-    def _grad_ready(self, b: int) -> None:
-        if not self._exchanging:
-            return  # a step without the gradient sum (a schedule's local step, PowerSGD): nothing leaves
-        self._missing[b] -= 1
-        while self._next < len(self._buckets) and self._missing[self._next] <= 0:
-            self._start(self._buckets[self._next])
-            self._next += 1
-        self._advance()  # move the buckets in flight on between layers of backward
-
-    def _start(self, bucket: _Bucket) -> None:
-        # the copy in is the cast to the wire's dtype; a parameter outside this step's loss sends zeros
-        members = [self.params[p] for p in bucket.members]
-        pack([p.grad for p in members], bucket.flat, [p.numel() for p in members])
-        bucket.started = True
+    def _start(self, b: int) -> None:
+        """Bucket ``b``'s gradients into its buffer, and its ring (or MPI_Iallreduce) started."""
+        bucket = self._buckets[b]
+        assert self.reduction is not None
+        self.reduction.pack(b, bucket.flat)
         if self.algorithm == "iallreduce":
             # communication: the whole bucket, summed by MPI's own algorithm
             bucket.request = self.comm.Iallreduce(self.MPI.IN_PLACE, bucket.arr, op=self.MPI.SUM)
             return
-        bucket.ring = Ring(self.comm, self.MPI, bucket.flat, bucket.index, self.rank, self.size)
+        bucket.ring = Ring(self.comm, self.MPI, bucket.flat, b, self.rank, self.size)  # tag: the bucket's index
         bucket.ring.start()
 
+    def _done(self, b: int) -> None:
+        """Bucket ``b``'s sum averaged into its parameters' gradients; its ring's scratch let go."""
+        bucket = self._buckets[b]
+        assert self.reduction is not None
+        self.reduction.unpack(b, bucket.flat, self.divisor)
+        bucket.ring, bucket.request = None, None
+
     def _advance(self) -> bool:
-        """Move every bucket in flight as far as its messages allow; True if any moved."""
+        """Move every bucket in flight as far as its messages allow (between layers of backward too); True if
+        any moved."""
         moved = False
-        for bucket in self._buckets[: self._next]:
+        for bucket in self._buckets:
             if bucket.ring is not None:
                 moved = bucket.ring.advance() or moved
         return moved
@@ -297,36 +282,17 @@ class MPIRingAllreduce(GradientExchange):
         return bucket.ring is not None and bucket.ring.done()
 
     def synchronize(self) -> None:
-        if not self._buckets:  # one worker: nothing to exchange
+        if self.reduction is None:  # one worker: nothing to exchange
             return
-        if not self._exchanging:  # a local step: each worker keeps its own gradient
-            self._reset_step()
-            return
-        # A bucket whose gradients were not all produced (a parameter outside this step's loss)
-        # starts now, with zeros for what is missing.
-        while self._next < len(self._buckets):
-            self._start(self._buckets[self._next])
-            self._next += 1
         # communication: wait for every bucket, advancing the rings
-        poll(
-            lambda: all(self._bucket_done(b) for b in self._buckets),
-            self.timeout,
-            "the ring allreduce of the gradients",
-            self._advance,
+        self.reduction.complete(
+            lambda: poll(
+                lambda: all(self._bucket_done(b) for b in self._buckets),
+                self.timeout,
+                "the ring allreduce of the gradients",
+                self._advance,
+            )
         )
-        with torch.no_grad():
-            for bucket in self._buckets:
-                avg = bucket.flat.float() if self.dtype != torch.float32 else bucket.flat
-                if self.divisor != 1:
-                    avg.div_(self.divisor)
-                grads = []
-                for p in bucket.members:
-                    param = self.params[p]
-                    if param.grad is None:
-                        param.grad = torch.zeros_like(param)
-                    grads.append(param.grad)
-                unpack(avg, grads)
-        self._reset_step()
 
     def apply(self, optimizer) -> None:
         optimizer.step()
@@ -388,13 +354,6 @@ class MPIRingAllreduce(GradientExchange):
     def _wait(self, test, what: str) -> None:
         poll(test, self.timeout, what)
 
-    # ------------------------------------------------------------ shutdown
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        for h in self._hooks:
-            h.remove()
-
+    # ------------------------------------------------------------ shutdown (close: the base's)
     def abort(self, code: int) -> None:
         abort(code, self.world)

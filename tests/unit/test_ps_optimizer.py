@@ -4,8 +4,8 @@ checks before sending it, and the servers' per-segment state joined back per par
 import pytest
 import torch
 
+from allreduce_train.distributed.bucketing import plan
 from allreduce_train.distributed.ps.optimizer import describe
-from allreduce_train.distributed.ps.sharding import plan
 from allreduce_train.distributed.shardstate import assemble
 from allreduce_train.errors import UserError
 
@@ -17,8 +17,9 @@ class Needy(torch.optim.SGD):
 
 def test_what_the_main_worker_sends_of_adamw_with_two_groups_and_a_parameter_outside_them():
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 2, bias=False))
-    params = list(model.parameters())  # 0.weight, 0.bias, 1.weight, 1.bias, 2.weight
-    opt = torch.optim.AdamW([{"params": [params[0], params[4]]}, {"params": params[1:3], "weight_decay": 0.0}])
+    params: list[torch.Tensor] = list(model.parameters())  # 0.weight, 0.bias, 1.weight, 1.bias, 2.weight
+    groups: list[dict] = [{"params": [params[0], params[4]]}, {"params": params[1:3], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups)
     params[0].grad, params[4].grad = torch.ones_like(params[0]), torch.ones_like(params[4])
     params[1].grad = params[2].grad = None
     opt.step()  # state for the two with a gradient
@@ -39,7 +40,7 @@ def test_what_the_main_worker_sends_of_adamw_with_two_groups_and_a_parameter_out
     ids=["constructor-needs-more", "unnamed-class", "foreign-tensor"],
 )
 def test_an_optimizer_the_servers_cannot_build_is_refused_naming_the_fix(make, needle):
-    params = list(torch.nn.Linear(2, 2).parameters())
+    params: list[torch.Tensor] = list(torch.nn.Linear(2, 2).parameters())
     with pytest.raises(UserError, match=needle):
         describe(make(params), params)
 

@@ -28,7 +28,7 @@ Engineering that a fair comparison needs (BytePS, OSDI'20, traced the slowness o
 servers of that era to its absence): gradients are fused into one message per (bucket, server)
 instead of one per tensor; a bucket is pushed from a gradient hook as soon as backward has
 produced it, so the transfer overlaps the rest of backward; big tensors are split across servers
-so no server is a hot spot (see :mod:`.sharding`); all transfers are non-blocking and receive
+so no server is a hot spot (see :mod:`..bucketing`); all transfers are non-blocking and receive
 buffers are posted before the message that they answer is sent.
 
 Failure is bounded: every wait polls with a deadline (``--stall-timeout`` seconds without progress)
@@ -56,6 +56,7 @@ import torch
 from ...config import ExchangeConfig, PSConfig
 from ...errors import ConfigError, UserError
 from ..base import GradientExchange
+from ..bucketing import plan
 from ..buffers import elements_in, pack, unpack
 from ..mpi import (
     MAX_BUCKETS,
@@ -72,7 +73,6 @@ from ..mpi import (
 from ..shardstate import assemble
 from .optimizer import describe, server_side
 from .server import ELEM, STATE_BYTES, STATE_FULL, TAG_DONE, TAG_STATE, Server, message, push_slots
-from .sharding import plan
 
 
 class ParameterServer(GradientExchange):

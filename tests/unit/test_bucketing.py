@@ -1,9 +1,10 @@
-"""The parameter servers' shard and bucket plan (pure computation, no MPI)."""
+"""The bucket plan and the parameter servers' shards (pure computation, no MPI), and the hook-started reduction
+on plain tensors (no engine)."""
 
 import pytest
 import torch
 
-from allreduce_train.distributed.ps.sharding import plan
+from allreduce_train.distributed.bucketing import plan
 from models import MODELS
 
 LENET = [p.numel() for p in MODELS["lenet5"].build().parameters()]
