@@ -8,13 +8,13 @@ match a one-rank run of any other strategy step for step.
 
 from __future__ import annotations
 
-import os
+from dataclasses import astuple
 from typing import Any
 
 import torch
 
 from .base import GradientExchange
-from .mpi import abort, allgather_pickle, bcast_pickle, import_mpi, poll, sum_now
+from .mpi import abort, allgather_pickle, bcast_pickle, import_mpi, launched_as, poll, sum_now
 
 
 class LocalExchange(GradientExchange):
@@ -65,10 +65,7 @@ class NoExchange(LocalExchange):
     one_model = False  # each rank's model is its own: its BatchNorm statistics too
 
     def __init__(self, timeout: float = 0.0) -> None:
-        env = os.environ
-        self.rank, self.size = int(env.get("OMPI_COMM_WORLD_RANK", 0)), int(env.get("OMPI_COMM_WORLD_SIZE", 1))
-        self.local_rank = int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", 0))
-        self.local_size = int(env.get("OMPI_COMM_WORLD_LOCAL_SIZE", 1))
+        self.rank, self.size, self.local_rank, self.local_size = astuple(launched_as())
         self.timeout = timeout  # --stall-timeout: a bookkeeping collective gives up after it (0: never)
         self.comm = self.MPI = None
         if self.size > 1:

@@ -27,7 +27,6 @@ command line turns that into MPI_Abort of the job.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -49,6 +48,7 @@ from .mpi import (
     poll,
     start_sum,
     sum_now,
+    yield_when_idle,
 )
 
 
@@ -183,8 +183,7 @@ class MPIRingAllreduce(GradientExchange):
         """``average=False``: leave the sum (commbench checks it exactly on integer inputs); ``wire``:
         the dtype the gradients are summed in (the wire format's)."""
         self.cfg, self.mpi_cfg = x, mpi
-        # As with Horovod: a rank waiting inside MPI yields its core (docs/performance.md).
-        os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+        yield_when_idle()  # as with Horovod
         self.MPI = MPI = import_mpi()
         world = self.world = MPI.COMM_WORLD
         self.rank, self.size = world.Get_rank(), world.Get_size()

@@ -4,7 +4,8 @@ on plain tensors (no engine)."""
 import pytest
 import torch
 
-from allreduce_train.distributed.bucketing import plan
+from allreduce_train.distributed.bucketing import BucketedReduction, plan, reverse_buckets
+from allreduce_train.distributed.mpi import Place, launched_as
 from models import MODELS
 
 LENET = [p.numel() for p in MODELS["lenet5"].build().parameters()]
@@ -69,3 +70,57 @@ def test_adjacent_chunks_of_one_server_travel_as_one_range():
     layout = plan([1000], 1, split_elems=100, bucket_elems=1 << 20)
     assert len(layout.chunks) == 10
     assert layout.segments == {(0, 0): [(0, 0, 1000)]}
+
+
+def reduction_over_two_fake_workers(model, ordered):
+    """A :class:`BucketedReduction` over ``model``'s parameters, one bucket each, whose "collective" doubles
+    the packed bucket (the sum over two workers holding the same gradient); the starts and ends it saw."""
+    params = list(model.parameters())
+    buckets = reverse_buckets([p.numel() for p in params], 1)  # bucket_elems 1: every tensor alone
+    flats = [torch.zeros(params[m[0]].numel()) for m in buckets]
+    seen: dict[str, list[int]] = {"started": [], "done": []}
+
+    def start(b):
+        seen["started"].append(b)
+        reduction.pack(b, flats[b]).mul_(2)
+
+    def done(b):
+        seen["done"].append(b)
+        reduction.unpack(b, flats[b], 2)
+
+    reduction = BucketedReduction(params, buckets, 2, start, done, ordered=ordered)
+    return reduction, seen
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_buckets_start_once_every_pass_produced_them_the_rest_late_with_zeros_and_come_back_averaged(ordered):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2), torch.nn.Linear(2, 2))
+    reduction, seen = reduction_over_two_fake_workers(model, ordered)
+    x = torch.randn(5, 3)
+    model[1](model[0](x)).sum().backward()  # the last layer is outside the loss: its gradients stay None
+    assert seen["started"] == []  # one of --backward-passes-per-step 2: no bucket is whole yet
+    model[1](model[0](x)).sum().backward()
+    # buckets 0 and 1 (the unused layer's, reverse order) come first: in order, nothing may start before them
+    assert seen["started"] == ([] if ordered else [2, 3, 4, 5])
+    grads = [p.grad.clone() for p in list(model.parameters())[:4]]
+    reduction.complete(lambda: None)
+    assert sorted(seen["started"]) == list(range(6)) and seen["done"] == list(range(6))
+    params = list(model.parameters())
+    for p, g in zip(params[:4], grads, strict=True):
+        assert torch.equal(p.grad, g)  # the sum over two equal workers, averaged: the gradient itself
+    assert all(torch.equal(p.grad, torch.zeros_like(p)) for p in params[4:])  # made, as zeros
+    seen["started"].clear()
+    reduction.exchanging = False  # a schedule's local step: nothing leaves, each keeps its own gradient
+    model[1](model[0](x)).sum().backward()
+    reduction.complete(lambda: None)
+    assert seen["started"] == [] and torch.equal(params[0].grad, 1.5 * grads[0])  # its two passes and this one
+    reduction.remove()
+
+
+def test_the_launchers_environment_gives_this_processs_place_in_the_job():
+    assert launched_as({}) == Place(0, 1, 0, 1)  # outside any launcher
+    ompi = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}
+    assert launched_as({**ompi, "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "HOROVOD_RANK": "9"}) == Place(3, 4, 1, 2)
+    assert launched_as({"PMIX_RANK": "5"}) == Place(5, 1, 0, 1)  # a rank only
+    assert launched_as({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2"}) == Place(1, 2, 0, 1)
