@@ -72,6 +72,11 @@ def test_adjacent_chunks_of_one_server_travel_as_one_range():
     assert layout.segments == {(0, 0): [(0, 0, 1000)]}
 
 
+def grad(p: torch.Tensor) -> torch.Tensor:
+    assert p.grad is not None
+    return p.grad
+
+
 def reduction_over_two_fake_workers(model, ordered):
     """A :class:`BucketedReduction` over ``model``'s parameters, one bucket each, whose "collective" doubles
     the packed bucket (the sum over two workers holding the same gradient); the starts and ends it saw."""
@@ -103,18 +108,18 @@ def test_buckets_start_once_every_pass_produced_them_the_rest_late_with_zeros_an
     model[1](model[0](x)).sum().backward()
     # buckets 0 and 1 (the unused layer's, reverse order) come first: in order, nothing may start before them
     assert seen["started"] == ([] if ordered else [2, 3, 4, 5])
-    grads = [p.grad.clone() for p in list(model.parameters())[:4]]
+    grads = [grad(p).clone() for p in list(model.parameters())[:4]]
     reduction.complete(lambda: None)
     assert sorted(seen["started"]) == list(range(6)) and seen["done"] == list(range(6))
     params = list(model.parameters())
     for p, g in zip(params[:4], grads, strict=True):
-        assert torch.equal(p.grad, g)  # the sum over two equal workers, averaged: the gradient itself
-    assert all(torch.equal(p.grad, torch.zeros_like(p)) for p in params[4:])  # made, as zeros
+        assert torch.equal(grad(p), g)  # the sum over two equal workers, averaged: the gradient itself
+    assert all(torch.equal(grad(p), torch.zeros_like(p)) for p in params[4:])  # made, as zeros
     seen["started"].clear()
     reduction.exchanging = False  # a schedule's local step: nothing leaves, each keeps its own gradient
     model[1](model[0](x)).sum().backward()
     reduction.complete(lambda: None)
-    assert seen["started"] == [] and torch.equal(params[0].grad, 1.5 * grads[0])  # its two passes and this one
+    assert seen["started"] == [] and torch.equal(grad(params[0]), 1.5 * grads[0])  # its two passes and this one
     reduction.remove()
 
 
