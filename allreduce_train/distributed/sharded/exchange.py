@@ -28,7 +28,8 @@ import torch
 from ...config import ExchangeConfig
 from ...errors import UserError
 from ..base import GradientExchange
-from ..buffers import elements_in, held_bytes, pack
+from ..bucketing import BucketedReduction
+from ..buffers import elements_in, held_bytes
 from ..shardstate import PLACE_KEYS, assemble, leaves, pieces, shard_optimizer
 from .collectives import ShardCollectives
 from .layout import make_layout
@@ -61,7 +62,6 @@ class ShardedExchange(GradientExchange):
         self.bucket_elems = elements_in(bucket_bytes, wire)
         self.params: list[torch.Tensor] = []
         self._hooks: list[Any] = []
-        self._closed = False
 
     def describe(self) -> dict[str, Any]:
         out = {**self.engine.describe(), "shard_stage": self.stage}
@@ -107,10 +107,9 @@ class ShardedExchange(GradientExchange):
         ]
         self._averaged = False  # whether gshard holds this step's average (synchronize() ran, step() did not yet)
         self._handles: list[Any] = [None] * n
-        self._reset_step()
-        for b, members in enumerate(lay.buckets):
-            for p in members:
-                self._hooks.append(params[p].register_post_accumulate_grad_hook(lambda _p, b=b: self._grad_ready(b)))
+        # an engine without a thread of its own moves its messages on between layers of backward
+        progress = getattr(self.coll, "progress", None)
+        self.reduction = BucketedReduction(params, lay.buckets, self.k, self._start, self._done, progress=progress)
         if self.stage == 3:
             self._hooks += self.store.attach(model, params)
         self.optimizer = sharded_optimizer(optimizer, self)
@@ -149,53 +148,38 @@ class ShardedExchange(GradientExchange):
         ]
 
     # ------------------------------------------------------------ one step
-    def _reset_step(self) -> None:
-        self._missing = [len(members) * self.k for members in self.layout.buckets]
-        self._next = 0  # buckets start in index order on every rank (the engines' collectives must match)
-
-    def _grad_ready(self, b: int) -> None:
-        self._missing[b] -= 1
-        while self._next < len(self._missing) and self._missing[self._next] <= 0:
-            self._start(self._next)
-            self._next += 1
-        progress = getattr(self.coll, "progress", None)
-        if progress is not None:  # an engine without a thread of its own: move the messages on between layers
-            progress()
-
     def _start(self, b: int) -> None:
-        members = [self.params[p] for p in self.layout.buckets[b]]
+        assert self.reduction is not None
         flat = self.gflat[b]
         if flat is None:
             flat = self.gflat[b] = torch.empty(self.layout.numel(b), dtype=self.wire)
-        # the copy in is the cast to the wire's dtype; a parameter outside this step's loss sends zeros
-        pack([p.grad for p in members], flat, [p.numel() for p in members])
+        self.reduction.pack(b, flat)
         if self.stage >= 2:
-            for p in members:
+            for p in self.reduction.members(b):
                 p.grad = None  # in the bucket now: the full gradient is not kept
         self._handles[b] = self.coll.start_reduce_scatter(b, flat)  # communication
         self.store.free(b)  # stage 3: no more of backward needs these parameters
 
+    def _done(self, b: int) -> None:
+        """This worker's shard of bucket ``b``'s sum, averaged (stage 2: the bucket freed)."""
+        (lo, hi), flat = self.mine[b], self.gflat[b]
+        assert flat is not None
+        if not self._in_bucket[b]:
+            self.gshard[b].copy_(flat[lo:hi])  # widened to float32 (exactly), on the parameters' device
+        self.gshard[b].div_(self.size)  # the average: the ring's division, element for element
+        if self.stage >= 2:
+            self.gflat[b] = None
+
     def synchronize(self) -> None:
-        # A bucket whose gradients were not all produced (a parameter outside this step's loss) starts now.
-        while self._next < len(self._missing):
-            self._start(self._next)
-            self._next += 1
-        self.coll.wait(self._handles, "the reduce-scatter of the gradients")  # communication
-        for b, (lo, hi) in enumerate(self.mine):
-            flat = self.gflat[b]
-            assert flat is not None
-            if not self._in_bucket[b]:
-                self.gshard[b].copy_(flat[lo:hi])  # widened to float32 (exactly), on the parameters' device
-            self.gshard[b].div_(self.size)  # the average: the ring's division, element for element
-            if self.stage >= 2:
-                self.gflat[b] = None
+        assert self.reduction is not None
+        # communication
+        self.reduction.complete(lambda: self.coll.wait(self._handles, "the reduce-scatter of the gradients"))
         for p in self.params:
             p.grad = None  # the whole gradients are not the averaged ones: nothing above reads them
         for b in range(len(self.layout.buckets)):
             self.store.free(b)  # stage 3: what backward gathered of a parameter outside the loss
         self._handles = [None] * len(self._handles)
         self._averaged = True
-        self._reset_step()
 
     def apply(self, optimizer) -> None:
         optimizer.step()
@@ -292,12 +276,9 @@ class ShardedExchange(GradientExchange):
     def stats(self) -> dict[str, float]:
         return self.engine.stats()
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    def leave(self) -> None:
         for h in self._hooks:
-            h.remove()
+            h.remove()  # stage 3's
         self.engine.close()
 
     def abort(self, code: int) -> None:
