@@ -1,5 +1,7 @@
 """The mpi4py layer that the exchanges on MPI messages share: the parameter server (:mod:`.ps`),
-the ring allreduce (:mod:`.ring`) and ``--strategy none``'s bookkeeping (:mod:`.local`).
+the ring allreduce (:mod:`.ring`) and ``--strategy none``'s bookkeeping (:mod:`.local`); and, for
+every engine and the command line, the launcher's environment: where this process is in the job
+(:func:`launched_as`) and Open MPI's setting for ranks that wait (:func:`yield_when_idle`).
 
 Every wait here is non-blocking underneath and polled with a deadline (:func:`poll`), so a rank
 whose peer never answers raises :class:`~allreduce_train.errors.Stalled` instead of hanging, and a

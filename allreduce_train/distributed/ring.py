@@ -1,9 +1,10 @@
 """Ring allreduce on mpi4py: the second allreduce engine (``--allreduce-engine mpi``).
 
-The same concept as :mod:`.horovod` on the parameter server's own machinery, so that a comparison
-of the two concepts can hold the implementation fixed: gradients are grouped into the PS's buckets
-(``--mpi-bucket-bytes``, reverse parameter order), a bucket leaves from a gradient hook as soon as
-backward has produced all of it, and is reduced by a ring of non-blocking point-to-point messages:
+The same concept as :mod:`.horovod` on the parameter server's own machinery (:mod:`.bucketing`'s
+buckets and hooks, :mod:`.mpi`'s messages), so that a comparison of the two concepts can hold the
+implementation fixed: gradients are grouped into buckets (``--mpi-bucket-bytes``, reverse parameter
+order), a bucket leaves from a gradient hook as soon as backward has produced all of it, and is
+reduced by a ring of non-blocking point-to-point messages:
 
 * reduce-scatter: the bucket is cut into N chunks; in step t rank r sends chunk r-t to rank r+1
   and adds chunk r-t-1 from rank r-1 to its own; after N-1 steps rank r holds chunk r+1 summed
