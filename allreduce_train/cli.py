@@ -14,8 +14,9 @@ from typing import NoReturn
 
 from . import __version__, job
 from .config import add_arguments
+from .distributed.mpi import launched_as
 from .errors import EXIT_ERROR, EXIT_USAGE, UserError, record_exit
-from .job import env_rank, fail
+from .job import fail
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -56,7 +57,7 @@ class _Parser(argparse.ArgumentParser):
     """Usage errors are printed by rank 0 only: every rank parses the same argv and fails alike."""
 
     def error(self, message: str) -> NoReturn:
-        if env_rank() == 0:
+        if launched_as().rank == 0:
             self.print_usage(sys.stderr)
             print(f"{self.prog}: error: {message}", file=sys.stderr)
         else:
@@ -102,4 +103,4 @@ def main(argv: list[str] | None = None) -> int:
         code = 0 if e.code is None else e.code if isinstance(e.code, int) else EXIT_ERROR  # as Python exits
         raise
     finally:
-        record_exit(env_rank(), code)  # for the launcher's bound on ending the job (docs/faults.md)
+        record_exit(launched_as().rank, code)  # for the launcher's bound on ending the job (docs/faults.md)

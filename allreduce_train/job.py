@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from .distributed.mpi import launched_as
 from .errors import (
     EXIT_DIVERGED,
     EXIT_ERROR,
@@ -47,14 +48,6 @@ if TYPE_CHECKING:
     from .watchdog import Watchdog
 
 
-def env_rank() -> int:
-    """The global rank from the launcher's environment, before any process group exists."""
-    for var in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "HOROVOD_RANK"):
-        if var in os.environ:
-            return int(os.environ[var])
-    return 0
-
-
 def fail(msg: str) -> int:
     """One error line on this rank's stderr; the usage exit code."""
     print(f"allreduce_train: error: {msg}", file=sys.stderr, flush=True)
@@ -67,7 +60,7 @@ def fail_before_init(msg: str) -> int:
     The other ranks linger a moment before exiting: mpirun ends the whole job as soon as one rank
     exits non-zero, and rank 0 must have printed the line by then.
     """
-    if env_rank() == 0:
+    if launched_as().rank == 0:
         return fail(msg)
     time.sleep(2.0)
     return EXIT_USAGE
@@ -75,7 +68,7 @@ def fail_before_init(msg: str) -> int:
 
 def exit(code: int) -> NoReturn:
     """End this rank with ``code``, recorded first for the launcher's bound on ending the job."""
-    record_exit(env_rank(), code)
+    record_exit(launched_as().rank, code)
     raise SystemExit(code)
 
 

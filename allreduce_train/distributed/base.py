@@ -14,13 +14,16 @@ servers) report ``is_worker == False`` and spend the run in :meth:`serve`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..trace import NULL, NullTracer
 from .buffers import flatten, held_bytes, views
 from .wire import FLOAT32, WireFormat
+
+if TYPE_CHECKING:
+    from .bucketing import BucketedReduction
 
 
 class GradientExchange(ABC):
@@ -38,6 +41,9 @@ class GradientExchange(ABC):
     # sum reads its dtype, and the schedule takes it from here. float32 where an engine is given none
     # (one process; --strategy none, whose --compression config keeps at none).
     wire: WireFormat = FLOAT32
+    # The gradient sum started from backward's hooks, where the engine runs it on the shared machinery.
+    reduction: BucketedReduction | None = None
+    _closed = False
 
     @property
     def is_main(self) -> bool:
@@ -177,9 +183,19 @@ class GradientExchange(ABC):
         """Counters since the last call (e.g. bytes moved); logged under comm/."""
         return {}
 
-    @abstractmethod
     def close(self) -> None:
-        """Leave the process group cleanly."""
+        """Leave the process group cleanly, once (a second call, from a ``finally`` after the first, does
+        nothing): the gradient hooks come off, then :meth:`leave`."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.reduction is not None:
+            self.reduction.remove()
+        self.leave()
+
+    def leave(self) -> None:
+        """This engine's own part of :meth:`close` (its process group left, its servers told)."""
+        return None  # nothing beyond the hooks: an engine on MPI's COMM_WORLD leaves it at exit
 
     @abstractmethod
     def abort(self, code: int) -> None:

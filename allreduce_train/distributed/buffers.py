@@ -72,21 +72,6 @@ def unpack(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
         off += n
 
 
-def reverse_buckets(sizes: Sequence[int], bucket_elems: int) -> list[list[int]]:
-    """Tensors of ``sizes`` elements grouped in *reverse* order, up to ``bucket_elems`` per bucket (a larger
-    tensor alone): backward produces the last layer's gradients first, so a bucket can leave as soon as its
-    gradients are complete, while backward continues. Indices per bucket, in the order they leave."""
-    buckets: list[list[int]] = []
-    filled = 0
-    for p in reversed(range(len(sizes))):
-        if not buckets or (filled + sizes[p] > bucket_elems and filled > 0):
-            buckets.append([])
-            filled = 0
-        buckets[-1].append(p)
-        filled += sizes[p]
-    return buckets
-
-
 def held_bytes(kinds: dict[str, Iterable[torch.Tensor]]) -> dict[str, int]:
     """Bytes of memory behind each kind's tensors, every storage counted once: a view (a parameter
     of a flat buffer, a tied weight) adds nothing once its storage is counted, under the first kind

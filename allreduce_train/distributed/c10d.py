@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+from dataclasses import astuple
 from typing import Any
 
 import torch
@@ -28,9 +29,9 @@ import torch
 from ..config import ExchangeConfig, TorchConfig
 from ..errors import UserError
 from .base import GradientExchange
-from .buffers import elements_in, flatten, pack, unpack, views
-from .mpi import abort, import_mpi, poll
-from .ps.sharding import plan
+from .bucketing import BucketedReduction, reverse_buckets
+from .buffers import elements_in, flatten, views
+from .mpi import abort, import_mpi, launched_as, poll, yield_when_idle
 from .wire import FLOAT32, WireFormat
 
 
@@ -82,19 +83,15 @@ class TorchDistributed(GradientExchange):
 
         self.cfg, self.torch_cfg, self.dist, self.wire, self.dtype = x, cfg, dist, wire, wire.dtype
         env = os.environ
-        self.rank, self.size = int(env.get("OMPI_COMM_WORLD_RANK", 0)), int(env.get("OMPI_COMM_WORLD_SIZE", 1))
-        self.local_rank = int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", 0))
-        self.local_size = int(env.get("OMPI_COMM_WORLD_LOCAL_SIZE", 1))
+        self.rank, self.size, self.local_rank, self.local_size = astuple(launched_as())
         self.timeout = x.stall_timeout  # 0: wait forever
         self.backend = _backend(cfg.backend)
-        self._hooks: list[Any] = []
-        self._buckets: list[dict[str, Any]] = []
-        self._exchanging = True
-        self._closed = False
+        self._flats: list[torch.Tensor] = []  # each bucket's, in the wire's dtype
+        self._works: list[Any] = []  # each bucket's all_reduce in flight
         self.world = None
         if self.size == 1:
             return  # one process: every collective returns its input, no group to form
-        os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")  # a rank waiting in MPI yields its core
+        yield_when_idle()
         MPI = import_mpi()
         self.world = MPI.COMM_WORLD
         store = None
@@ -107,7 +104,7 @@ class TorchDistributed(GradientExchange):
                 wait_for_workers=False,
                 timeout=datetime.timedelta(seconds=self.timeout or 3600),
             )
-            one_host = env.get("OMPI_COMM_WORLD_LOCAL_SIZE") == env.get("OMPI_COMM_WORLD_SIZE")
+            one_host = self.local_size == self.size
             where = (
                 [env["MASTER_ADDR"]] if env.get("MASTER_ADDR") else ["127.0.0.1"] if one_host else _ipv4_addresses(),
                 store.port,
@@ -137,78 +134,51 @@ class TorchDistributed(GradientExchange):
             "backward_passes_per_step": self.cfg.backward_passes_per_step,
             "reduce_op": self.cfg.reduce_op,
         }
-        if self._buckets:
-            out["torch_buckets"] = len(self._buckets)
+        if self._flats:
+            out["torch_buckets"] = len(self._flats)
         return out
 
     def prepare(self, model, optimizer, every_step: bool = True):
         if self.size == 1:
             return optimizer  # the average over one worker is its own gradient: nothing to send
         self.broadcast_state(model, optimizer)  # communication: rank 0's model and optimizer state
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        sizes = [p.numel() for p in self.params]
-        buckets = plan(sizes, 1, max(sizes), elements_in(self.torch_cfg.bucket_bytes, self.dtype)).buckets
-        self._k = self.cfg.backward_passes_per_step
-        for b, members in enumerate(buckets):
-            flat = torch.zeros(sum(sizes[p] for p in members), dtype=self.dtype, device=self.params[members[0]].device)
-            self._buckets.append({"members": members, "flat": flat, "work": None})
-            for p in members:  # hooks honour set_exchanging (a schedule's local steps send nothing)
-                self._hooks.append(
-                    self.params[p].register_post_accumulate_grad_hook(lambda _p, b=b: self._grad_ready(b))
-                )
-        self._reset_step()
+        params = [p for p in model.parameters() if p.requires_grad]
+        sizes = [p.numel() for p in params]
+        buckets = reverse_buckets(sizes, elements_in(self.torch_cfg.bucket_bytes, self.dtype))
+        self._flats = [
+            torch.zeros(sum(sizes[p] for p in m), dtype=self.dtype, device=params[m[0]].device) for m in buckets
+        ]
+        self._works = [None] * len(buckets)
+        # hooks honour set_exchanging (a schedule's local steps send nothing)
+        self.reduction = BucketedReduction(
+            params, buckets, self.cfg.backward_passes_per_step, self._start, self._done, tracer=self.tracer
+        )
         return optimizer
 
     def flat_buffers(self) -> list[torch.Tensor]:
         """Each bucket's flat buffer (Gloo's and NCCL's own scratch is out of sight)."""
-        return [b["flat"] for b in self._buckets]
+        return list(self._flats)
 
     # ------------------------------------------------------------ one step
-    def _reset_step(self) -> None:
-        self._missing = [len(b["members"]) * self._k for b in self._buckets]
-        self._next = 0  # buckets start in index order on every rank (collectives must match)
-        for b in self._buckets:
-            b["work"] = None
-
     def set_exchanging(self, on: bool) -> None:
-        self._exchanging = on
+        if self.reduction is not None:
+            self.reduction.exchanging = on
 
-    def _grad_ready(self, b: int) -> None:
-        if not self._exchanging:
-            return
-        self._missing[b] -= 1
-        while self._next < len(self._buckets) and self._missing[self._next] <= 0:
-            self._start(self._buckets[self._next])
-            self._next += 1
-
-    def _start(self, bucket: dict[str, Any]) -> None:
-        members = bucket["members"]
-        # the copy in is the cast to the wire's dtype; a parameter outside this step's loss sends zeros
-        pack([self.params[p].grad for p in members], bucket["flat"], [self.params[p].numel() for p in members])
+    def _start(self, b: int) -> None:
+        assert self.reduction is not None
+        self.reduction.pack(b, self._flats[b])
         # communication: the bucket, summed over the workers (NCCL for CUDA tensors, Gloo on CPU)
-        bucket["work"] = self.dist.all_reduce(bucket["flat"], async_op=True)
-        self.tracer.bucket_start(self._next)  # the callers start bucket self._next
+        self._works[b] = self.dist.all_reduce(self._flats[b], async_op=True)
+
+    def _done(self, b: int) -> None:
+        assert self.reduction is not None
+        self.reduction.unpack(b, self._flats[b], self.size)
+        self._works[b] = None
 
     def synchronize(self) -> None:
-        if not self._buckets:  # one worker: nothing to exchange
+        if self.reduction is None:  # one worker: nothing to exchange
             return
-        if not self._exchanging:  # a local step: each worker keeps its own gradient
-            self._reset_step()
-            return
-        while self._next < len(self._buckets):  # parameters outside this step's loss: zeros, now
-            self._start(self._buckets[self._next])
-            self._next += 1
-        self._wait([b["work"] for b in self._buckets], "the allreduce of the gradients")
-        with torch.no_grad():
-            for b, bucket in enumerate(self._buckets):
-                self.tracer.bucket_done(b)  # seen done once every bucket is (one wait for all)
-                avg = bucket["flat"].float() if self.dtype != torch.float32 else bucket["flat"]
-                avg.div_(self.size)
-                for p in bucket["members"]:
-                    if self.params[p].grad is None:
-                        self.params[p].grad = torch.zeros_like(self.params[p])
-                unpack(avg, [self.params[p].grad for p in bucket["members"]])
-        self._reset_step()
+        self.reduction.complete(lambda: self._wait(self._works, "the allreduce of the gradients"))
 
     def _wait(self, works: list[Any], what: str) -> None:
         """Poll (sleeping) until every work is done: the stall deadline holds, and the watchdog runs."""
@@ -261,12 +231,7 @@ class TorchDistributed(GradientExchange):
         return out
 
     # ------------------------------------------------------------ shutdown
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        for h in self._hooks:
-            h.remove()
+    def leave(self) -> None:
         if self.size > 1 and self.dist.is_initialized():
             self.dist.destroy_process_group()
 

@@ -17,7 +17,7 @@ from ..config import ExchangeConfig, HorovodConfig
 from ..errors import UserError
 from .base import GradientExchange
 from .horovod_shard import HorovodShardCollectives
-from .mpi import abort
+from .mpi import abort, launched_as, yield_when_idle
 from .wire import FLOAT32, WireFormat
 
 POLL_S = 1e-4  # sleep between polls of an in-flight allreduce: ~1 % of a LeNet-5 step
@@ -87,7 +87,8 @@ def gloo_under_mpirun(environ: MutableMapping[str, str]) -> Any:
     from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
     from mpi4py import MPI
 
-    rank, size = int(environ["OMPI_COMM_WORLD_RANK"]), int(environ["OMPI_COMM_WORLD_SIZE"])
+    place = launched_as(environ)
+    rank, size = place.rank, place.size
     host, server, port = socket.gethostname(), None, None
     if rank == 0:
         server = RendezvousHTTPServer(("127.0.0.1", 0), RendezvousHandler, 0)
@@ -227,9 +228,7 @@ class HorovodAllreduce(GradientExchange):
         if wait not in ("sleep", "horovod"):
             raise UserError(f"ALLREDUCE_TRAIN_WAIT={wait!r}: use sleep (the default) or horovod")
         self._sleep_wait = wait == "sleep"
-        # With MPI: a rank waiting in a collective yields its core instead of spinning on it, which
-        # on a host without a spare core would slow the peer it waits for (docs/performance.md).
-        os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+        yield_when_idle()  # with MPI: a rank waiting in a collective yields its core
         # The background thread looks for ready gradients every HOROVOD_CYCLE_TIME ms; the last ones
         # of a step wait for the next cycle. With the cycle-phase patch an idle cycle costs little,
         # so on one host a short cycle wins (LeNet-5, 2 ranks: 0.25 ms ~10 % faster than Horovod's
@@ -446,7 +445,7 @@ class HorovodAllreduce(GradientExchange):
             return [obj]
         return self.hvd.allgather_object(obj, name="allgather_object")  # communication
 
-    def close(self) -> None:
+    def leave(self) -> None:
         self.hvd.shutdown()
         if self._rendezvous is not None:
             self._rendezvous.shutdown()

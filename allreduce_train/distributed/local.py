@@ -8,14 +8,14 @@ match a one-rank run of any other strategy step for step.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
+from dataclasses import astuple
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .base import GradientExchange
-from .mpi import abort, allgather_pickle, bcast_pickle, import_mpi, poll, sum_now
+from .mpi import abort, allgather_pickle, bcast_pickle, import_mpi, launched_as, poll, sum_now
 
 if TYPE_CHECKING:
     from mpi4py.MPI import Comm
@@ -48,9 +48,6 @@ class LocalExchange(GradientExchange):
     def allgather_object(self, obj: Any) -> list[Any]:
         return [obj]
 
-    def close(self) -> None:
-        pass
-
     def abort(self, code: int) -> None:
         abort(code)
 
@@ -72,10 +69,7 @@ class NoExchange(LocalExchange):
     one_model = False  # each rank's model is its own: its BatchNorm statistics too
 
     def __init__(self, timeout: float = 0.0) -> None:
-        env = os.environ
-        self.rank, self.size = int(env.get("OMPI_COMM_WORLD_RANK", 0)), int(env.get("OMPI_COMM_WORLD_SIZE", 1))
-        self.local_rank = int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", 0))
-        self.local_size = int(env.get("OMPI_COMM_WORLD_LOCAL_SIZE", 1))
+        self.rank, self.size, self.local_rank, self.local_size = astuple(launched_as())
         self.timeout = timeout  # --stall-timeout: a bookkeeping collective gives up after it (0: never)
         self.comm: Comm | None = None
         self.MPI: Any = None  # the mpi4py module, set with comm

@@ -1,5 +1,7 @@
 """The mpi4py layer that the exchanges on MPI messages share: the parameter server (:mod:`.ps`),
-the ring allreduce (:mod:`.ring`) and ``--strategy none``'s bookkeeping (:mod:`.local`).
+the ring allreduce (:mod:`.ring`) and ``--strategy none``'s bookkeeping (:mod:`.local`); and, for
+every engine and the command line, the launcher's environment: where this process is in the job
+(:func:`launched_as`) and Open MPI's setting for ranks that wait (:func:`yield_when_idle`).
 
 Every wait here is non-blocking underneath and polled with a deadline (:func:`poll`), so a rank
 whose peer never answers raises :class:`~allreduce_train.errors.Stalled` instead of hanging, and a
@@ -13,7 +15,8 @@ import os
 import pickle
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +30,41 @@ if TYPE_CHECKING:  # imported when an engine starts (import_mpi), after the conf
     from mpi4py.MPI import Comm
 
 MAX_BUCKETS = 32000  # bucket indices are the message tags; MPI guarantees tags up to 32767
+
+# What each launcher tells a rank before any process group exists: (rank, size, local rank, local size),
+# the first launcher whose rank is set wins. Open MPI's mpirun (every job here), MPICH's Hydra, a PMIx
+# launcher (srun --mpi=pmix: a rank only), horovodrun (--gloo, without mpirun).
+LAUNCHERS = (
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+    ("PMIX_RANK", "", "", ""),  # "": not set by that launcher
+    ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE"),
+)
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where this process is in the job, as its launcher says: global and per-host rank and size."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    local_size: int = 1
+
+
+def launched_as(environ: Mapping[str, str] = os.environ) -> Place:
+    """This process's :class:`Place` from the launcher's environment, before any process group exists (what a
+    launcher does not set keeps its default: rank 0 of 1 outside any launcher)."""
+    for names in LAUNCHERS:
+        if names[0] in environ:
+            return Place(*(int(environ[n]) if n in environ else d for n, d in zip(names, (0, 1, 0, 1), strict=True)))
+    return Place()
+
+
+def yield_when_idle() -> None:
+    """Before MPI_Init: a rank waiting inside MPI yields its core instead of spinning on it, which on a host
+    without a spare core would slow the peer it waits for (docs/performance.md); a user's own setting wins."""
+    os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
 
 
 def import_mpi() -> ModuleType:

@@ -1,9 +1,10 @@
 """Ring allreduce on mpi4py: the second allreduce engine (``--allreduce-engine mpi``).
 
-The same concept as :mod:`.horovod` on the parameter server's own machinery, so that a comparison
-of the two concepts can hold the implementation fixed: gradients are grouped into the PS's buckets
-(``--mpi-bucket-bytes``, reverse parameter order), a bucket leaves from a gradient hook as soon as
-backward has produced all of it, and is reduced by a ring of non-blocking point-to-point messages:
+The same concept as :mod:`.horovod` on the parameter server's own machinery (:mod:`.bucketing`'s
+buckets and hooks, :mod:`.mpi`'s messages), so that a comparison of the two concepts can hold the
+implementation fixed: gradients are grouped into buckets (``--mpi-bucket-bytes``, reverse parameter
+order), a bucket leaves from a gradient hook as soon as backward has produced all of it, and is
+reduced by a ring of non-blocking point-to-point messages:
 
 * reduce-scatter: the bucket is cut into N chunks; in step t rank r sends chunk r-t to rank r+1
   and adds chunk r-t-1 from rank r-1 to its own; after N-1 steps rank r holds chunk r+1 summed
@@ -27,7 +28,6 @@ command line turns that into MPI_Abort of the job.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -36,7 +36,8 @@ import torch
 from ..config import ExchangeConfig, MPIConfig
 from ..errors import UserError
 from .base import GradientExchange
-from .buffers import elements_in, pack, unpack
+from .bucketing import BucketedReduction, reverse_buckets
+from .buffers import elements_in
 from .mpi import (
     MAX_BUCKETS,
     abort,
@@ -48,8 +49,8 @@ from .mpi import (
     poll,
     start_sum,
     sum_now,
+    yield_when_idle,
 )
-from .ps.sharding import plan
 from .wire import FLOAT32, WireFormat
 
 
@@ -166,13 +167,11 @@ class Ring:
 class _Bucket:
     """One bucket's flat buffer and the state of its reduction (a :class:`Ring` or one MPI request)."""
 
-    def __init__(self, index: int, members: list[int], sizes: list[int], dtype: torch.dtype) -> None:
-        self.index, self.members = index, members
-        self.flat = torch.zeros(sum(sizes[p] for p in members), dtype=dtype)
+    def __init__(self, numel: int, dtype: torch.dtype) -> None:
+        self.flat = torch.zeros(numel, dtype=dtype)
         self.arr = as_bytes(self.flat)
         self.ring: Ring | None = None  # the ring of this step: its scratch lives while it does
         self.request: Any = None  # MPI_Iallreduce's
-        self.started = False
 
 
 class MPIRingAllreduce(GradientExchange):
@@ -184,8 +183,7 @@ class MPIRingAllreduce(GradientExchange):
         """``average=False``: leave the sum (commbench checks it exactly on integer inputs); ``wire``:
         the run's wire format, whose dtype the gradients are summed in."""
         self.cfg, self.mpi_cfg = x, mpi
-        # As with Horovod: a rank waiting inside MPI yields its core (docs/performance.md).
-        os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+        yield_when_idle()  # as with Horovod
         self.MPI = MPI = import_mpi()
         world = self.world = MPI.COMM_WORLD
         self.rank, self.size = world.Get_rank(), world.Get_size()
@@ -198,10 +196,8 @@ class MPIRingAllreduce(GradientExchange):
         self.algorithm = mpi.algorithm
         self.wire, self.dtype = wire, wire.dtype  # the bucket's buffer: the copy in is the cast (compression.py)
         self.divisor = self.size if average else 1
-        self._hooks: list[Any] = []
         self._buckets: list[_Bucket] = []
-        self._exchanging = True  # a schedule turns it off for its local steps
-        self._closed = False
+        self.reduction: BucketedReduction | None = None  # attach(): the hooks, the buckets' readiness
 
     # ------------------------------------------------------------ set-up
     def describe(self) -> dict[str, Any]:
@@ -228,19 +224,20 @@ class MPIRingAllreduce(GradientExchange):
         :meth:`prepare`'s broadcast: commbench exchanges tensors that are no model's)."""
         if self.size == 1:
             return
-        self.params = params
         sizes = [p.numel() for p in params]
-        buckets = plan(sizes, 1, max(sizes), elements_in(self.mpi_cfg.bucket_bytes, self.dtype)).buckets
+        buckets = reverse_buckets(sizes, elements_in(self.mpi_cfg.bucket_bytes, self.dtype))
         if len(buckets) > MAX_BUCKETS:
             raise UserError(f"{len(buckets)} buckets are too many message tags; raise --mpi-bucket-bytes")
-        self._buckets = [_Bucket(b, members, sizes, self.dtype) for b, members in enumerate(buckets)]
-        self._k = self.cfg.backward_passes_per_step
-        self._reset_step()
-        for bucket in self._buckets:
-            for p in bucket.members:
-                self._hooks.append(
-                    params[p].register_post_accumulate_grad_hook(lambda _p, b=bucket.index: self._grad_ready(b))
-                )
+        self._buckets = [_Bucket(sum(sizes[p] for p in members), self.dtype) for members in buckets]
+        self.reduction = BucketedReduction(
+            params,
+            buckets,
+            self.cfg.backward_passes_per_step,
+            self._start,
+            self._done,
+            progress=self._advance,
+            tracer=self.tracer,
+        )
 
     def flat_buffers(self) -> list[torch.Tensor]:
         """Each bucket's flat buffer and the reduce-scatter scratch of a ring in flight (none at one rank:
@@ -252,82 +249,57 @@ class MPIRingAllreduce(GradientExchange):
         ]
 
     # ------------------------------------------------------------ one step
-    def _reset_step(self) -> None:
-        self._missing = [len(b.members) * self._k for b in self._buckets]
-        self._next = 0  # buckets start in index order on every rank (MPI collectives must match)
-        for b in self._buckets:
-            b.started, b.ring, b.request = False, None, None
-
     def set_exchanging(self, on: bool) -> None:
-        self._exchanging = on
+        if self.reduction is not None:
+            self.reduction.exchanging = on
 
-    def _grad_ready(self, b: int) -> None:
-        if not self._exchanging:
-            return  # a step without the gradient sum (a schedule's local step, PowerSGD): nothing leaves
-        self._missing[b] -= 1
-        while self._next < len(self._buckets) and self._missing[self._next] <= 0:
-            self._start(self._buckets[self._next])
-            self._next += 1
-        self._advance()  # move the buckets in flight on between layers of backward
-
-    def _start(self, bucket: _Bucket) -> None:
-        # the copy in is the cast to the wire's dtype; a parameter outside this step's loss sends zeros
-        members = [self.params[p] for p in bucket.members]
-        pack([p.grad for p in members], bucket.flat, [p.numel() for p in members])
-        bucket.started = True
-        self.tracer.bucket_start(bucket.index)
+    def _start(self, b: int) -> None:
+        """Bucket ``b``'s gradients into its buffer, and its ring (or MPI_Iallreduce) started."""
+        bucket = self._buckets[b]
+        assert self.reduction is not None
+        self.reduction.pack(b, bucket.flat)
         if self.algorithm == "iallreduce":
             # communication: the whole bucket, summed by MPI's own algorithm
             bucket.request = self.comm.Iallreduce(self.MPI.IN_PLACE, bucket.arr, op=self.MPI.SUM)
             return
-        bucket.ring = Ring(self.comm, self.MPI, bucket.flat, bucket.index, self.rank, self.size)
+        bucket.ring = Ring(self.comm, self.MPI, bucket.flat, b, self.rank, self.size)  # tag: the bucket's index
         bucket.ring.start()
 
+    def _done(self, b: int) -> None:
+        """Bucket ``b``'s sum averaged into its parameters' gradients; its ring's scratch let go."""
+        bucket = self._buckets[b]
+        assert self.reduction is not None
+        self.reduction.unpack(b, bucket.flat, self.divisor)
+        bucket.ring, bucket.request = None, None
+
     def _advance(self) -> bool:
-        """Move every bucket in flight as far as its messages allow; True if any moved."""
+        """Move every bucket in flight as far as its messages allow (between layers of backward too); True if
+        any moved."""
         moved = False
-        for bucket in self._buckets[: self._next]:
+        for bucket in self._buckets:
             if bucket.ring is not None:
                 moved = bucket.ring.advance() or moved
         return moved
 
-    def _bucket_done(self, bucket: _Bucket) -> bool:
+    def _bucket_done(self, b: int) -> bool:
+        bucket = self._buckets[b]
         done = bucket.request.Test() if bucket.request is not None else bucket.ring is not None and bucket.ring.done()
         if done:
-            self.tracer.bucket_done(bucket.index)  # polled until all are: the tracer keeps the first time only
+            self.tracer.bucket_done(b)  # polled until all are: the tracer keeps the first time only
         return done
 
     def synchronize(self) -> None:
-        if not self._buckets:  # one worker: nothing to exchange
+        if self.reduction is None:  # one worker: nothing to exchange
             return
-        if not self._exchanging:  # a local step: each worker keeps its own gradient
-            self._reset_step()
-            return
-        # A bucket whose gradients were not all produced (a parameter outside this step's loss)
-        # starts now, with zeros for what is missing.
-        while self._next < len(self._buckets):
-            self._start(self._buckets[self._next])
-            self._next += 1
         # communication: wait for every bucket, advancing the rings
-        poll(
-            lambda: all(self._bucket_done(b) for b in self._buckets),
-            self.timeout,
-            "the ring allreduce of the gradients",
-            self._advance,
+        self.reduction.complete(
+            lambda: poll(
+                lambda: all(self._bucket_done(b) for b in range(len(self._buckets))),
+                self.timeout,
+                "the ring allreduce of the gradients",
+                self._advance,
+            )
         )
-        with torch.no_grad():
-            for bucket in self._buckets:
-                avg = bucket.flat.float() if self.dtype != torch.float32 else bucket.flat
-                if self.divisor != 1:
-                    avg.div_(self.divisor)
-                grads = []
-                for p in bucket.members:
-                    param = self.params[p]
-                    if param.grad is None:
-                        param.grad = torch.zeros_like(param)
-                    grads.append(param.grad)
-                unpack(avg, grads)
-        self._reset_step()
 
     def apply(self, optimizer) -> None:
         optimizer.step()
@@ -389,13 +361,6 @@ class MPIRingAllreduce(GradientExchange):
     def _wait(self, test, what: str) -> None:
         poll(test, self.timeout, what)
 
-    # ------------------------------------------------------------ shutdown
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        for h in self._hooks:
-            h.remove()
-
+    # ------------------------------------------------------------ shutdown (close: the base's)
     def abort(self, code: int) -> None:
         abort(code, self.world)

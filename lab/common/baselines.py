@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from allreduce_train.distributed.mpi import launched_as
 from models import MODELS
 
 from .workloads import first_batch, loss_of
@@ -33,7 +34,8 @@ Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 def launcher_rank() -> tuple[int, int]:
     """(rank, size) from Open MPI's environment; (0, 1) outside mpirun."""
-    return int(os.environ.get("OMPI_COMM_WORLD_RANK", 0)), int(os.environ.get("OMPI_COMM_WORLD_SIZE", 1))
+    place = launched_as()
+    return place.rank, place.size
 
 
 def workload(

@@ -6,8 +6,8 @@ from typing import Any
 import pytest
 import torch
 
+from allreduce_train.distributed.bucketing import plan
 from allreduce_train.distributed.ps.optimizer import describe
-from allreduce_train.distributed.ps.sharding import plan
 from allreduce_train.distributed.shardstate import assemble
 from allreduce_train.errors import UserError
 

@@ -28,7 +28,7 @@ Engineering that a fair comparison needs (BytePS, OSDI'20, traced the slowness o
 servers of that era to its absence): gradients are fused into one message per (bucket, server)
 instead of one per tensor; a bucket is pushed from a gradient hook as soon as backward has
 produced it, so the transfer overlaps the rest of backward; big tensors are split across servers
-so no server is a hot spot (see :mod:`.sharding`); all transfers are non-blocking and receive
+so no server is a hot spot (see :mod:`..bucketing`); all transfers are non-blocking and receive
 buffers are posted before the message that they answer is sent.
 
 Failure is bounded: every wait polls with a deadline (``--stall-timeout`` seconds without progress)
@@ -56,6 +56,7 @@ import torch
 from ...config import ExchangeConfig, PSConfig
 from ...errors import ConfigError, UserError
 from ..base import GradientExchange
+from ..bucketing import BucketedReduction, plan
 from ..buffers import elements_in, pack, unpack
 from ..mpi import (
     MAX_BUCKETS,
@@ -73,7 +74,6 @@ from ..shardstate import assemble
 from ..wire import FLOAT32, WireFormat
 from .optimizer import describe, server_side
 from .server import ELEM, STATE_BYTES, STATE_FULL, TAG_DONE, TAG_STATE, Server, message, push_slots
-from .sharding import plan
 
 
 class ParameterServer(GradientExchange):
@@ -111,8 +111,7 @@ class ParameterServer(GradientExchange):
         self.workers_comm = world.Split(0 if self.is_worker else MPI.UNDEFINED, self.rank)
         self.push, self.pull = world.Dup(), world.Dup()
         self._server: Server | None = None
-        self._started = self._closed = False
-        self._hooks: list[Any] = []
+        self._started = False
         self._stale_sum = self._stale_n = 0
         self._stale_max = 0
         # Clipping: sync clips the averaged gradient on the servers (see server.Server); async clips each
@@ -241,34 +240,33 @@ class ParameterServer(GradientExchange):
         self._in = {key: message(lay.segment_numel(*key), self.dtype) for key in lay.segments}
         self._version = dict.fromkeys(lay.segments, 0)
         self._step_bytes = (sum(m[0].nbytes for m in self._out.values()), sum(m[0].nbytes for m in self._in.values()))
-        self._k = self.xcfg.backward_passes_per_step
         self._reqs: list[Any] = []
-        self._reset_step()
-        for b, members in enumerate(lay.buckets):
-            for i in members:
-                self._hooks.append(params[i].register_post_accumulate_grad_hook(lambda _p, b=b: self._grad_ready(b)))
+        # a bucket is pushed as soon as it is whole, in any order (its messages are tagged with its index),
+        # and the server part serves between layers of backward; async clipping holds every push back
+        self.reduction = BucketedReduction(
+            params,
+            lay.buckets,
+            self.xcfg.backward_passes_per_step,
+            self._push,
+            self._pulled,
+            ordered=False,
+            progress=self._idle,
+            from_hooks=not self._clip_local,
+            tracer=self.tracer,
+        )
         self._optimizer = server_side(optimizer, params, self.fetch_state)
         return self._optimizer
 
     # ------------------------------------------------------------ one step
-    def _reset_step(self) -> None:
-        self._missing = [len(m) * self._k for m in self.layout.buckets]
-        self._pushed = [False] * len(self.layout.buckets)
-
-    def _grad_ready(self, b: int) -> None:
-        self._missing[b] -= 1
-        if self._missing[b] == 0 and not self._clip_local:
-            self._push(b)
-        if self._server is not None:
-            self._server.progress()  # serve the other workers between layers of backward
-
     def _push(self, b: int) -> None:
-        MPI, lay = self.MPI, self.layout
+        MPI, lay, reduction = self.MPI, self.layout, self.reduction
+        assert reduction is not None
         lrs = [float(g["lr"]) for g in self._optimizer.param_groups]  # as the trainer or a scheduler set them
         for s in lay.servers_of(b):
             raw, head, data = self._out[(b, s)]
             head[0], head[1 : 1 + len(lrs)] = self._version[(b, s)], lrs
-            segments = [self._grad(p)[lo:hi] for p, lo, hi in lay.segments[(b, s)]]
+            # a parameter outside this step's loss pushes zeros, as Horovod allreduces zeros for it
+            segments = [reduction.grad(p)[lo:hi] for p, lo, hi in lay.segments[(b, s)]]
             if self.dtype == torch.float32 and segments[0].device.type == "cpu":
                 torch.cat(segments, out=data)
             else:  # 16 bits: packing is the cast; a GPU's gradients: the copy to the host
@@ -277,23 +275,21 @@ class ParameterServer(GradientExchange):
             # communication: the reply's receive is posted before the push that causes it
             self._reqs.append(self.pull.Irecv([self._in[(b, s)][0], MPI.BYTE], source=dest, tag=b))
             self._reqs.append(self.push.Isend([raw, MPI.BYTE], dest=dest, tag=b))
-        self._pushed[b] = True
-        self.tracer.bucket_start(b)
 
-    def _grad(self, i: int) -> torch.Tensor:
-        g = self.params[i].grad
-        # A parameter that took no part in this step's loss pushes zeros, as Horovod allreduces zeros for it.
-        return torch.zeros_like(self._flat[i]) if g is None else g.reshape(-1)
+    def _pulled(self, b: int) -> None:
+        """Bucket ``b``'s parameters as the servers sent them back (by :meth:`apply`: the step's update)."""
+        with torch.no_grad():
+            for s in self.layout.servers_of(b):
+                unpack(self._in[(b, s)][2], [self._flat[p][lo:hi] for p, lo, hi in self.layout.segments[(b, s)]])
 
     def synchronize(self) -> None:
+        assert self.reduction is not None
         if self._clip_local:  # async: each worker's own gradient, clipped before it leaves
             torch.nn.utils.clip_grad_norm_(self.params, self._clip_local)
-        for b, done in enumerate(self._pushed):
-            if not done:
-                self._push(b)
+        self.reduction.start_late()
         reqs = self._reqs
         self._poll(lambda: self.MPI.Request.Testall(reqs), "the servers' replies")  # communication
-        for b in range(len(self._pushed)):
+        for b in range(len(self.layout.buckets)):
             self.tracer.bucket_done(b)  # every server's reply to it is in (one wait for all)
         self._reqs = []
         stale = [int(m[1][1]) for m in self._in.values()]
@@ -309,10 +305,8 @@ class ParameterServer(GradientExchange):
         w[3] = max(w[3], max(stale))
 
     def apply(self, optimizer) -> None:
-        with torch.no_grad():
-            for key, ranges in self.layout.segments.items():
-                unpack(self._in[key][2], [self._flat[p][lo:hi] for p, lo, hi in ranges])
-        self._reset_step()
+        assert self.reduction is not None
+        self.reduction.finish_all()
 
     def fetch_state(self) -> list[dict[str, Any]]:
         """Every server's optimizer state, assembled per parameter (in ``model.parameters()`` order; {}
@@ -452,12 +446,7 @@ class ParameterServer(GradientExchange):
             "staleness_max": float(worst),
         }
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        for h in self._hooks:
-            h.remove()
+    def leave(self) -> None:
         if not self._started:
             return  # set-up failed before any server started: nothing to shut down
         MPI = self.MPI

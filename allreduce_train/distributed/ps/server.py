@@ -1,6 +1,6 @@
 """The server side of the parameter server, and the wire format both sides speak.
 
-A :class:`Server` holds one server's shard: its parameter elements per bucket (:mod:`.sharding`
+A :class:`Server` holds one server's shard: its parameter elements per bucket (:mod:`..bucketing`
 says which) as float32 master copies, and per bucket an instance of the user's optimizer class
 over them, whose state (SGD's momentum, Adam's two moments) therefore lives here, sharded.
 Dedicated server ranks run its :meth:`Server.progress` in a loop; colocated ranks run it whenever
@@ -17,10 +17,10 @@ import numpy as np
 import torch
 
 from ...memory import peak_rss_mib
+from ..bucketing import Layout
 from ..buffers import element_size, held_bytes
 from ..mpi import poll
 from ..shardstate import leaves, pieces, shard_optimizer
-from .sharding import Layout
 
 SLOT = 8  # bytes per header slot (a float64)
 HEADER_BYTES = 2 * SLOT  # a reply's header: (server version, staleness)

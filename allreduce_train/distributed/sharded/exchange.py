@@ -30,7 +30,8 @@ import torch
 from ...config import ExchangeConfig
 from ...errors import UserError
 from ..base import GradientExchange
-from ..buffers import elements_in, held_bytes, pack
+from ..bucketing import BucketedReduction
+from ..buffers import elements_in, held_bytes
 from ..shardstate import PLACE_KEYS, assemble, leaves, per_element, pieces, shard_optimizer
 from ..wire import WireFormat
 from .collectives import ShardCollectives
@@ -71,7 +72,6 @@ class ShardedExchange(GradientExchange):
         self.bucket_elems = elements_in(bucket_bytes, self.dtype)
         self.params: list[torch.Tensor] = []
         self._hooks: list[Any] = []
-        self._closed = False
 
     def describe(self) -> dict[str, Any]:
         out = {**self.engine.describe(), "shard_stage": self.stage}
@@ -117,10 +117,13 @@ class ShardedExchange(GradientExchange):
         ]
         self._averaged = False  # whether gshard holds this step's average (synchronize() ran, step() did not yet)
         self._handles: list[Any] = [None] * n
-        self._reset_step()
-        for b, members in enumerate(lay.buckets):
-            for p in members:
-                self._hooks.append(params[p].register_post_accumulate_grad_hook(lambda _p, b=b: self._grad_ready(b)))
+        self._pending = [False] * n  # whether a bucket's reduce-scatter started and was not yet finished
+        self._flying: list[int] = []  # stages 2 and 3: the buckets started and not yet finished, oldest first
+        # an engine without a thread of its own moves its messages on between layers of backward
+        progress = getattr(self.coll, "progress", None)
+        self.reduction = BucketedReduction(
+            params, lay.buckets, self.k, self._start, self._done, progress=progress, tracer=self.tracer
+        )
         if self.stage == 3:
             self._hooks += self.store.attach(model, params)
         self.optimizer = sharded_optimizer(optimizer, self)
@@ -159,32 +162,17 @@ class ShardedExchange(GradientExchange):
         ]
 
     # ------------------------------------------------------------ one step
-    def _reset_step(self) -> None:
-        self._missing = [len(members) * self.k for members in self.layout.buckets]
-        self._flying: list[int] = []  # stages 2 and 3: the buckets started and not yet finished, oldest first
-        self._next = 0  # buckets start in index order on every rank (the engines' collectives must match)
-
-    def _grad_ready(self, b: int) -> None:
-        self._missing[b] -= 1
-        while self._next < len(self._missing) and self._missing[self._next] <= 0:
-            self._start(self._next)
-            self._next += 1
-        progress = getattr(self.coll, "progress", None)
-        if progress is not None:  # an engine without a thread of its own: move the messages on between layers
-            progress()
-
     def _start(self, b: int) -> None:
-        members = [self.params[p] for p in self.layout.buckets[b]]
+        assert self.reduction is not None
         flat = self.gflat[b]
         if flat is None:
             flat = self.gflat[b] = torch.empty(self.layout.numel(b), dtype=self.dtype)
-        # the copy in is the cast to the wire's dtype; a parameter outside this step's loss sends zeros
-        pack([p.grad for p in members], flat, [p.numel() for p in members])
+        self.reduction.pack(b, flat)
         if self.stage >= 2:
-            for p in members:
+            for p in self.reduction.members(b):
                 p.grad = None  # in the bucket now: the full gradient is not kept
         self._handles[b] = self.coll.start_reduce_scatter(b, flat)  # communication
-        self.tracer.bucket_start(b)
+        self._pending[b] = True
         self.store.free(b)  # stage 3: no more of backward needs these parameters
         if self.stage >= 2:
             self._flying.append(b)
@@ -194,7 +182,7 @@ class ShardedExchange(GradientExchange):
     def _finish(self, b: int) -> None:
         """Wait for bucket ``b``'s reduce-scatter and keep this worker's averaged shard of it (stages 2 and 3:
         the full-size bucket is freed)."""
-        handle, self._handles[b] = self._handles[b], None
+        handle, self._handles[b], self._pending[b] = self._handles[b], None, False
         if handle is not None:  # (None: one rank, whose shard is its bucket)
             self.coll.wait([handle], "the reduce-scatter of the gradients")  # communication
         self.tracer.bucket_done(b)
@@ -208,20 +196,23 @@ class ShardedExchange(GradientExchange):
         if self.stage >= 2:
             self.gflat[b] = None
 
+    def _done(self, b: int) -> None:
+        """The end of the step for bucket ``b`` (the shared machinery's, in index order): its reduce-scatter
+        finished here unless a later bucket's start finished it already (stages 2 and 3)."""
+        if self._pending[b]:
+            self._finish(b)  # communication
+
     def synchronize(self) -> None:
-        # A bucket whose gradients were not all produced (a parameter outside this step's loss) starts now.
-        while self._next < len(self._missing):
-            self._start(self._next)
-            self._next += 1
-        for b in range(len(self.layout.buckets)) if self.stage == 1 else self._flying:
-            self._finish(b)  # communication: its shard summed, then averaged here
+        assert self.reduction is not None
+        # communication: each bucket's reduce-scatter waited for in _done, in index order
+        self.reduction.complete(lambda: None)
+        self._flying = []  # stages 2 and 3: all finished by now
         for p in self.params:
             p.grad = None  # the whole gradients are not the averaged ones: nothing above reads them
         for b in range(len(self.layout.buckets)):
             self.store.free(b)  # stage 3: what backward gathered of a parameter outside the loss
         self._handles = [None] * len(self._handles)
         self._averaged = True
-        self._reset_step()
 
     def apply(self, optimizer) -> None:
         optimizer.step()
@@ -374,12 +365,9 @@ class ShardedExchange(GradientExchange):
     def stats(self) -> dict[str, float]:
         return self.engine.stats()
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    def leave(self) -> None:
         for h in self._hooks:
-            h.remove()
+            h.remove()  # stage 3's
         self.engine.close()
 
     def abort(self, code: int) -> None:

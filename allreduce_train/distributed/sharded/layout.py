@@ -1,7 +1,7 @@
 """Which worker owns which elements: the buckets of the gradients and each bucket's cut into shards.
 
 Computed identically on every rank from the parameter sizes alone. The buckets are the ring's
-(:func:`..buffers.reverse_buckets`: reverse parameter order, up to a bucket size); each bucket's flat
+(:func:`..bucketing.reverse_buckets`: reverse parameter order, up to a bucket size); each bucket's flat
 buffer (its parameters end to end) is cut by the engine's :meth:`.collectives.ShardCollectives.bounds`,
 and worker r owns ``[lo, hi)`` of it: the elements whose summed gradient its reduce-scatter leaves it,
 whose optimizer state it keeps and whose update it computes. A parameter can straddle two shards: each
@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..buffers import offsets, reverse_buckets
+from ..bucketing import reverse_buckets
+from ..buffers import offsets
 from ..shardstate import Range
 
 
