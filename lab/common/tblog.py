@@ -163,6 +163,8 @@ def mark_differing(exp, names: set[str]) -> None:
 
 
 def flag_value(flags: Iterable[str], flag: str, default: str) -> str:
-    """The value after ``flag`` in a trainer argument list, else ``default``."""
+    """The value after the last ``flag`` in a trainer argument list (the one the trainer's parser keeps), else
+    ``default``."""
     flags = list(flags)
-    return flags[flags.index(flag) + 1] if flag in flags[:-1] else default
+    at = [i for i, f in enumerate(flags[:-1]) if f == flag]
+    return flags[at[-1] + 1] if at else default

@@ -31,6 +31,7 @@ import time
 from typing import Any
 
 from ..common import costmodel, engines, gradients, tblog
+from ..common.jobs import EMULATED_ALLREDUCE, EMULATED_ALLREDUCE_HELP
 from ..common.links import RateError, link_network, parse_rates
 from . import grid as scaling
 from . import report as grid_report
@@ -60,7 +61,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=1, help="jobs per grid point (default: 1)")
     p.add_argument("--steps", type=int, default=0, help="measured steps per job (default: the scaling grid's plan)")
     p.add_argument("--job-timeout", type=float, default=1200, help="seconds per job before it is stopped")
-    add_mpi_allreduce_arg(p, "ring", "ring, as `python -m launch --emulate-hosts`")
+    add_mpi_allreduce_arg(p, EMULATED_ALLREDUCE, EMULATED_ALLREDUCE_HELP)
     p.add_argument("--out-dir", default="", help="default: runs/scaling-netns/<time>")
 
 
@@ -243,9 +244,7 @@ def markdown(report: dict[str, Any]) -> str:
                 if (r["rate"], r["model"], r["workers"]) == (rate, m, n) and r["ok"]:
                     steps.setdefault(r["strategy"], []).append(r["step_ms"])
             speed = {s: 1e3 / statistics.median(v) for s, v in steps.items()}
-            out += engines.markdown(
-                f"{m}, {n} hosts at {rate}, concept x engine", speed, engines.SCALING, "steps/s", ".2f"
-            )
+            out += engines.markdown(f"{m}, {n} hosts at {rate}, concept x engine", speed, "steps/s", ".2f")
         out += methods_markdown([r for r in report["rows"] if r["rate"] == rate])
         out += [f"The grid's own report for this rate: [{rate}/report.md]({rate}/report.md).", ""]
     return "\n".join(out)
