@@ -40,20 +40,44 @@ DILOCO_PERIODS = (16,)
 
 @dataclass(frozen=True)
 class Method:
-    """One way to exchange gradients: its name, the trainer's flags (``--strategy`` first) and what they are."""
+    """One way to exchange gradients, as the trainer's settings; its name and flags follow from them."""
 
-    name: str
-    flags: tuple[str, ...]
     strategy: str  # the trainer's --strategy: allreduce, sharded or ps
     engine: str = ""  # --allreduce-engine of a ring or sharded method; "" for the PS (its own mpi4py machinery)
     wire: str = "none"  # --compression
     rank: int = 0  # --powersgd-rank (wire powersgd)
-    schedule: str = ""  # "", localsgd or diloco
+    schedule: str = ""  # "", localsgd (--average-every) or diloco (--diloco-every)
     period: int = 0  # the schedule's H
-    stage: int = 0  # the sharded stage, 0 otherwise
-    placement: str = ""  # the PS's
-    mode: str = "sync"  # the PS's
-    servers: int = 0  # processes that only serve (a dedicated PS)
+    stage: int = 0  # --shard-stage of a sharded method, 0 otherwise
+    placement: str = ""  # the PS's --ps-placement
+    mode: str = "sync"  # the PS's --ps-mode
+    servers: int = 0  # --ps-servers: processes that only serve (a dedicated PS)
+
+    @property
+    def base(self) -> str:
+        """The float32, every-step method on the same engine or placement: ``ring-mpi``, ``ps-sync-colocated``."""
+        return f"ps-{self.mode}-{self.placement}" if self.strategy == "ps" else f"ring-{self.engine}"
+
+    @property
+    def name(self) -> str:
+        wire = f"powersgd-r{self.rank}" if self.rank else self.wire
+        parts = [self.base, f"zero{self.stage}" if self.stage else "", "" if wire == "none" else wire]
+        return "-".join(p for p in (*parts, f"{self.schedule}-h{self.period}" if self.schedule else "") if p)
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        """The trainer's flags, ``--strategy`` first."""
+        out = ["--strategy", self.strategy]
+        if self.strategy == "ps":
+            out += ["--ps-placement", self.placement, *(["--ps-servers", str(self.servers)] if self.servers else [])]
+            out += ["--ps-mode", self.mode]
+        else:
+            out += ["--allreduce-engine", self.engine, *(["--shard-stage", str(self.stage)] if self.stage else [])]
+        if self.wire != "none":
+            out += ["--compression", self.wire, *(["--powersgd-rank", str(self.rank)] if self.rank else [])]
+        if self.schedule:
+            out += ["--average-every" if self.schedule == "localsgd" else "--diloco-every", str(self.period)]
+        return tuple(out)
 
     @property
     def synchronous(self) -> bool:
@@ -69,11 +93,6 @@ class Method:
     def param(self) -> int:
         """PowerSGD's rank, the schedule's period or the sharded stage; 0 otherwise."""
         return self.period or self.stage or self.rank
-
-    @property
-    def base(self) -> str:
-        """The float32, every-step method on the same engine or placement: ``ring-mpi``, ``ps-sync-colocated``."""
-        return f"ps-{self.mode}-{self.placement}" if self.strategy == "ps" else f"ring-{self.engine}"
 
     @property
     def sync_peer(self) -> str:
@@ -95,54 +114,22 @@ class Method:
     @property
     def cost(self) -> costmodel.Method:
         """The cost model's method (its concept)."""
+        every, outer = (self.period, 0) if self.schedule == "localsgd" else (1, self.period)
         return costmodel.Method(
-            costmodel.POWERSGD if self.rank else self.wire,
-            self.rank or 1,
-            self.period if self.schedule == "localsgd" else 1,
-            self.period if self.schedule == "diloco" else 0,
-            self.stage,
+            costmodel.POWERSGD if self.rank else self.wire, self.rank or 1, every, outer, self.stage
         )
 
     @property
     def description(self) -> str:
-        if self.strategy == "ps":
-            what = f"parameter server, {self.placement}" + (f" ({self.servers} server)" if self.servers else "")
-            what += ", synchronous" if self.synchronous else ", asynchronous"
-            return what + (f", push and pull as {self.wire}" if self.wire != "none" else "")
-        what = f"{'sharded, ZeRO stage ' + str(self.stage) if self.stage else 'ring allreduce'}, {self.engine} engine"
+        what = {"allreduce": "ring allreduce", "sharded": f"sharded, ZeRO stage {self.stage}"}.get(self.strategy)
+        if what is None:
+            return f"parameter server, {self.placement}, {'a' if self.mode == 'async' else ''}synchronous" + (
+                f", push and pull as {self.wire}" if self.wire != "none" else ""
+            )
+        what += f", {self.engine} engine" + (f", gradients as {self.wire}" if self.wire != "none" else "")
         if self.rank:
-            what += f", PowerSGD rank {self.rank} (error feedback, warm start)"
-        elif self.wire != "none":
-            what += f", gradients as {self.wire} on the wire"
-        if self.schedule == "localsgd":
-            what += f", local SGD: parameters averaged every {self.period} steps"
-        elif self.schedule == "diloco":
-            what += f", DiLoCo: an outer Nesterov step on the parameter delta averaged every {self.period} steps"
-        return what
-
-
-def _ring(engine: str, wire: str, rank: int, schedule: str, period: int) -> Method:
-    name = f"ring-{engine}" + (f"-powersgd-r{rank}" if rank else f"-{wire}" if wire != "none" else "")
-    flags: tuple[str, ...] = ("--strategy", "allreduce", "--allreduce-engine", engine)
-    if wire != "none":
-        flags += ("--compression", wire) + (("--powersgd-rank", str(rank)) if rank else ())
-    if schedule:
-        name += f"-{schedule}-h{period}"
-        flags += ("--average-every" if schedule == "localsgd" else "--diloco-every", str(period))
-    return Method(name, flags, "allreduce", engine, wire, rank, schedule, period)
-
-
-def _sharded(engine: str, stage: int) -> Method:
-    flags = ("--strategy", "sharded", "--allreduce-engine", engine, "--shard-stage", str(stage))
-    return Method(f"ring-{engine}-zero{stage}", flags, "sharded", engine, stage=stage)
-
-
-def _ps(mode: str, placement: str, wire: str, servers: int) -> Method:
-    place = ("--ps-placement", placement) + (("--ps-servers", str(servers)) if placement == "dedicated" else ())
-    flags = ("--strategy", "ps", *place, "--ps-mode", mode) + (("--compression", wire) if wire != "none" else ())
-    name = f"ps-{mode}-{placement}" + (f"-{wire}" if wire != "none" else "")
-    servers = servers if placement == "dedicated" else 0
-    return Method(name, flags, "ps", wire=wire, placement=placement, mode=mode, servers=servers)
+            what += f" rank {self.rank} (error feedback, warm start)"
+        return what + (f", {self.schedule} every {self.period} steps" if self.schedule else "")
 
 
 @functools.cache
@@ -152,9 +139,14 @@ def registry(ps_servers: int = 1) -> dict[str, Method]:
     ``ps_servers``: the dedicated placement's server processes."""
     wires = [("none", 0), *((w, 0) for w in SIXTEEN_BIT), *(("powersgd", r) for r in POWERSGD_RANKS)]
     schedules = [("", 0), *(("localsgd", h) for h in LOCALSGD_PERIODS), *(("diloco", h) for h in DILOCO_PERIODS)]
-    out = [_ring(e, w, r, s, h) for e in ENGINES for s, h in schedules for w, r in wires]
-    out += [_sharded(e, stage) for e in ENGINES for stage in STAGES]
-    out += [_ps(m, p, w, ps_servers) for m in MODES for p in PLACEMENTS for w in ("none", *SIXTEEN_BIT)]
+    out = [Method("allreduce", e, w, r, s, h) for e in ENGINES for s, h in schedules for w, r in wires]
+    out += [Method("sharded", e, stage=stage) for e in ENGINES for stage in STAGES]
+    out += [
+        Method("ps", wire=w, placement=p, mode=m, servers=ps_servers if p == "dedicated" else 0)
+        for m in MODES
+        for p in PLACEMENTS
+        for w in ("none", *SIXTEEN_BIT)
+    ]
     return {m.name: m for m in out if refusal(m.flags) is None}
 
 
@@ -188,12 +180,10 @@ def defaults() -> Method:
     from allreduce_train.config import ExchangeConfig, PSConfig
 
     x, ps = ExchangeConfig(), PSConfig()
-    name = {
-        "allreduce": f"ring-{x.allreduce_engine}",
-        "sharded": f"ring-{x.allreduce_engine}-zero{x.shard_stage}",
-        "ps": f"ps-{ps.mode}-{ps.placement}",
-    }[x.strategy]
-    return registry()[name]
+    stage = x.shard_stage if x.strategy == "sharded" else 0
+    if x.strategy == "ps":
+        return Method("ps", placement=ps.placement, mode=ps.mode, servers=ps.servers)
+    return Method(x.strategy, x.allreduce_engine, stage=stage)
 
 
 # Older names -> the method's (prefixes: the rest of the name is kept, ``allreduce-mpi-fp16`` -> ``ring-mpi-fp16``).
@@ -219,11 +209,6 @@ def canonical(name: str) -> str:
         if name == old or name.startswith(old + "-") or (old == "trainer-zero" and name.startswith(old)):
             return new + name[len(old) :]
     return name
-
-
-def canonical_keys(d: dict) -> dict:
-    """``d`` with every key under :func:`canonical` (a result file's per-method table)."""
-    return {canonical(k) if isinstance(k, str) else k: v for k, v in d.items()}
 
 
 # The fields of the lab's result files that hold a method's name (scaling and paper rows: "strategy"; tta:

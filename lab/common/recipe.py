@@ -35,21 +35,12 @@ def fields() -> list[tuple[str, type, dataclasses.Field]]:
     return out
 
 
-def trainer_field(name: str) -> dataclasses.Field:
-    """The config field of the trainer's flag ``--NAME`` (``name`` with ``_`` for ``-``: ``synthetic_samples``,
-    ``horovod_backend``)."""
-    for section in dataclasses.fields(config.Config):
-        cls: Any = section.default_factory
-        for f in dataclasses.fields(cls):
-            if config.key(cls, f.name) == name:
-                return f
-    raise KeyError(f"the trainer has no flag {config.flag(name)}")
-
-
 def add_trainer_flag(p: argparse.ArgumentParser, name: str, help: str = "") -> None:
-    """``--NAME`` on a lab command that passes it on as the trainer's: its type, choices and default read from the
-    trainer's config (``args.NAME`` holds that default when the flag is not given), so the lab copies none."""
-    f = trainer_field(name)
+    """``--NAME`` (``name`` with ``_`` for ``-``) on a lab command that passes it on as the trainer's: its type,
+    choices and default read from the trainer's config (``args.NAME`` holds that default when the flag is not
+    given), so the lab copies none."""
+    sections: list[Any] = [s.default_factory for s in dataclasses.fields(config.Config)]
+    f = next(f for cls in sections for f in dataclasses.fields(cls) if config.key(cls, f.name) == name)
     default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
     kwargs: dict[str, Any] = {"type": type(default), "default": default}
     if "choices" in f.metadata:
