@@ -23,14 +23,9 @@ import numpy as np
 from ..common import costmodel
 
 IMPLS = ("mpi", "ring-mpi", "ps-sync-colocated", "ring-horovod", "ring-horovod-fp16", "ps-sync-dedicated")
-KIND = {
-    "mpi": costmodel.ALLREDUCE,
-    "ring-mpi": costmodel.ALLREDUCE,
-    "ring-horovod": costmodel.ALLREDUCE,
-    "ring-horovod-fp16": costmodel.ALLREDUCE,
-    "ps-sync-colocated": costmodel.PS_COLOCATED,
-    "ps-sync-dedicated": costmodel.PS_DEDICATED,
-}
+# the cost model's exchange of each row: the PS rows' own, every other an allreduce
+PS_KIND = {"ps-sync-colocated": costmodel.PS_COLOCATED, "ps-sync-dedicated": costmodel.PS_DEDICATED}
+KIND = {i: PS_KIND.get(i, costmodel.ALLREDUCE) for i in IMPLS}
 RANK_IMPLS = tuple(i for i in IMPLS if i != "ps-sync-dedicated")
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M,256M"
 UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "G": 1 << 30, "GB": 1 << 30}

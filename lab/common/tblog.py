@@ -2,7 +2,7 @@
 
 TensorBoard colours and names lines by *run*, and selects no run by default once a logdir holds
 more than 40 of them. So a grid's comparison gets a logdir of its own, ``<out>/tensorboard/``,
-with one run per concept or implementation (``allreduce``, ``ps-dedicated``, ...) and, per model,
+with one run per method (``ring-horovod``, ``ps-sync-dedicated``, ...: lab/common/methods.py) and, per model,
 the same tags in every run (``scaling/speedup/<model>``, ``scaling/efficiency/<model>``,
 ``perf/samples_per_sec/<model>``; TensorBoard step = worker count). A Custom Scalars layout
 draws one chart per tag, so each chart holds one line per concept, each in its own colour. The

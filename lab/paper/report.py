@@ -16,19 +16,14 @@ from ..common.plots import STYLE, no_data
 
 PAPER_MODELS = ("lenet5", "ptb-lstm-small")  # the paper's two workloads
 SMALL, BIG = "lenet5", "ptb-lstm-small"  # "the small network" and "the bigger one" of its findings
-STRATEGIES = ("ps-sync-dedicated", "ps-sync-colocated", "ring-horovod", "ring-mpi")  # lab/common/methods.py
-LABELS = {
-    "ps-sync-dedicated": "centralized PS (dedicated servers; TF 1.8's)",
-    "ps-sync-colocated": "decentralized PS (colocated; MXNet 1.3's)",
-    "ring-horovod": "ring allreduce, Horovod",
-    "ring-mpi": "ring allreduce, mpi4py engine",
-}
+# the paper's four exchanges (lab/common/methods.py's names; dedicated PS: TF 1.8's, colocated: MXNet 1.3's)
 SHORT = {
     "ps-sync-dedicated": "centralized PS (dedicated)",
     "ps-sync-colocated": "decentralized PS (colocated)",
     "ring-horovod": "ring, Horovod",
     "ring-mpi": "ring, mpi4py engine",
 }
+STRATEGIES = tuple(SHORT)
 # the time-to-accuracy grid's methods of the comparison (one colour per placement in every chart)
 TTA_RUNS = (*STRATEGIES, "ps-async-dedicated", "ps-async-colocated")
 # Single jobs on a shared 2-core machine: repeated grids put throughput ratios 5-10 % apart

@@ -349,7 +349,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="warm-up steps per job, excluded from throughput (default: per model, 2-10)",
     )
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="per-worker batch (default: per model)")
-    p.add_argument("--ps-servers", type=int, default=d.ps_servers, help="K for ps-dedicated (default: 1)")
+    p.add_argument("--ps-servers", type=int, default=d.ps_servers, help="K for ps-sync-dedicated (default: 1)")
     p.add_argument("--out-dir", default="", help="output directory (default: runs/scaling/<time>)")
     p.add_argument(
         "--no-commbench",

@@ -1,7 +1,7 @@
 """The scaling grid on an emulated cluster: measured step times beside the cost model's predictions.
 
     python -m lab scaling-netns                # what `make scaling-netns` runs
-    python -m lab scaling-netns --rates 100mbit --models lenet5 --strategies allreduce
+    python -m lab scaling-netns --rates 100mbit --models lenet5 --strategies ring-horovod
 
 For every link rate, the ``scaling`` grid (same jobs, same per-model plans) runs with its launcher
 hook swapped for the emulated cluster's (lab/emulation/netns.py): one rank per host, so every rank has a
@@ -56,7 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"{','.join(DEFAULT_STRATEGIES)}; the others are the communication-reduction concepts on "
         "them, docs/concepts.md)",
     )
-    p.add_argument("--ps-servers", type=int, default=1, help="K for ps-dedicated, each on its own host (default: 1)")
+    p.add_argument(
+        "--ps-servers", type=int, default=1, help="K for ps-sync-dedicated, each on its own host (default: 1)"
+    )
     p.add_argument("--models", default="lenet5,ptb-lstm-small", help="(default: lenet5,ptb-lstm-small)")
     p.add_argument("--repeats", type=int, default=1, help="jobs per grid point (default: 1)")
     p.add_argument("--steps", type=int, default=0, help="measured steps per job (default: the scaling grid's plan)")
