@@ -38,6 +38,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from allreduce_train.config import DataConfig
+
 from ..common import costmodel, engines, methods, recipe, tblog, usermodel
 from ..common.jobs import TRAINER as TRAINER_MODULE
 from ..common.jobs import free_port, loadavg, local_launcher, read_json, run
@@ -109,7 +111,7 @@ class BenchSpec:
     warmup: int = -1  # -1: DEFAULT_WARMUP of the model
     batch_size: int = 0  # 0: the model's own batch (ModelSpec.defaults), else 64
     threads: int = 1
-    synthetic_samples: int = 6400
+    synthetic_samples: int = DataConfig.synthetic_samples  # the trainer's default
     out: str = ""
     timeout: float = 600.0
     oversubscribe: bool = False
@@ -784,7 +786,7 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
         help="per rank (default 0: the model's own, e.g. 64 for lenet5, 20 for ptb-lstm-small)",
     )
     b.add_argument("--threads", type=int, default=1, help="torch/OpenMP/MKL threads per rank (default: 1)")
-    b.add_argument("--synthetic-samples", type=int, default=6400, help="synthetic dataset size (default: 6400)")
+    recipe.add_trainer_flag(b, "synthetic_samples", "synthetic dataset size, the trainer's")
     b.add_argument("--out", default="", help="output directory (default: runs/bench-<time>)")
     b.add_argument("--timeout", type=float, default=600.0, help="seconds before a job counts as hung (default: 600)")
     b.add_argument("--oversubscribe", action="store_true", help="allow more ranks than cores")

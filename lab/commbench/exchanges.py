@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..common import costmodel
+from ..common import costmodel, recipe
 
 IMPLS = ("mpi", "ring-mpi", "ps-sync-colocated", "ring-horovod", "ring-horovod-fp16", "ps-sync-dedicated")
 # the cost model's exchange of each row: the PS rows' own, every other an allreduce
@@ -450,12 +450,7 @@ def _shared_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--warmup", type=int, default=3, help="untimed iterations first (default: 3)")
     p.add_argument("--dump-dir", default="", help="every worker saves each result array here (tests)")
-    p.add_argument(
-        "--mpi-bucket-bytes",
-        type=int,
-        default=1 << 20,
-        help="ring-mpi: the trainer's --mpi-bucket-bytes (default: its default, 1 MB)",
-    )
+    recipe.add_trainer_flag(p, "mpi_bucket_bytes", "ring-mpi: the trainer's --mpi-bucket-bytes, with its default")
 
 
 def add_rank_arguments(p: argparse.ArgumentParser) -> None:

@@ -708,7 +708,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="memory per rank (e.g. 16GiB, 512MiB, 2G): also answer which concept is fastest among those whose "
         "parameters, gradients and optimizer state fit; adds zero1,zero2,zero3 to --methods",
     )
-    p.add_argument("--batch-size", type=int, default=64, help="per worker, as the trainer's (default: 64)")
+    recipe.add_trainer_flag(p, "batch_size", "per worker, as the trainer's")
     p.add_argument(
         "--compute-ms",
         type=float,

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from allreduce_train.config import TrainConfig
+
 from ..common.jobs import EMULATED_ALLREDUCE
 from ..common.methods import Method, registry
 
@@ -99,7 +101,7 @@ class TtaConfig:
     max_epochs: int = 0  # 0: the workload's
     evals_per_epoch: int = 4
     repeats: int = 1
-    seed: int = 42
+    seed: int = TrainConfig.seed  # the trainer's default
     out_dir: str = ""
     recipe: list[str] = field(default_factory=list)  # the trainer's recipe flags for every job (lab/common/recipe.py)
     extra: list[str] = field(default_factory=list)
