@@ -1,7 +1,7 @@
 """One allreduce timed through Horovod or through mpi4py, back to back and after pauses
 (docs/emulated_cluster.md).
 
-    python -m launch -np 2 --emulate-hosts 2 --link-rate 100mbit \\
+    python -m lab.emulation -np 2 --emulate-hosts 2 --link-rate 100mbit \\
         --module lab.pause_probe -- --impl horovod --pauses 0,30,150 --mb 18.6
 
 In training, each step's exchange follows the forward and backward pass; commbench times exchanges

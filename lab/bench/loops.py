@@ -161,21 +161,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-arg", action="append", default=[], help="KEY=VALUE for --model's/--task's callable")
     p.add_argument("--dataset", default="synthetic", help="synthetic, or the trainer's --dataset for your own model")
     p.add_argument("--dataset-arg", action="append", default=[], help="KEY=VALUE for --dataset's callable")
-    p.add_argument("--batch-size", type=int, default=64, help="per rank")
+    recipe.add_trainer_flag(p, "batch_size", "per rank")
     p.add_argument("--steps", type=int, default=400, help="timed steps")
     # bench's own name: --warmup-steps is the recipe's LR warm-up
     p.add_argument("--warmup", type=int, default=50, help="untimed steps first")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
     p.add_argument("--flush-denormal", action="store_true", help="treat denormal floats as zero, as the trainer's flag")
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--synthetic-samples", type=int, default=6400)
-    p.add_argument("--horovod-backend", default="mpi", choices=("mpi", "gloo"), help="the trainer's (--impl trainer)")
-    p.add_argument(
-        "--allreduce-engine",
-        default="horovod",
-        choices=("horovod", "mpi", "torch"),
-        help="the trainer's (--impl trainer)",
-    )
+    # the trainer's own flags, with its defaults (allreduce_train/config.py)
+    recipe.add_trainer_flag(p, "seed")
+    recipe.add_trainer_flag(p, "synthetic_samples")
+    recipe.add_trainer_flag(p, "horovod_backend", "the trainer's (--impl trainer)")
+    recipe.add_trainer_flag(p, "allreduce_engine", "the trainer's (--impl trainer)")
     p.add_argument("--port", type=int, default=0, help="rendezvous port on 127.0.0.1 (ddp)")
     p.add_argument("--result", default="", help="rank 0 writes the throughput here as JSON")
     p.add_argument(

@@ -38,8 +38,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..common import costmodel, engines, recipe, sharded, tblog, usermodel
-from ..common.jobs import TRAINER, free_port, loadavg, local_launcher, read_json, run
+from allreduce_train.config import DataConfig
+
+from ..common import costmodel, engines, methods, recipe, tblog, usermodel
+from ..common.jobs import TRAINER as TRAINER_MODULE
+from ..common.jobs import free_port, loadavg, local_launcher, read_json, run
 
 RANK_MODULE = "lab.bench.rank"  # the bare loops, on every rank
 # Timed steps per model when --steps is not given: a few seconds per job on one core.
@@ -47,33 +50,32 @@ DEFAULT_STEPS = {"lenet5": 400, "resnet18": 12, "ptb-lstm-small": 60, "ptb-lstm-
 DEFAULT_WARMUP = {"lenet5": 30, "resnet18": 3, "ptb-lstm-small": 5, "ptb-lstm-medium": 2}
 BASELINES = ("horovod", "ddp")
 BOUND = "bound"  # every implementation is also reported as a fraction of this one
-# Implementations of the trainer besides "trainer" (ring allreduce, Horovod): their trainer flags.
-TRAINER_IMPLS = {
-    "trainer-mpi": ["--strategy", "allreduce", "--allreduce-engine", "mpi"],  # the ring on mpi4py messages
-    "trainer-torch": ["--strategy", "allreduce", "--allreduce-engine", "torch"],  # torch.distributed (Gloo here)
-    # every rank trains, as with allreduce: the same number of workers computing
-    "trainer-ps": ["--strategy", "ps", "--ps-placement", "colocated"],
-    # the no-exchange bound: the same ranks at the same time, each on its shard, nothing exchanged per
-    # step (--strategy none), i.e. what N ranks reach on this machine with a free network
-    BOUND: ["--strategy", "none"],
-}
-# The sharded stages beside the ring on each engine (lab/common/sharded.py names them: the ring's name plus
-# -zeroS), offered where the trainer accepts them: ring implementation -> its --allreduce-engine
-RINGS = {"trainer": "horovod", "trainer-mpi": "mpi", "trainer-torch": "torch"}
+# "trainer" is the trainer at its config's defaults (lab/common/methods.py ``defaults()``: ring-horovod); the
+# other methods it times are the lab registry's, by their names: the other ring engines, the colocated PS (every
+# rank trains, as with allreduce: the same number of workers computing) and the sharded stages on each engine.
+TRAINER = "trainer"
+METHODS = ("ring-mpi", "ring-torch", "ps-sync-colocated")
+# the no-exchange bound: the same ranks at the same time, each on its shard, nothing exchanged per step
+# (--strategy none), i.e. what N ranks reach on this machine with a free network
+BOUND_FLAGS = ("--strategy", "none")
 # the sharded stages run at 2 ranks and more only: one rank holds every shard and exchanges nothing
 SHARDED_MIN_NP = 2
 # what the bench reports stages 1 and 2 against: they move the ring's bytes (issue 41: within 5 % at 2 ranks)
 SHARDED_WITHIN = 0.05
 
 
+def trainer_methods() -> dict[str, methods.Method]:
+    """The registry's methods bench times beside ``trainer``, by name (those the trainer accepts)."""
+    reg = methods.registry()
+    zero = [m for e in methods.ENGINES for m in methods.sharded_stages(e)]
+    return {**{n: reg[n] for n in METHODS if n in reg}, **{m.name: m for m in zero}}
+
+
 def sharded_impls() -> dict[str, tuple[str, int, str]]:
-    """{name: (the ring implementation beside it, stage, engine)} of the sharded stages the trainer accepts."""
-    return {
-        f"{ring}{sharded.suffix(stage)}": (ring, stage, engine)
-        for ring, engine in RINGS.items()
-        for stage in sharded.STAGES
-        if sharded.accepted(stage, engine)
-    }
+    """{name: (the ring implementation beside it, stage, engine)} of the sharded stages the trainer accepts; the
+    ring on the trainer's default engine is ``trainer``."""
+    ring = {methods.defaults().name: TRAINER}
+    return {n: (ring.get(m.base, m.base), m.stage, m.engine) for n, m in trainer_methods().items() if m.stage}
 
 
 def runs_at(impl: str, np: int, spec: BenchSpec | None = None) -> bool:
@@ -94,7 +96,7 @@ class Override:
     ``--variant "NAME=BASE [KEY=VALUE ...] [--flag ...]"``."""
 
     name: str
-    base: str  # trainer, horovod, ddp or trainer-<strategy>
+    base: str  # trainer, horovod, ddp, bound or a method of the registry (ring-mpi, ...)
     env: dict[str, str] = field(default_factory=dict)
     args: list[str] = field(default_factory=list)  # extra `train` flags (trainer bases only)
 
@@ -109,7 +111,7 @@ class BenchSpec:
     warmup: int = -1  # -1: DEFAULT_WARMUP of the model
     batch_size: int = 0  # 0: the model's own batch (ModelSpec.defaults), else 64
     threads: int = 1
-    synthetic_samples: int = 6400
+    synthetic_samples: int = DataConfig.synthetic_samples  # the trainer's default
     out: str = ""
     timeout: float = 600.0
     oversubscribe: bool = False
@@ -171,6 +173,7 @@ def parse_variant(text: str, known: list[str]) -> Override:
     if name in known:
         raise ValueError(f"name {name!r} is taken by an implementation; pick another")
     words = shlex.split(rest)
+    words[:1] = [methods.canonical(w) for w in words[:1]]  # an older name (trainer-mpi) still names its method
     if not words or words[0] not in known:
         raise ValueError(f"{name}: the first word must be the implementation to vary, one of: {', '.join(known)}")
     v = Override(name, words[0])
@@ -190,12 +193,11 @@ def parse_variant(text: str, known: list[str]) -> Override:
 
 def trainer_based(impl: str) -> bool:
     """Whether an implementation is the project's ``train`` command (the bound included)."""
-    return impl.startswith("trainer") or impl == BOUND
+    return impl in (TRAINER, BOUND) or impl in trainer_methods()
 
 
 def default_impls() -> list[str]:
-    # "trainer" is the allreduce strategy on Horovod; the other engine and strategies by their name
-    return ["trainer", *BASELINES, *TRAINER_IMPLS, *sharded_impls()]
+    return [TRAINER, *BASELINES, *METHODS, BOUND, *sharded_impls()]
 
 
 def job_args(impl: str, model: str, spec: BenchSpec, result: str, run_dir: str, name: str) -> tuple[str, list[str]]:
@@ -218,12 +220,10 @@ def job_args(impl: str, model: str, spec: BenchSpec, result: str, run_dir: str, 
     variant = spec.variant(impl)
     impl = variant.base
     if trainer_based(impl):
-        zero = sharded_impls().get(impl)
-        exchange = (
-            list(sharded.flags(zero[1], zero[2])) if zero else TRAINER_IMPLS.get(impl, ["--strategy", "allreduce"])
-        )
+        # "trainer": no exchange flag, the trainer's defaults
+        exchange = list(BOUND_FLAGS if impl == BOUND else trainer_methods()[impl].flags if impl != TRAINER else ())
         never = str(warmup + steps + 1)  # evaluation and checkpoints only after the last timed step
-        return TRAINER, [
+        return TRAINER_MODULE, [
             *common,
             *exchange,
             "--steps",
@@ -275,7 +275,8 @@ def run_job(impl: str, model: str, np: int, spec: BenchSpec, out: str, tag: str)
     }
     job = run(cmd, env=env, timeout=spec.timeout, tail_chars=2000)
     record.update(wall_s=round(job.seconds, 2), loadavg_after=loadavg(), returncode=job.returncode)
-    m = read_json(os.path.join(run_dir, name, "metrics.json") if module == TRAINER else result) if job.ok else None
+    path = os.path.join(run_dir, name, "metrics.json") if module == TRAINER_MODULE else result
+    m = read_json(path) if job.ok else None
     if m is not None:
         # The trainer's wall-clock figure includes its logging and data between steps.
         record["samples_per_sec"] = m.get("wall_samples_per_sec", m["samples_per_sec"])
@@ -513,7 +514,6 @@ def concept_engine(rows: list[dict[str, Any]]) -> str:
             lines += engines.markdown(
                 f"{r['model']}, {r['np']} ranks, concept x engine",
                 {i: s["median"] for i, s in r["impls"].items()},
-                engines.BENCH,
             )
     return "\n\n" + "\n".join(lines).rstrip() if lines else ""
 
@@ -558,7 +558,7 @@ def write_tensorboard(
     for j in jobs:
         v = spec.variant(j["impl"])
         # the baselines (a bare Horovod loop, DDP) are ring allreduce too
-        concept, engine = engines.BENCH.get(v.base, (engines.RING, {"ddp": "torch DDP"}.get(v.base, engines.HOROVOD)))
+        concept, engine = engines.cell(v.base) or (engines.RING, {"ddp": "torch DDP"}.get(v.base, engines.HOROVOD))
         if v.base == BOUND:
             concept, engine = "no exchange", "-"
         if "--allreduce-engine" in v.args:  # a variant that switches the engine
@@ -688,7 +688,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         except ValueError as e:
             return fail(f"--variant: {e}")
     known = default_impls() + [v.name for v in variants]
-    impls = [i for i in args.impls.split(",") if i] if args.impls else known
+    impls = [methods.canonical(i) for i in args.impls.split(",") if i] if args.impls else known
     bad = [i for i in impls if i not in known]
     if bad:
         return fail(f"--impls: unknown implementation {bad[0]!r}; choose from: {', '.join(known)}")
@@ -786,7 +786,7 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
         help="per rank (default 0: the model's own, e.g. 64 for lenet5, 20 for ptb-lstm-small)",
     )
     b.add_argument("--threads", type=int, default=1, help="torch/OpenMP/MKL threads per rank (default: 1)")
-    b.add_argument("--synthetic-samples", type=int, default=6400, help="synthetic dataset size (default: 6400)")
+    recipe.add_trainer_flag(b, "synthetic_samples", "synthetic dataset size, the trainer's")
     b.add_argument("--out", default="", help="output directory (default: runs/bench-<time>)")
     b.add_argument("--timeout", type=float, default=600.0, help="seconds before a job counts as hung (default: 600)")
     b.add_argument("--oversubscribe", action="store_true", help="allow more ranks than cores")

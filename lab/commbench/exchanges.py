@@ -20,18 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from ..common import costmodel
+from ..common import costmodel, recipe
 
-IMPLS = ("mpi", "mpi-ring", "ps-colocated", "horovod", "horovod-fp16", "ps-dedicated")
-KIND = {
-    "mpi": costmodel.ALLREDUCE,
-    "mpi-ring": costmodel.ALLREDUCE,
-    "horovod": costmodel.ALLREDUCE,
-    "horovod-fp16": costmodel.ALLREDUCE,
-    "ps-colocated": costmodel.PS_COLOCATED,
-    "ps-dedicated": costmodel.PS_DEDICATED,
-}
-RANK_IMPLS = tuple(i for i in IMPLS if i != "ps-dedicated")
+IMPLS = ("mpi", "ring-mpi", "ps-sync-colocated", "ring-horovod", "ring-horovod-fp16", "ps-sync-dedicated")
+# the cost model's exchange of each row: the PS rows' own, every other an allreduce
+PS_KIND = {"ps-sync-colocated": costmodel.PS_COLOCATED, "ps-sync-dedicated": costmodel.PS_DEDICATED}
+KIND = {i: PS_KIND.get(i, costmodel.ALLREDUCE) for i in IMPLS}
+RANK_IMPLS = tuple(i for i in IMPLS if i != "ps-sync-dedicated")
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M,256M"
 UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "G": 1 << 30, "GB": 1 << 30}
 
@@ -224,7 +219,7 @@ def ps_dedicated(comm, src: np.ndarray | None, n_elems: int, servers: int) -> Ca
     workers = range(servers, comm.size)
     b = shard_bounds(n_elems, servers)
     if comm.rank >= servers:
-        assert src is not None  # a worker sends its gradient
+        assert src is not None  # a worker pushes its input
 
         def exchange(dst):
             reqs = [comm.Irecv(dst[b[k] : b[k + 1]], source=k, tag=2) for k in range(servers)]  # pull
@@ -249,16 +244,16 @@ def exchange_for(
     impl: str, op: Any, *, comm, hvd, src: Any, load: Workload, servers: int, bucket_bytes: int
 ) -> Callable[[Any], None]:
     """``impl``'s exchange of ``src`` reducing by ``op``, called with its destination (src and the
-    destination are None on a dedicated server: ps-dedicated only)."""
+    destination are None on a dedicated server: ps-sync-dedicated only)."""
     if impl == "mpi":
         return mpi_allreduce(comm, src)
-    if impl == "mpi-ring":
+    if impl == "ring-mpi":
         return mpi_ring(src, load.shapes, op == "sum", bucket_bytes)
-    if impl == "ps-colocated":
+    if impl == "ps-sync-colocated":
         return ps_colocated(comm, src)
-    if impl == "ps-dedicated":
+    if impl == "ps-sync-dedicated":
         return ps_dedicated(comm, src, load.n_elems, servers)
-    return horovod_allreduce(hvd, src, load.shapes, impl == "horovod-fp16", op)
+    return horovod_allreduce(hvd, src, load.shapes, impl == "ring-horovod-fp16", op)
 
 
 def horovod_allreduce(hvd, src: np.ndarray, shapes, fp16: bool, op) -> Callable[[np.ndarray], None]:
@@ -313,9 +308,9 @@ def run_rank(args: argparse.Namespace) -> int:
     err = check_numbers(args)
     if bad:
         err = f"--impls: unknown implementation {bad[0]!r}; choose from: {', '.join(IMPLS)}"
-    elif "ps-dedicated" in impls and len(impls) > 1:
-        err = "--impls: run ps-dedicated on its own (its job has N workers + K server ranks)"
-    elif "ps-dedicated" in impls and not 1 <= args.ps_servers < comm.size:
+    elif "ps-sync-dedicated" in impls and len(impls) > 1:
+        err = "--impls: run ps-sync-dedicated on its own (its job has N workers + K server ranks)"
+    elif "ps-sync-dedicated" in impls and not 1 <= args.ps_servers < comm.size:
         err = f"--ps-servers {args.ps_servers}: needs 1 <= K < ranks ({comm.size}); launch N + K ranks"
     try:
         loads = workloads(args.sizes, args.models) if err is None else []
@@ -326,7 +321,7 @@ def run_rank(args: argparse.Namespace) -> int:
             print(f"allreduce_train: error: {err}", file=sys.stderr, flush=True)
         return 2
 
-    dedicated = impls == ["ps-dedicated"]
+    dedicated = impls == ["ps-sync-dedicated"]
     servers = args.ps_servers if dedicated else 0
     workers = comm.size - servers
     is_worker = comm.rank >= servers
@@ -336,8 +331,8 @@ def run_rank(args: argparse.Namespace) -> int:
     knobs = {k: os.environ[k] for k in ("HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD") if k in os.environ}
     # MPI and PS first: once Horovod is up its background thread polls every cycle and would
     # share the cores with the raw-MPI measurements.
-    for impl in sorted(impls, key=lambda i: i.startswith("horovod")):
-        if impl.startswith("horovod") and hvd is None:
+    for impl in sorted(impls, key=lambda i: i.startswith("ring-horovod")):
+        if impl.startswith("ring-horovod") and hvd is None:
             import horovod.torch
 
             hvd = horovod.torch
@@ -413,7 +408,7 @@ def summarise(
         "algbw_gbs": algbw / 1e9,
         "busbw_gbs": algbw * costmodel.bus_factor(KIND[impl], workers, max(servers, 1)) / 1e9,
         "max_abs_err": max_err,
-        "horovod_env": knobs if impl.startswith("horovod") else {},
+        "horovod_env": knobs if impl.startswith("ring-horovod") else {},
     }
 
 
@@ -433,7 +428,7 @@ def _shared_arguments(p: argparse.ArgumentParser) -> None:
         "--impls",
         default="",
         help=f"comma-separated subset of: {', '.join(IMPLS)} (default: all; "
-        "one rank of a job: all but ps-dedicated, which needs its own job)",
+        "one rank of a job: all but ps-sync-dedicated, which needs its own job)",
     )
     p.add_argument("--sizes", default=DEFAULT_SIZES, help=f"message sizes to sweep (default: {DEFAULT_SIZES})")
     p.add_argument(
@@ -455,18 +450,16 @@ def _shared_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--warmup", type=int, default=3, help="untimed iterations first (default: 3)")
     p.add_argument("--dump-dir", default="", help="every worker saves each result array here (tests)")
-    p.add_argument(
-        "--mpi-bucket-bytes",
-        type=int,
-        default=1 << 20,
-        help="mpi-ring: the trainer's --mpi-bucket-bytes (default: its default, 1 MB)",
-    )
+    recipe.add_trainer_flag(p, "mpi_bucket_bytes", "ring-mpi: the trainer's --mpi-bucket-bytes, with its default")
 
 
 def add_rank_arguments(p: argparse.ArgumentParser) -> None:
     """One rank of a commbench job (lab.commbench.rank)."""
     _shared_arguments(p)
     p.add_argument(
-        "--ps-servers", type=int, default=1, help="the first K ranks are dedicated servers (with --impls ps-dedicated)"
+        "--ps-servers",
+        type=int,
+        default=1,
+        help="the first K ranks are dedicated servers (with --impls ps-sync-dedicated)",
     )
     p.add_argument("--out", default="", help="rank 0 writes the results to this JSON file")

@@ -14,15 +14,19 @@ Two programs:
 
 Implementations (all sum S bytes of float32 over N workers):
 
-    horovod        hvd.allreduce_async_ per tensor + synchronize, as DistributedOptimizer does
-    horovod-fp16   the same with Horovod's fp16 compression (half the bytes on the wire)
-    mpi            one MPI_Allreduce of the flat buffer (mpi4py): the floor for an allreduce
-    mpi-ring       the trainer's second allreduce engine (``--allreduce-engine mpi``) on the
-                   workload's tensors: its buckets, each a ring of Isend/Irecv (mpi4py)
-    ps-colocated   every rank serves 1/N of the buffer: push shards to their owners, owners sum,
-                   pull the sums back (point-to-point, mpi4py)
-    ps-dedicated   K extra server ranks (the first K, as in the ps strategy) each own 1/K of the
-                   buffer: workers push shards, servers sum, workers pull (a job of N + K ranks)
+    ring-horovod        hvd.allreduce_async_ per tensor + synchronize, as DistributedOptimizer does
+    ring-horovod-fp16   the same with Horovod's fp16 compression (half the bytes on the wire)
+    mpi                 one MPI_Allreduce of the flat buffer (mpi4py): the floor for an allreduce
+    ring-mpi            the trainer's second allreduce engine (``--allreduce-engine mpi``) on the
+                        workload's tensors: its buckets, each a ring of Isend/Irecv (mpi4py)
+    ps-sync-colocated   every rank serves 1/N of the buffer: push shards to their owners, owners sum,
+                        pull the sums back (point-to-point, mpi4py)
+    ps-sync-dedicated   K extra server ranks (the first K, as in the ps strategy) each own 1/K of the
+                        buffer: workers push shards, servers sum, workers pull (a job of N + K ranks)
+
+The rows that time a method of the trainer carry its name (lab/common/methods.py); ``mpi`` is MPI's own
+allreduce, no method of the trainer. A commbench.json of the older names (``horovod``, ``mpi-ring``,
+``ps-colocated``) reads under these (``methods.renamed``).
 
 The two PS rows are the parameter server's message pattern in raw MPI, without the server-side
 SGD and bucketing of the ``ps`` strategy: the floor that strategy's exchange can reach. The
@@ -49,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from ..common.jobs import Launcher, local_launcher
+from ..common.methods import canonical
 from .exchanges import (
     IMPLS,
     BenchError,
@@ -91,37 +96,45 @@ class Job:
 
 
 def plan_jobs(args: argparse.Namespace) -> list[Job]:
-    impls = [i.strip() for i in (args.impls or ",".join(IMPLS)).split(",") if i.strip()]
+    # an older name (mpi-ring) still names its row
+    impls = [canonical(i.strip()) for i in (args.impls or ",".join(IMPLS)).split(",") if i.strip()]
+    args.impls = ",".join(impls)
     for i in impls:
         if i not in IMPLS:
             raise BenchError(f"--impls: unknown implementation {i!r}; choose from: {', '.join(IMPLS)}")
-    shared = [i for i in impls if i != "ps-dedicated"]
+    shared = [i for i in impls if i != "ps-sync-dedicated"]
     jobs = []
     if shared:
         jobs.append(Job("default", args.np, ",".join(shared), {}, []))
-    if any(i.startswith("horovod") for i in impls):
+    if any(i.startswith("ring-horovod") for i in impls):
         for ct in _floats(args.horovod_cycle_ms, "--horovod-cycle-ms"):
-            jobs.append(Job(f"cycle={ct:g}ms", args.np, "horovod", {"HOROVOD_CYCLE_TIME": f"{ct:g}"}, []))
+            jobs.append(Job(f"cycle={ct:g}ms", args.np, "ring-horovod", {"HOROVOD_CYCLE_TIME": f"{ct:g}"}, []))
         for mb in _floats(args.horovod_fusion_mb, "--horovod-fusion-mb"):
             jobs.append(
-                Job(f"fusion={mb:g}MB", args.np, "horovod", {"HOROVOD_FUSION_THRESHOLD": str(int(mb * (1 << 20)))}, [])
+                Job(
+                    f"fusion={mb:g}MB",
+                    args.np,
+                    "ring-horovod",
+                    {"HOROVOD_FUSION_THRESHOLD": str(int(mb * (1 << 20)))},
+                    [],
+                )
             )
-    if "horovod" in impls and args.timeline_size:
+    if "ring-horovod" in impls and args.timeline_size:
         parse_size(args.timeline_size)
         jobs.append(
             Job(
                 "timeline",
                 args.np,
-                "horovod",
+                "ring-horovod",
                 {"HOROVOD_TIMELINE": TIMELINE_NAME},
                 [],
                 sizes=args.timeline_size,
                 models="",
             )
         )
-    if "ps-dedicated" in impls:
+    if "ps-sync-dedicated" in impls:
         for k in _ints(args.ps_servers_list, "--ps-servers"):
-            jobs.append(Job(f"K={k}", args.np + k, "ps-dedicated", {}, ["--ps-servers", str(k)]))
+            jobs.append(Job(f"K={k}", args.np + k, "ps-sync-dedicated", {}, ["--ps-servers", str(k)]))
     return jobs
 
 
@@ -254,7 +267,7 @@ def run_front(args: argparse.Namespace, launcher: Launcher = local_launcher) -> 
 
 
 def label(r: dict) -> str:
-    """Implementation and configuration, e.g. 'horovod [cycle=0.1ms]' or 'ps-dedicated [K=1]'."""
+    """Implementation and configuration, e.g. 'ring-horovod [cycle=0.1ms]' or 'ps-sync-dedicated [K=1]'."""
     return r["impl"] if r.get("job", "default") == "default" else f"{r['impl']} [{r['job']}]"
 
 

@@ -2,7 +2,7 @@
 (no compute) against the alpha-beta cost model.
 
     python -m lab commbench-netns                  # 1gbit and 100mbit, 2 and 4 hosts
-    python -m lab commbench-netns --rates 100mbit --hosts 4 --impls mpi,ps-colocated
+    python -m lab commbench-netns --rates 100mbit --hosts 4 --impls mpi,ps-sync-colocated
 
 For every link rate and worker count, commbench's front end runs unchanged with its launcher hook
 swapped for the emulated cluster's (lab/emulation/netns.py): one rank per emulated host, so every rank has
@@ -27,11 +27,11 @@ import time
 from typing import Any
 
 from ..common import costmodel
-from ..common.jobs import loadavg
+from ..common.jobs import EMULATED_ALLREDUCE, EMULATED_ALLREDUCE_HELP, loadavg
 from . import main as commbench
 from .exchanges import KIND
 
-DEFAULT_IMPLS = "horovod,mpi-ring,mpi,ps-colocated,ps-dedicated"
+DEFAULT_IMPLS = "ring-horovod,ring-mpi,mpi,ps-sync-colocated,ps-sync-dedicated"
 DEFAULT_SIZES = "256K,1M,4M,16M"
 TOLERANCE = 0.15  # the target: within +-15 % of the model at 100 Mbit/s for messages >= 4 MB
 CHECKED_BYTES = 4 << 20
@@ -47,13 +47,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_IMPLS,
         help=f"commbench implementations (default: {DEFAULT_IMPLS}; {', '.join(commbench.IMPLS)})",
     )
-    p.add_argument("--ps-servers-list", default="1,2", help="K values for ps-dedicated, a host each (default: 1,2)")
+    p.add_argument(
+        "--ps-servers-list", default="1,2", help="K values for ps-sync-dedicated, a host each (default: %(default)s)"
+    )
     p.add_argument("--sizes", default=DEFAULT_SIZES, help=f"message sizes (default: {DEFAULT_SIZES})")
     p.add_argument("--iters", type=int, default=5, help="timed exchanges per size (default: 5)")
     p.add_argument("--warmup", type=int, default=1, help="untimed exchanges first (default: 1)")
     add_mca_arg(p, help="an Open MPI parameter for every job, overriding the emulation's (repeatable)")
     p.add_argument("--job-timeout", type=float, default=1800, help="seconds per job before it is stopped")
-    add_mpi_allreduce_arg(p, "ring", "ring, as `python -m launch --emulate-hosts`")
+    add_mpi_allreduce_arg(p, EMULATED_ALLREDUCE, EMULATED_ALLREDUCE_HELP)
     p.add_argument("--out-dir", default="", help="default: runs/commbench-netns/<time>")
 
 

@@ -17,6 +17,8 @@ stage 3 gathers the parameters twice (1.5x the bytes, lab/common/costmodel.py).
 
 from __future__ import annotations
 
+from . import methods
+
 HOROVOD, MPI4PY, TORCH = "Horovod", "mpi4py", "torch.distributed"
 ENGINES = {
     HOROVOD: "Horovod (C++ background thread, MPI collectives)",
@@ -27,37 +29,30 @@ RING, PS_COLOCATED, PS_DEDICATED = "ring allreduce", "PS colocated", "PS dedicat
 SHARDED = {stage: f"sharded, stage {stage}" for stage in (1, 2, 3)}
 CONCEPTS = (RING, *SHARDED.values(), PS_COLOCATED, PS_DEDICATED)
 
-# what each experiment calls its implementations -> (concept, engine)
-SCALING = {
-    "allreduce": (RING, HOROVOD),
-    "allreduce-mpi": (RING, MPI4PY),
-    "ps-colocated": (PS_COLOCATED, MPI4PY),
-    "ps-dedicated": (PS_DEDICATED, MPI4PY),
-    **{f"allreduce-zero{s}": (c, HOROVOD) for s, c in SHARDED.items()},
-    **{f"allreduce-mpi-zero{s}": (c, MPI4PY) for s, c in SHARDED.items()},
-}
-BENCH = {
-    "trainer": (RING, HOROVOD),
-    "trainer-mpi": (RING, MPI4PY),
-    "trainer-torch": (RING, TORCH),
-    "trainer-ps": (PS_COLOCATED, MPI4PY),
-    **{f"trainer-zero{s}": (c, HOROVOD) for s, c in SHARDED.items()},
-    **{f"trainer-mpi-zero{s}": (c, MPI4PY) for s, c in SHARDED.items()},
-    **{f"trainer-torch-zero{s}": (c, TORCH) for s, c in SHARDED.items()},
-}
+ENGINE_OF = {"horovod": HOROVOD, "mpi": MPI4PY, "torch": TORCH}
 
 
-def cells(speed: dict[str, float], names: dict[str, tuple[str, str]]) -> dict[tuple[str, str], float]:
-    """{(concept, engine): figure} of the implementations that were measured."""
-    return {names[impl]: v for impl, v in speed.items() if impl in names and v and v > 0}
+def cell(name: str) -> tuple[str, str] | None:
+    """(concept, engine) of a float32, every-step method of the lab's registry (lab/common/methods.py; an old name
+    too), or of bench's ``trainer`` (the trainer's defaults); None for any other name (a concept over a method,
+    an asynchronous PS, a baseline)."""
+    m = methods.defaults() if name == "trainer" else methods.registry().get(methods.canonical(name))
+    if m is None or m.wire != "none" or m.schedule or not m.synchronous:
+        return None
+    if m.strategy == "ps":
+        return (PS_DEDICATED if m.placement == "dedicated" else PS_COLOCATED), MPI4PY
+    return (SHARDED[m.stage] if m.stage else RING), ENGINE_OF[m.engine]
 
 
-def markdown(
-    title: str, speed: dict[str, float], names: dict[str, tuple[str, str]], unit: str = "samples/s", fmt: str = ".0f"
-) -> list[str]:
+def cells(speed: dict[str, float]) -> dict[tuple[str, str], float]:
+    """{(concept, engine): figure} of the methods that were measured."""
+    return {c: v for name, v in speed.items() if (c := cell(name)) is not None and v and v > 0}
+
+
+def markdown(title: str, speed: dict[str, float], unit: str = "samples/s", fmt: str = ".0f") -> list[str]:
     """A concept x engine table of ``speed`` (higher is better) and the sentences that split the
     Horovod-ring vs colocated-PS ratio into the concept's and the implementation's parts."""
-    c = cells(speed, names)
+    c = cells(speed)
     if not c:
         return []
     concepts = [k for k in CONCEPTS if any(key[0] == k for key in c)]

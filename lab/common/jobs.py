@@ -41,8 +41,13 @@ def local_launcher(np_: int, args: list[str], module: str = TRAINER, oversubscri
     return [*cmd, "--", *args]
 
 
+# --mpi-allreduce of the lab's emulated-host jobs, as the help says it: what `python -m lab.emulation` (the
+# launcher on emulated hosts) takes for a job that spans hosts (launch/mpirun.py ``allreduce_choice``)
+EMULATED_ALLREDUCE, EMULATED_ALLREDUCE_HELP = "ring", "ring, as `python -m lab.emulation --emulate-hosts N`"
+
+
 def emulated_launcher(
-    link_rate: str, timeout: float = 0, mca: list[tuple[str, str]] | tuple = (), mpi_allreduce: str = "ring"
+    link_rate: str, timeout: float = 0, mca: list[tuple[str, str]] | tuple = (), mpi_allreduce: str = EMULATED_ALLREDUCE
 ):
     """A drop-in for the benchmark runners' ``launcher(np, args, module) -> argv`` hook: the same
     job on ``np`` emulated hosts, one rank each, every link at ``link_rate``; ``mca``: Open MPI

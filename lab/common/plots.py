@@ -6,10 +6,10 @@ from __future__ import annotations
 import math
 
 STYLE = {
-    "allreduce": ("tab:blue", "o"),
-    "ps-dedicated": ("tab:red", "s"),
-    "ps-colocated": ("tab:green", "^"),
-    "allreduce-mpi": ("tab:purple", "D"),
+    "ring-horovod": ("tab:blue", "o"),
+    "ps-sync-dedicated": ("tab:red", "s"),
+    "ps-sync-colocated": ("tab:green", "^"),
+    "ring-mpi": ("tab:purple", "D"),
 }
 
 

@@ -35,6 +35,19 @@ def fields() -> list[tuple[str, type, dataclasses.Field]]:
     return out
 
 
+def add_trainer_flag(p: argparse.ArgumentParser, name: str, help: str = "") -> None:
+    """``--NAME`` (``name`` with ``_`` for ``-``) on a lab command that passes it on as the trainer's: its type,
+    choices and default read from the trainer's config (``args.NAME`` holds that default when the flag is not
+    given), so the lab copies none."""
+    sections: list[Any] = [s.default_factory for s in dataclasses.fields(config.Config)]
+    f = next(f for cls in sections for f in dataclasses.fields(cls) if config.key(cls, f.name) == name)
+    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    kwargs: dict[str, Any] = {"type": type(default), "default": default}
+    if "choices" in f.metadata:
+        kwargs["choices"] = f.metadata["choices"]
+    p.add_argument(config.flag(name), help=f"{help or f.metadata['help']} (default: {default!r})", **kwargs)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The recipe flags on a lab command's parser, as the trainer spells and explains them."""
     group = p.add_argument_group(

@@ -2,7 +2,7 @@
 
 TensorBoard colours and names lines by *run*, and selects no run by default once a logdir holds
 more than 40 of them. So a grid's comparison gets a logdir of its own, ``<out>/tensorboard/``,
-with one run per concept or implementation (``allreduce``, ``ps-dedicated``, ...) and, per model,
+with one run per method (``ring-horovod``, ``ps-sync-dedicated``, ...: lab/common/methods.py) and, per model,
 the same tags in every run (``scaling/speedup/<model>``, ``scaling/efficiency/<model>``,
 ``perf/samples_per_sec/<model>``; TensorBoard step = worker count). A Custom Scalars layout
 draws one chart per tag, so each chart holds one line per concept, each in its own colour. The
@@ -163,6 +163,8 @@ def mark_differing(exp, names: set[str]) -> None:
 
 
 def flag_value(flags: Iterable[str], flag: str, default: str) -> str:
-    """The value after ``flag`` in a trainer argument list, else ``default``."""
+    """The value after the last ``flag`` in a trainer argument list (the one the trainer's parser keeps), else
+    ``default``."""
     flags = list(flags)
-    return flags[flags.index(flag) + 1] if flag in flags[:-1] else default
+    at = [i for i, f in enumerate(flags[:-1]) if f == flag]
+    return flags[at[-1] + 1] if at else default

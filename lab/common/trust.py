@@ -6,7 +6,7 @@ messages alone. On emulated hosts three rows of ``make scaling-netns`` at 1 Gbit
 two runs days apart -- Horovod's ring, LeNet-5, 4 hosts 1.51x the predicted step; the colocated PS, LeNet-5,
 2 hosts 1.52x; the colocated PS, the small LSTM, 4 hosts 1.23x -- and a re-run under load (2026-12-06,
 ``python -m lab scaling-netns --rates 1gbit --hosts 2,4 --models lenet5 --strategies
-allreduce,allreduce-mpi,ps-colocated``) showed why: in every such row the measured wait on the exchange was
+ring-horovod,ring-mpi,ps-sync-colocated``) showed why: in every such row the measured wait on the exchange was
 5-35x the predicted exchange (LeNet-5's 0.25 MB at 1 Gbit/s: 2-3 ms predicted, 14-107 ms waited). Those waits
 are not bytes on the link: they are the wait for the slowest rank of a synchronous step (ranks' compute varies
 step to step when hosts share cores) and the CPU that the exchange's own thread takes from the compute

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from allreduce_train.config import DataConfig, TrainConfig
 from allreduce_train.usercode import is_reference, label
 
 
@@ -85,7 +86,7 @@ def task_of(w: Workload, extra: list[str] | tuple[str, ...] = ()) -> Any:
     return make_task(config(w, extra))
 
 
-def build(w: Workload, seed: int = 42) -> Any:
+def build(w: Workload, seed: int = TrainConfig.seed) -> Any:
     """The model as every rank of ``train --seed seed`` builds it, and its task."""
     import torch
 
@@ -116,7 +117,12 @@ def nbytes(w: Workload) -> int:
 
 
 def first_batch(
-    w: Workload, batch_size: int, rank: int, size: int, seed: int = 42, synthetic_samples: int = 6400
+    w: Workload,
+    batch_size: int,
+    rank: int,
+    size: int,
+    seed: int = TrainConfig.seed,
+    synthetic_samples: int = DataConfig.synthetic_samples,
 ) -> tuple[Any, Any, Any]:
     """(task, inputs, targets): this rank's share of the trainer's first global batch, and the task whose
     ``loss(model, x, y)`` the trainer takes on it."""

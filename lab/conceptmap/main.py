@@ -43,7 +43,7 @@ import time
 from itertools import pairwise
 from typing import Any
 
-from ..common import costmodel, gradients
+from ..common import costmodel, gradients, methods
 from ..common.links import link_network
 from ..common.tblog import clear_events
 
@@ -140,13 +140,13 @@ def measured_points(path: str) -> list[dict[str, Any]]:
     predicted extra compute + exchange, the part of the step a method changes)."""
     try:
         with open(path) as fh:
-            report = json.load(fh)
+            report = methods.renamed(json.load(fh))  # a run directory of the older names too
         rows = report["rows"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise MapError(f"--measured {path}: not a scaling-netns results.json ({e})") from None
     groups: dict[tuple, dict[str, dict]] = {}
     for r in rows:
-        if not r.get("ok") or "step_ms" not in r or not r["strategy"].startswith("allreduce"):
+        if not r.get("ok") or "step_ms" not in r or not r["strategy"].startswith("ring-"):
             continue
         label = r.get("method", "fp32")
         engine = r["strategy"][: -len(label) - 1] if r["strategy"].endswith("-" + label) else r["strategy"]

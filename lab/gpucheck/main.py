@@ -15,6 +15,7 @@ import torch
 
 from models import MODELS
 
+from ..common import recipe
 from .one import run_one
 from .report import accounting, describe_machine, parts_table, precision_lines, table
 from .tworanks import run_two
@@ -200,10 +201,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=200, help="timed steps per run (default: 200)")
     p.add_argument("--warmup-steps", type=int, default=20, help="untimed steps first (default: 20)")
     p.add_argument("--batch-size", type=int, default=0, help="0: each model's own (default)")
-    p.add_argument("--synthetic-samples", type=int, default=6400, help="the trainer's synthetic dataset size")
+    recipe.add_trainer_flag(p, "synthetic_samples", "the trainer's synthetic dataset size")
     p.add_argument("--threads", type=int, default=1, help="torch threads on the CPU (dry run)")
-    p.add_argument("--lr", type=float, default=0.01, help="the bare loops' SGD learning rate")
-    p.add_argument("--seed", type=int, default=42)
+    recipe.add_trainer_flag(p, "lr", "the bare loops' SGD learning rate, the trainer's for one worker")
+    recipe.add_trainer_flag(p, "seed")
     p.add_argument("--timeout", type=float, default=300, help="seconds for one run or two-rank job")
     p.add_argument("--out", default="", help="also write the rows as JSON here")
     p.add_argument(

@@ -18,6 +18,7 @@ from typing import ClassVar
 
 import torch
 
+from ..common import methods
 from .ways import LABELS, log
 
 
@@ -136,11 +137,7 @@ def run_two(args: argparse.Namespace, way: str, model: str, batch: int) -> dict:
             if way == "ring-gloo":
                 procs, server = start_gloo_pair(args, cli)
             else:
-                engine = (
-                    ["--strategy", "allreduce", "--allreduce-engine", "mpi"]
-                    if way == "ring-mpi"
-                    else ["--strategy", "ps", "--ps-placement", "colocated"]
-                )
+                engine = methods.registry()["ring-mpi" if way == "ring-mpi" else "ps-sync-colocated"].flags
                 procs = [
                     subprocess.Popen(
                         [sys.executable, "-m", "launch", "-np", "2", "--", *cli, *engine],

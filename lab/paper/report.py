@@ -10,34 +10,22 @@ import os
 import shlex
 from typing import Any
 
-from ..common import costmodel, engines, gradients, tblog
+from ..common import costmodel, engines, gradients, methods, tblog
 from ..common.links import link_network
 from ..common.plots import STYLE, no_data
 
 PAPER_MODELS = ("lenet5", "ptb-lstm-small")  # the paper's two workloads
 SMALL, BIG = "lenet5", "ptb-lstm-small"  # "the small network" and "the bigger one" of its findings
-STRATEGIES = ("ps-dedicated", "ps-colocated", "allreduce", "allreduce-mpi")
-LABELS = {
-    "ps-dedicated": "centralized PS (dedicated servers; TF 1.8's)",
-    "ps-colocated": "decentralized PS (colocated; MXNet 1.3's)",
-    "allreduce": "ring allreduce, Horovod",
-    "allreduce-mpi": "ring allreduce, mpi4py engine",
-}
-# the time-to-accuracy grid's methods as the comparison's runs (one colour per concept in every chart)
+# the paper's four exchanges (lab/common/methods.py's names; dedicated PS: TF 1.8's, colocated: MXNet 1.3's)
 SHORT = {
-    "ps-dedicated": "centralized PS (dedicated)",
-    "ps-colocated": "decentralized PS (colocated)",
-    "allreduce": "ring, Horovod",
-    "allreduce-mpi": "ring, mpi4py engine",
+    "ps-sync-dedicated": "centralized PS (dedicated)",
+    "ps-sync-colocated": "decentralized PS (colocated)",
+    "ring-horovod": "ring, Horovod",
+    "ring-mpi": "ring, mpi4py engine",
 }
-TTA_RUNS = {
-    "ring-horovod": "allreduce",
-    "ring-mpi": "allreduce-mpi",
-    "ps-sync-dedicated": "ps-dedicated",
-    "ps-sync-colocated": "ps-colocated",
-    "ps-async-dedicated": "ps-dedicated-async",
-    "ps-async-colocated": "ps-colocated-async",
-}
+STRATEGIES = tuple(SHORT)
+# the time-to-accuracy grid's methods of the comparison (one colour per placement in every chart)
+TTA_RUNS = (*STRATEGIES, "ps-async-dedicated", "ps-async-colocated")
 # Single jobs on a shared 2-core machine: repeated grids put throughput ratios 5-10 % apart
 # (docs/emulated_cluster.md), so a difference under this is "no significant difference".
 TOLERANCE = 0.10
@@ -50,7 +38,7 @@ RATE_STYLE = ("-", "--", ":", "-.")
 def read_json(path: str) -> Any:
     try:
         with open(path) as fh:
-            return json.load(fh)
+            return methods.renamed(json.load(fh))  # a run directory of the older names too
     except (OSError, ValueError):
         return None
 
@@ -137,8 +125,8 @@ def findings(data: dict[str, Any]) -> list[dict[str, Any]]:
     at = {(p["model"], p["rate"], p["strategy"], p["workers"]): p for p in data["points"]}
     out = []
     for (model, rate, strategy, n), col in sorted(at.items()):
-        ded = at.get((model, rate, "ps-dedicated", n))
-        if strategy != "ps-colocated" or n == 1 or ded is None:
+        ded = at.get((model, rate, "ps-sync-dedicated", n))
+        if strategy != "ps-sync-colocated" or n == 1 or ded is None:
             continue
         sp = col["speedup"] / ded["speedup"] if ded["speedup"] else math.nan
         thr = col["samples_per_sec"] / ded["samples_per_sec"]
@@ -250,7 +238,7 @@ def markdown(data: dict[str, Any], meta: dict[str, Any]) -> str:
             for p in data["points"]
             if (p["model"], p["rate"], p["workers"]) == (model, rate, n)
         }
-        out += engines.markdown(f"{model}, {n} hosts at {rate}", speed, engines.SCALING, "samples/s", ".1f")
+        out += engines.markdown(f"{model}, {n} hosts at {rate}", speed, "samples/s", ".1f")
     out += tta_markdown(data)
     return "\n".join(out) + "\n"
 
@@ -262,7 +250,7 @@ def k_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for p in data["points"]:
         top = max(q["workers"] for q in data["points"] if q["model"] == p["model"])
-        if p["strategy"] != "ps-colocated" or p["workers"] != top or top < 2 or not p["step_ms"]:
+        if p["strategy"] != "ps-sync-colocated" or p["workers"] != top or top < 2 or not p["step_ms"]:
             continue
         n, net, size = top, link_network(p["rate"]), gradients.nbytes(p["model"])
         compute = max(0.0, (p["step_ms"] - (p["wait_ms"] or 0.0)) / 1e3)
@@ -415,10 +403,10 @@ def _plot_tta(ax, model: str, jobs: list[dict[str, Any]], target: str) -> None:
         return
     labels, values, colors = [], [], []
     for j in jobs:
-        run = TTA_RUNS.get(j["method"], j["method"])
+        run = j["method"]
         labels.append(f"{j['method']} N={j['workers']} {j.get('link_rate') or ''}")
         values.append(j["seconds_to_target"] if j.get("reached") else 0.0)
-        colors.append(STYLE.get(run.replace("-async", ""), ("0.5", ""))[0])
+        colors.append(STYLE.get(run.replace("-async-", "-sync-"), ("0.5", ""))[0])
     bars = ax.barh(range(len(values)), values, color=colors)
     for b, j in zip(bars, jobs, strict=True):
         if not j.get("reached"):
@@ -446,7 +434,7 @@ def write_tensorboard(out: str, data: dict[str, Any]) -> None:
         if j.get("ok") and j.get("reached"):
             tblog.add_point(
                 series,
-                TTA_RUNS.get(j["method"], j["method"]),
+                j["method"],
                 f"paper/time_to_target_s/{j['model']}/{j.get('link_rate')}",
                 j["workers"],
                 j["seconds_to_target"],

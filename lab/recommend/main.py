@@ -54,10 +54,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..common import costmodel, recipe, sharded, trust, usermodel
+from ..common import costmodel, recipe, trust, usermodel
+from ..common.methods import STAGES, registry
 
 DEFAULT_METHODS = ("fp32", "fp16", "powersgd-r4", "localsgd-h4", "localsgd-h16")
-SHARDED_METHODS = tuple(f"zero{s}" for s in sharded.STAGES)  # join the candidates when --memory-per-rank asks
+SHARDED_METHODS = tuple(f"zero{s}" for s in STAGES)  # join the candidates when --memory-per-rank asks
 MEASURED_WORKERS = 2  # the emulated hosts the steps ratios are measured on
 ENGINE = "mpi"  # the grid's ring on mpi4py: the engine the cost model's ring matched (0.98-1.12, trust.py)
 
@@ -706,7 +707,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="memory per rank (e.g. 16GiB, 512MiB, 2G): also answer which concept is fastest among those whose "
         "parameters, gradients and optimizer state fit; adds zero1,zero2,zero3 to --methods",
     )
-    p.add_argument("--batch-size", type=int, default=64, help="per worker, as the trainer's (default: 64)")
+    recipe.add_trainer_flag(p, "batch_size", "per worker, as the trainer's")
     p.add_argument(
         "--compute-ms",
         type=float,
@@ -779,8 +780,8 @@ def recommend(args: argparse.Namespace) -> dict[str, Any]:
     workers, links = _ints(args.workers, "--workers"), parse_links(args.link)
     latency, methods = parse_latency(args.latency), parse_methods(args.methods)
     memory_limit = parse_size(args.memory_per_rank) if args.memory_per_rank else 0.0
-    if memory_limit:  # the stages the trainer runs on the grid's engine (lab/common/sharded.py)
-        methods += [m for m in SHARDED_METHODS if m not in methods and sharded.accepted(int(m[-1]), ENGINE)]
+    if memory_limit:  # the stages the trainer runs on the grid's engine (lab/common/methods.py)
+        methods += [m for m in SHARDED_METHODS if m not in methods and tta_method(m) in registry()]
     if args.batch_size < 1 or args.compute_ms < 0 or args.max_epochs < 1 or args.evals_per_epoch < 1:
         raise RecommendError("--batch-size, --max-epochs and --evals-per-epoch must be >= 1, --compute-ms >= 0")
     parse_links(args.measure_rate)

@@ -23,7 +23,8 @@ def choose_cycle(commbench_report: dict[str, Any]) -> tuple[float | None, str]:
     times: dict[str, dict[int, float]] = {}
     for r in commbench_report["results"]:
         job = r.get("job", "default")
-        if r["impl"] == "horovod" and r["workload_kind"] == "size" and (job == "default" or job.startswith("cycle=")):
+        horovod = r["impl"] == "ring-horovod" and r["workload_kind"] == "size"
+        if horovod and (job == "default" or job.startswith("cycle=")):
             times.setdefault(job, {})[r["bytes"]] = r["time_s"]
     if not times:
         return None, "default"
@@ -40,7 +41,7 @@ def calibrate(
     """alpha and B per strategy, fitted to its commbench size sweep (Horovod: the knobs the grid used)."""
     out = {}
     for v in vs:
-        want = horovod_job if v.commbench_impl == "horovod" else ("default", f"K={v.servers}")
+        want = horovod_job if v.commbench_impl == "ring-horovod" else ("default", f"K={v.servers}")
         pts = [
             r
             for r in commbench_report["results"]
@@ -76,11 +77,11 @@ def compute_times(rows: list[dict[str, Any]], plans: dict[str, Plan]) -> tuple[d
     source: dict[str, str] = {}
     for any_strategy in (False, True):
         for r in rows:
-            if r["workers"] == 1 and r["repeats"] and (any_strategy or r["strategy"] == "allreduce"):
+            if r["workers"] == 1 and r["repeats"] and (any_strategy or r["strategy"] == "ring-horovod"):
                 step_s = plans[r["model"]].batch_size / r["samples_per_sec_mean"]
                 out.setdefault(r["model"], max(0.0, step_s - r["comm_wait_ms_mean"] / 1e3))
                 source.setdefault(r["model"], "one-worker")
-    for r in sorted((r for r in rows if r["repeats"]), key=lambda r: (r["workers"], r["strategy"] != "allreduce")):
+    for r in sorted((r for r in rows if r["repeats"]), key=lambda r: (r["workers"], r["strategy"] != "ring-horovod")):
         if r["model"] not in out:
             out[r["model"]] = max(0.0, (r["step_ms_mean"] - r["comm_wait_ms_mean"]) / 1e3)
             source[r["model"]] = "fewest-workers"

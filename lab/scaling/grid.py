@@ -36,7 +36,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..common import costmodel, engines, tblog
+from ..common import costmodel, engines, methods, tblog
 from ..common.jobs import Launcher, local_launcher, read_json
 from ..common.jobs import run as run_job_argv
 from .calibrate import CYCLE_CANDIDATES, calibrate, choose_cycle, known_network, predictions, run_commbench
@@ -239,7 +239,7 @@ def run(
     report = None
     if calib_path and os.path.exists(calib_path):
         with open(calib_path) as fh:
-            report = json.load(fh)
+            report = methods.renamed(json.load(fh), methods.COMMBENCH_OLD)  # an older commbench.json too
     cycle_ms, horovod_job = parse_cycle(cfg.horovod_cycle_ms), "default"
     if cycle_ms is not None:
         horovod_job = f"cycle={cycle_ms:g}ms"  # commbench's label of that configuration
@@ -349,7 +349,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="warm-up steps per job, excluded from throughput (default: per model, 2-10)",
     )
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="per-worker batch (default: per model)")
-    p.add_argument("--ps-servers", type=int, default=d.ps_servers, help="K for ps-dedicated (default: 1)")
+    p.add_argument("--ps-servers", type=int, default=d.ps_servers, help="K for ps-sync-dedicated (default: 1)")
     p.add_argument("--out-dir", default="", help="output directory (default: runs/scaling/<time>)")
     p.add_argument(
         "--no-commbench",

@@ -1,7 +1,7 @@
 """The scaling grid on an emulated cluster: measured step times beside the cost model's predictions.
 
     python -m lab scaling-netns                # what `make scaling-netns` runs
-    python -m lab scaling-netns --rates 100mbit --models lenet5 --strategies allreduce
+    python -m lab scaling-netns --rates 100mbit --models lenet5 --strategies ring-horovod
 
 For every link rate, the ``scaling`` grid (same jobs, same per-model plans) runs with its launcher
 hook swapped for the emulated cluster's (lab/emulation/netns.py): one rank per host, so every rank has a
@@ -31,6 +31,7 @@ import time
 from typing import Any
 
 from ..common import costmodel, engines, gradients, tblog
+from ..common.jobs import EMULATED_ALLREDUCE, EMULATED_ALLREDUCE_HELP
 from ..common.links import RateError, link_network, parse_rates
 from . import grid as scaling
 from . import report as grid_report
@@ -55,12 +56,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"{','.join(DEFAULT_STRATEGIES)}; the others are the communication-reduction concepts on "
         "them, docs/concepts.md)",
     )
-    p.add_argument("--ps-servers", type=int, default=1, help="K for ps-dedicated, each on its own host (default: 1)")
+    p.add_argument(
+        "--ps-servers", type=int, default=1, help="K for ps-sync-dedicated, each on its own host (default: 1)"
+    )
     p.add_argument("--models", default="lenet5,ptb-lstm-small", help="(default: lenet5,ptb-lstm-small)")
     p.add_argument("--repeats", type=int, default=1, help="jobs per grid point (default: 1)")
     p.add_argument("--steps", type=int, default=0, help="measured steps per job (default: the scaling grid's plan)")
     p.add_argument("--job-timeout", type=float, default=1200, help="seconds per job before it is stopped")
-    add_mpi_allreduce_arg(p, "ring", "ring, as `python -m launch --emulate-hosts`")
+    add_mpi_allreduce_arg(p, EMULATED_ALLREDUCE, EMULATED_ALLREDUCE_HELP)
     p.add_argument("--out-dir", default="", help="default: runs/scaling-netns/<time>")
 
 
@@ -243,9 +246,7 @@ def markdown(report: dict[str, Any]) -> str:
                 if (r["rate"], r["model"], r["workers"]) == (rate, m, n) and r["ok"]:
                     steps.setdefault(r["strategy"], []).append(r["step_ms"])
             speed = {s: 1e3 / statistics.median(v) for s, v in steps.items()}
-            out += engines.markdown(
-                f"{m}, {n} hosts at {rate}, concept x engine", speed, engines.SCALING, "steps/s", ".2f"
-            )
+            out += engines.markdown(f"{m}, {n} hosts at {rate}, concept x engine", speed, "steps/s", ".2f")
         out += methods_markdown([r for r in report["rows"] if r["rate"] == rate])
         out += [f"The grid's own report for this rate: [{rate}/report.md]({rate}/report.md).", ""]
     return "\n".join(out)

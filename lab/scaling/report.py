@@ -11,7 +11,7 @@ import subprocess
 import sys
 from typing import Any
 
-from ..common import engines, tblog
+from ..common import engines, methods, tblog
 from ..common.plots import STYLE, plot_measured
 
 # The no-exchange bound's rows (the grid's ``bound`` jobs: the same workers, ``--strategy none``).
@@ -234,7 +234,7 @@ def plot_predicted(path: str, curves: dict, given_label: str) -> None:
                 color=color,
                 marker=marker,
                 ms=4,
-                ls="--" if s == "ps-colocated" else "-",
+                ls="--" if s == "ps-sync-colocated" else "-",
                 label=s,
             )
         ax.set_xscale("log", base=2)
@@ -294,7 +294,7 @@ def concept_engine(rows: list[dict], models: list[str]) -> list[str]:
                 for r in rows
                 if r["model"] == m and r["workers"] == n and r["repeats"]
             }
-            out += engines.markdown(f"{m}, N={n}, concept x engine", speed, engines.SCALING, fmt=".1f")
+            out += engines.markdown(f"{m}, N={n}, concept x engine", speed, fmt=".1f")
     return (["## Concept or implementation?", ""] + out) if out else []
 
 
@@ -465,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     path = os.path.join(args.out, "results.json")
     try:
         with open(path) as fh:
-            res = json.load(fh)
+            res = methods.renamed(json.load(fh))  # a run directory of the older names too
     except (OSError, ValueError) as e:
         print(f"report: error: cannot read {path} ({e}); give the output directory of a scaling grid", file=sys.stderr)
         return 2

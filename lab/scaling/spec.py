@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from ..common import costmodel, sharded
+from ..common import costmodel, methods
 
 DEFAULT_MODELS = ("lenet5", "ptb-lstm-small", "resnet18")
 DEFAULT_WORKERS = (1, 2)
@@ -21,126 +21,36 @@ class Variant:
     flags: tuple[str, ...]
     servers: int  # processes that only serve
     kind: str  # the cost model's exchange
-    commbench_impl: str  # the commbench row that calibrates it
+    commbench_impl: str  # the commbench row that calibrates it: the float32 method on the same engine or placement
     description: str
     method: costmodel.Method = costmodel.BASELINE  # the communication-reduction concept (docs/concepts.md)
 
 
 # The exchanges the grids run by default; variants() adds the communication-reduction concepts on them
-# (16-bit, PowerSGD, local SGD: docs/concepts.md), run when --strategies names them.
-DEFAULT_STRATEGIES = ("allreduce", "allreduce-mpi", "ps-dedicated", "ps-colocated")
-# PowerSGD's rank and local SGD's period of the concept variants: the time-to-accuracy grid's (lab/tta/spec.py:
-# rank 4 matched full precision in Vogels et al.; H = 4 sends a quarter of the bytes)
-POWERSGD_RANK, LOCALSGD_PERIOD = 4, 4
+# (16-bit, PowerSGD, local SGD, DiLoCo, the sharded stages: docs/concepts.md), run when --strategies names them.
+DEFAULT_STRATEGIES = ("ring-horovod", "ring-mpi", "ps-sync-dedicated", "ps-sync-colocated")
 
 
-def concept_variants(base: Variant) -> list[Variant]:
-    """The concepts a base exchange runs in the trainer (the rest it refuses): 16-bit on every exchange
-    (bf16 not on Horovod), PowerSGD and local SGD on the allreduce engines, and the sharded stages on the
-    allreduce engines where the trainer accepts them (``allreduce-mpi-zero2``: :func:`sharded_variants`)."""
-    C = costmodel
-    concepts: list[tuple[str, tuple[str, ...], costmodel.Method, str]] = [
-        ("fp16", ("--compression", "fp16"), C.Method(C.FP16), "16-bit (fp16) on the wire")
-    ]
-    if base.strategy == "allreduce":
-        if base.commbench_impl != "horovod":
-            concepts.append(("bf16", ("--compression", "bf16"), C.Method(C.BF16), "16-bit (bf16) on the wire"))
-        r, h = POWERSGD_RANK, LOCALSGD_PERIOD
-        concepts += [
-            (
-                f"powersgd-r{r}",
-                ("--compression", "powersgd", "--powersgd-rank", str(r)),
-                C.Method(C.POWERSGD, r),
-                f"PowerSGD rank {r} (error feedback, warm start)",
-            ),
-            (
-                f"localsgd-h{h}",
-                ("--average-every", str(h)),
-                C.Method(every=h),
-                f"local SGD, parameters averaged every {h} steps",
-            ),
-        ]
-    return [
-        Variant(
-            f"{base.name}-{suffix}",
-            base.strategy,
-            (*base.flags, *flags),
-            base.servers,
-            base.kind,
-            base.commbench_impl,
-            f"{base.description}, {what}",
-            method,
-        )
-        for suffix, flags, method, what in concepts
-    ] + sharded_variants(base)
+def offered(m: methods.Method) -> bool:
+    """Whether the grid runs registry method ``m``: what commbench calibrates (the Horovod and mpi rings, the
+    synchronous PS: the cost model has no asynchronous PS), one concept at a time (no 16-bit wire under a
+    period)."""
+    return (m.engine in ("horovod", "mpi") or (m.strategy == "ps" and m.synchronous)) and not (
+        m.schedule and m.wire != "none"
+    )
 
 
-def sharded_variants(base: Variant) -> list[Variant]:
-    """The sharded stages on an allreduce base's engine (the trainer's --strategy sharded takes the same
-    --allreduce-engine), each where the trainer accepts it; the cost model prices them as the ring's
-    collectives (costmodel ``Method(shard=S)``)."""
-    if base.strategy != "allreduce":
-        return []
-    engine = base.flags[base.flags.index("--allreduce-engine") + 1] if "--allreduce-engine" in base.flags else ""
-    return [
-        Variant(
-            f"{base.name}{sharded.suffix(stage)}",
-            "sharded",
-            (*base.flags, "--shard-stage", str(stage)),
-            0,
-            costmodel.ALLREDUCE,
-            base.commbench_impl,
-            f"sharded data parallel, ZeRO stage {stage}, on the engine of: {base.description}",
-            costmodel.Method(shard=stage),
-        )
-        for stage in sharded.STAGES
-        if sharded.accepted(stage, engine)
-    ]
+def variant(m: methods.Method) -> Variant:
+    """The grid's variant of registry method ``m`` (its flags after ``--strategy``, which the grid adds)."""
+    return Variant(m.name, m.strategy, m.flags[2:], m.servers, m.kind, m.base, m.description, m.cost)
 
 
 def variants(ps_servers: int = 1) -> dict[str, Variant]:
-    """Every exchange the grids can run, by name: the four exchanges of DEFAULT_STRATEGIES and each one's
-    concepts (``allreduce-mpi-fp16``, ``allreduce-mpi-powersgd-r4``, ``allreduce-localsgd-h4``, ...)."""
-    base = _exchanges(ps_servers)
-    return {**base, **{c.name: c for v in base.values() for c in concept_variants(v)}}
-
-
-def _exchanges(ps_servers: int) -> dict[str, Variant]:
-    k = str(ps_servers)
-    return {
-        v.name: v
-        for v in (
-            Variant("allreduce", "allreduce", (), 0, costmodel.ALLREDUCE, "horovod", "Horovod ring allreduce"),
-            # the same concept on the PS's machinery: separates the concept from the implementation
-            Variant(
-                "allreduce-mpi",
-                "allreduce",
-                ("--allreduce-engine", "mpi"),
-                0,
-                costmodel.ALLREDUCE,
-                "mpi-ring",
-                "ring allreduce on mpi4py messages from gradient hooks (--allreduce-engine mpi)",
-            ),
-            Variant(
-                "ps-dedicated",
-                "ps",
-                ("--ps-placement", "dedicated", "--ps-servers", k),
-                ps_servers,
-                costmodel.PS_DEDICATED,
-                "ps-dedicated",
-                f"parameter server, {k} dedicated server process(es)",
-            ),
-            Variant(
-                "ps-colocated",
-                "ps",
-                ("--ps-placement", "colocated"),
-                0,
-                costmodel.PS_COLOCATED,
-                "ps-colocated",
-                "parameter server colocated with the workers (each serves 1/N)",
-            ),
-        )
-    }
+    """Every exchange the grids can run, by name (lab/common/methods.py's scheme): the four of
+    DEFAULT_STRATEGIES and each one's concepts (``ring-mpi-fp16``, ``ring-mpi-powersgd-r4``,
+    ``ring-horovod-localsgd-h4``, ``ring-mpi-zero2``, ``ps-sync-colocated-fp16``, ...)."""
+    table = {n: variant(m) for n, m in methods.registry(ps_servers).items() if offered(m)}
+    return {**{n: table[n] for n in DEFAULT_STRATEGIES}, **table}
 
 
 @dataclass(frozen=True)
@@ -195,6 +105,7 @@ class GridConfig:
 
     def validate(self) -> None:
         """Raise :class:`GridError` naming the flag of the first bad field."""
+        self.strategies = [methods.canonical(s) for s in self.strategies]  # an old name (allreduce-mpi) still runs
         unknown = [s for s in self.strategies if s not in variants()]
         if unknown:
             raise GridError(f"--strategies: unknown strategy {unknown[0]!r}; choose from: {', '.join(variants())}")

@@ -35,7 +35,7 @@ from dataclasses import asdict
 from typing import Any
 
 from ..common import recipe
-from ..common.jobs import Launcher, loadavg, local_launcher, read_json
+from ..common.jobs import EMULATED_ALLREDUCE_HELP, Launcher, loadavg, local_launcher, read_json
 from ..common.jobs import run as run_job
 from .report import add_model_ratios, markdown, plot_time_to_accuracy, write_csv, write_tensorboard
 from .spec import WORKLOADS, Method, TtaConfig, TtaError, Workload, method_groups, methods
@@ -375,7 +375,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"e.g. 1gbit,100mbit,10mbit (default: {','.join(d.rates)})",
     )
     p.add_argument("--link-rate", default=None, help="one emulated link rate (the same as --rates with one rate)")
-    add_mpi_allreduce_arg(p, d.mpi_allreduce, f"{d.mpi_allreduce}, as `python -m launch --emulate-hosts`")
+    add_mpi_allreduce_arg(p, d.mpi_allreduce, EMULATED_ALLREDUCE_HELP)
     p.add_argument(
         "--target",
         action="append",

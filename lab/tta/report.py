@@ -118,7 +118,7 @@ def plot_style(method: str) -> tuple[str, str]:
     if m is None:
         return "black", "-"
     if method.startswith("ps-"):
-        return PLOT_STYLE.get(method.rsplit("-", 1)[0], ("black", "-"))[0], ":" if m.concept == "fp16" else "-."
+        return PLOT_STYLE.get(m.base, ("black", "-"))[0], ":" if m.concept == "fp16" else "-."
     color = LONG_PERIOD_COLOR if m.concept == "localsgd" and m.param > 4 else CONCEPT_COLOR.get(m.concept, "black")
     if m.concept == "sharded":
         color = SHARDED_COLOR[m.param]
@@ -293,25 +293,8 @@ def verdicts(jobs: list[dict[str, Any]], base: dict[tuple[tuple[int, str], int],
 
 def cost_model_method(method: str) -> tuple[Any, str, int]:
     """(costmodel.Method, exchange kind, servers) of a grid method, for lab/common/costmodel.predict_method."""
-    from ..common import costmodel
-
     m = methods()[method]
-    kind = (
-        costmodel.ALLREDUCE
-        if method.startswith("ring-")
-        else costmodel.PS_DEDICATED
-        if "-dedicated" in method
-        else costmodel.PS_COLOCATED
-    )
-    by_concept: dict[str, dict[str, Any]] = {
-        "powersgd": dict(compression="powersgd", powersgd_rank=m.param),
-        "localsgd": dict(average_every=m.param),
-        "diloco": dict(diloco_every=m.param),
-    }
-    if m.concept == "sharded":
-        return costmodel.Method(shard=m.param), kind, 1
-    flags = by_concept.get(m.concept, dict(compression=m.concept))
-    return costmodel.Method.from_flags(**flags), kind, max(1, m.servers)
+    return m.cost, m.kind, max(1, m.servers)
 
 
 def gathered_modules(model: str) -> int:

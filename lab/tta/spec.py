@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from allreduce_train.distributed.wirecost import SIXTEEN_BIT
+from allreduce_train.config import TrainConfig
 
-from ..common import sharded
+from ..common.jobs import EMULATED_ALLREDUCE
+from ..common.methods import Method, registry
 
 
 @dataclass(frozen=True)
@@ -46,36 +47,11 @@ WORKLOADS = {
 }
 
 
-@dataclass(frozen=True)
-class Method:
-    """One way to exchange gradients, as trainer flags, with the processes it adds beside workers."""
-
-    name: str
-    flags: tuple[str, ...]
-    servers: int  # processes that only serve
-    synchronous: bool
-    description: str
-    concept: str = "none"  # docs/concepts.md: none, fp16, bf16, powersgd, localsgd, diloco; sharded
-    param: int = 0  # PowerSGD's rank r, local SGD's (DiLoCo's) period H or the sharded stage; 0 otherwise
-
-    @property
-    def sync_peer(self) -> str:
-        """The synchronous method an asynchronous one is compared with (same placement)."""
-        return self.name.replace("-async-", "-sync-")
-
-    @property
-    def sixteen_bit_allreduce(self) -> bool:
-        """A 16-bit allreduce: the baseline a communication-reduction concept must beat (docs/concepts.md)."""
-        return self.name.startswith("ring-") and self.concept in SIXTEEN_BIT
-
-
-# PowerSGD's rank and local SGD's periods in the grid. Rank 4 is the rank Vogels et al. found to match
-# full-precision accuracy on their image models (rank 1-2 lose some); H = 4 and 16 bracket the periods
-# post-local SGD (Lin et al. 2020) and DiLoCo-style runs use at this scale: 4 sends a quarter of the
-# bytes, 16 a sixteenth, at a growing cost in drift between the workers.
-POWERSGD_RANKS = (4,)
-LOCALSGD_PERIODS = (4, 16)
-DILOCO_PERIODS = (16,)  # beside local SGD's longer period: the outer optimizer is what differs
+# The grid's methods: every method of the lab's registry (lab/common/methods.py) on the Horovod and mpi engines,
+# except a 16-bit wire under a local SGD period (the concepts are compared one at a time) and the PS's bf16 but
+# once (synchronous, colocated: where it meets fp16 and the ring's 16-bit methods).
+ENGINES = ("horovod", "mpi")
+PS_BF16 = ("ps-sync-colocated-bf16",)
 
 # Method groups --methods accepts besides names: the original six exchanges, and the concepts with their baseline.
 EXCHANGES = (
@@ -89,122 +65,16 @@ EXCHANGES = (
 
 
 def methods() -> dict[str, Method]:
-    ps = ("--strategy", "ps")
-    engines = {
-        "horovod": ("--strategy", "allreduce", "--allreduce-engine", "horovod"),
-        "mpi": ("--strategy", "allreduce", "--allreduce-engine", "mpi"),
+    """The grid's methods by name: the six exchanges first, then each engine's concepts, the sharded stages and
+    the PS's 16-bit methods (the registry's order)."""
+    table = {
+        n: m
+        for n, m in registry().items()
+        if (m.strategy == "ps" or m.engine in ENGINES)
+        and not (m.schedule and m.wire != "none")
+        and (m.wire != "bf16" or m.strategy != "ps" or n in PS_BF16)
     }
-    placements = {
-        "dedicated": (("--ps-placement", "dedicated", "--ps-servers", "1"), 1, "1 dedicated server"),
-        "colocated": (("--ps-placement", "colocated"), 0, "colocated with the workers"),
-    }
-    out = [
-        Method("ring-horovod", engines["horovod"], 0, True, "ring allreduce, Horovod"),
-        Method(
-            "ring-mpi",
-            engines["mpi"],
-            0,
-            True,
-            "ring allreduce on mpi4py messages from gradient hooks (the PS's machinery)",
-        ),
-    ]
-    for mode in ("sync", "async"):
-        for place in ("dedicated", "colocated"):
-            flags, servers, what = placements[place]
-            out.append(
-                Method(
-                    f"ps-{mode}-{place}",
-                    (*ps, *flags, "--ps-mode", mode),
-                    servers,
-                    mode == "sync",
-                    f"parameter server, {what}, {'synchronous' if mode == 'sync' else 'asynchronous'}",
-                )
-            )
-    out = sorted(out, key=lambda m: EXCHANGES.index(m.name))
-    # The concepts (docs/concepts.md). 16-bit allreduce: Horovod has no bfloat16 allreduce.
-    for engine, bits in (("horovod", ("fp16",)), ("mpi", ("fp16", "bf16"))):
-        for b in bits:
-            out.append(
-                Method(
-                    f"ring-{engine}-{b}",
-                    (*engines[engine], "--compression", b),
-                    0,
-                    True,
-                    f"ring allreduce, {engine} engine, gradients as {b} on the wire",
-                    b,
-                )
-            )
-    for engine in engines:
-        for r in POWERSGD_RANKS:
-            out.append(
-                Method(
-                    f"ring-{engine}-powersgd-r{r}",
-                    (*engines[engine], "--compression", "powersgd", "--powersgd-rank", str(r)),
-                    0,
-                    True,
-                    f"PowerSGD rank {r} (error feedback, warm start) over the {engine} engine's sums",
-                    "powersgd",
-                    r,
-                )
-            )
-        for h in LOCALSGD_PERIODS:
-            out.append(
-                Method(
-                    f"ring-{engine}-localsgd-h{h}",
-                    (*engines[engine], "--average-every", str(h)),
-                    0,
-                    True,
-                    f"local SGD: parameters averaged every {h} steps over the {engine} engine (float32)",
-                    "localsgd",
-                    h,
-                )
-            )
-        for h in DILOCO_PERIODS:
-            out.append(
-                Method(
-                    f"ring-{engine}-diloco-h{h}",
-                    (*engines[engine], "--diloco-every", str(h)),
-                    0,
-                    True,
-                    f"DiLoCo: an outer Nesterov step on the parameter delta averaged every {h} steps "
-                    f"over the {engine} engine (float32)",
-                    "diloco",
-                    h,
-                )
-            )
-    # The sharded concept (ZeRO stages 1-3) on each allreduce engine, where the trainer accepts it: the ring
-    # method's name plus the stage (lab/common/sharded.py)
-    for engine in engines:
-        for stage in sharded.STAGES:
-            if sharded.accepted(stage, engine):
-                out.append(
-                    Method(
-                        f"ring-{engine}{sharded.suffix(stage)}",
-                        sharded.flags(stage, engine),
-                        0,
-                        True,
-                        f"sharded data parallel, ZeRO stage {stage}, on the {engine} engine's reduce-scatter and "
-                        "all-gather",
-                        "sharded",
-                        stage,
-                    )
-                )
-    for mode in ("sync", "async"):
-        for place in ("dedicated", "colocated"):
-            flags, servers, what = placements[place]
-            for b in ("fp16", "bf16") if (mode, place) == ("sync", "colocated") else ("fp16",):
-                out.append(
-                    Method(
-                        f"ps-{mode}-{place}-{b}",
-                        (*ps, *flags, "--ps-mode", mode, "--compression", b),
-                        servers,
-                        mode == "sync",
-                        f"parameter server, {what}, {'synchronous' if mode == 'sync' else 'asynchronous'}, "
-                        f"push and pull as {b}",
-                        b,
-                    )
-                )
-    return {m.name: m for m in out}
+    return {**{n: table[n] for n in EXCHANGES}, **table}
 
 
 def method_groups() -> dict[str, list[str]]:
@@ -226,12 +96,12 @@ class TtaConfig:
     workers: list[int] = field(default_factory=lambda: [1, 2, 4])
     emulate_from: int = 4  # worker counts from this one up run on emulated hosts (0: never)
     rates: list[str] = field(default_factory=lambda: ["1gbit"])  # the emulated hosts' link rates: one row each
-    mpi_allreduce: str = "ring"  # the launcher's --mpi-allreduce for the emulated hosts (launch/mpirun.py)
+    mpi_allreduce: str = EMULATED_ALLREDUCE  # the launcher's --mpi-allreduce for the emulated hosts (launch/mpirun.py)
     targets: dict[str, str] = field(default_factory=dict)  # model -> --target, instead of the workload's
     max_epochs: int = 0  # 0: the workload's
     evals_per_epoch: int = 4
     repeats: int = 1
-    seed: int = 42
+    seed: int = TrainConfig.seed  # the trainer's default
     out_dir: str = ""
     recipe: list[str] = field(default_factory=list)  # the trainer's recipe flags for every job (lab/common/recipe.py)
     extra: list[str] = field(default_factory=list)

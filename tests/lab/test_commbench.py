@@ -13,7 +13,7 @@ from lab.commbench.main import timeline_phases
 
 from helpers import ROOT, check
 
-IMPLS = ("mpi", "mpi-ring", "ps-colocated", "horovod", "horovod-fp16", "ps-dedicated")
+IMPLS = ("mpi", "ring-mpi", "ps-sync-colocated", "ring-horovod", "ring-horovod-fp16", "ps-sync-dedicated")
 
 
 def test_parse_size_and_shards():
@@ -104,7 +104,7 @@ def test_two_workers_every_implementation_returns_the_same_sum(tmp_path):
     for r in report["results"]:
         assert r["max_abs_err"] == 0, r
         assert r["time_s"] > 0 and r["algbw_gbs"] > 0
-        if r["impl"] in ("mpi", "horovod"):  # nccl-tests: busbw = algbw * 2(N-1)/N = algbw at N=2
+        if r["impl"] in ("mpi", "ring-horovod"):  # nccl-tests: busbw = algbw * 2(N-1)/N = algbw at N=2
             assert r["busbw_gbs"] == pytest.approx(r["algbw_gbs"])
     assert "| lenet5 |" in (tmp_path / "out" / "commbench.md").read_text()
 
@@ -121,5 +121,5 @@ def test_bad_input_one_error_line(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "commbench: error: --impls: unknown implementation 'nccl'; choose from: "
-        "mpi, mpi-ring, ps-colocated, horovod, horovod-fp16, ps-dedicated"
+        "mpi, ring-mpi, ps-sync-colocated, ring-horovod, ring-horovod-fp16, ps-sync-dedicated"
     ]

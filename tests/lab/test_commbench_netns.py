@@ -31,10 +31,14 @@ def test_the_model_is_the_bandwidth_term_of_each_pattern():
     mb = 1 << 20
     row = {"workers": 4, "bytes": 4 * mb, "servers": 0}
     assert predicted_s({**row, "impl": "mpi"}, net) == pytest.approx(2 * 3 / 4 * 4 * mb / 12.5e6)
-    assert predicted_s({**row, "impl": "ps-colocated"}, net) == predicted_s({**row, "impl": "horovod"}, net)
+    assert predicted_s({**row, "impl": "ps-sync-colocated"}, net) == predicted_s({**row, "impl": "ring-horovod"}, net)
     # one server's link carries N shards of S each way; two servers halve that
-    assert predicted_s({**row, "impl": "ps-dedicated", "servers": 1}, net) == pytest.approx(2 * 4 * 4 * mb / 12.5e6)
-    assert predicted_s({**row, "impl": "ps-dedicated", "servers": 2}, net) == pytest.approx(2 * 2 * 4 * mb / 12.5e6)
+    assert predicted_s({**row, "impl": "ps-sync-dedicated", "servers": 1}, net) == pytest.approx(
+        2 * 4 * 4 * mb / 12.5e6
+    )
+    assert predicted_s({**row, "impl": "ps-sync-dedicated", "servers": 2}, net) == pytest.approx(
+        2 * 2 * 4 * mb / 12.5e6
+    )
 
 
 @pytest.mark.heavy
@@ -70,7 +74,7 @@ def test_two_emulated_hosts_exchange_over_the_links_and_are_set_beside_the_model
         )
     )
     res = json.loads((tmp_path / "results.json").read_text())
-    assert {r["impl"] for r in res["rows"]} == {"mpi", "ps-colocated"} and not res["failures"]
+    assert {r["impl"] for r in res["rows"]} == {"mpi", "ps-sync-colocated"} and not res["failures"]
     for r in res["rows"]:
         assert r["max_abs_err"] == 0 and r["workers"] == 2 and r["bytes"] == size  # the exact sum arrived
         assert r["predicted_s"] == pytest.approx(size / 12.5e6)  # 2(N-1)/N S/B with N = 2

@@ -82,9 +82,7 @@ def test_the_map_has_a_panel_per_model_and_n_in_a_png_and_tensorboard(tmp_path, 
     assert pts[("lenet5", "100mbit")]["measured_best"] == "fp32"
     assert pts[("lenet5", "100mbit")]["predicted_best"] == "fp16"
     assert pts[("ptb-lstm-small", "10mbit")]["gbit"] == pytest.approx(0.01)
-    assert (
-        "| ptb-lstm-small | 10mbit | 2 | allreduce-mpi | powersgd-r4 | powersgd-r4 |" in (out / "report.md").read_text()
-    )
+    assert "| ptb-lstm-small | 10mbit | 2 | ring-mpi | powersgd-r4 | powersgd-r4 |" in (out / "report.md").read_text()
 
     img = mpimg.imread(out / "concept_map.png")
     assert copy.read_bytes() == (out / "concept_map.png").read_bytes()

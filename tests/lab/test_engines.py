@@ -4,8 +4,9 @@ from lab.common import engines
 
 
 def test_the_horovod_vs_ps_ratio_splits_into_concept_and_implementation():
+    # bench's names: "trainer" is the trainer's default (ring-horovod), "horovod" the bare Horovod loop (no cell)
     lines = engines.markdown(
-        "lenet5, 2 ranks", {"trainer": 90.0, "trainer-mpi": 120.0, "trainer-ps": 100.0, "horovod": 80.0}, engines.BENCH
+        "lenet5, 2 ranks", {"trainer": 90.0, "ring-mpi": 120.0, "ps-sync-colocated": 100.0, "horovod": 80.0}
     )
     text = "\n".join(lines)
     assert "| ring allreduce | 90 | 120 |" in text and "| PS colocated | – | 100 |" in text
@@ -15,9 +16,11 @@ def test_the_horovod_vs_ps_ratio_splits_into_concept_and_implementation():
 
 
 def test_without_the_second_engine_nothing_is_attributed():
-    text = engines.verdict(engines.cells({"allreduce": 90.0, "ps-colocated": 100.0}, engines.SCALING))
+    text = engines.verdict(engines.cells({"ring-horovod": 90.0, "ps-sync-colocated": 100.0}))
     assert "0.90" in text and "cannot be told apart" in text
-    assert engines.markdown("x", {"ps-dedicated": 0.0}, engines.SCALING) == []  # failed: no table
+    assert engines.markdown("x", {"ps-sync-dedicated": 0.0}) == []  # failed: no table
+    # a concept over a method, an asynchronous PS: no cell of the float32 concept x engine table
+    assert engines.cells({"ring-mpi-fp16": 1.0, "ps-async-colocated": 1.0}) == {}
 
 
 def test_the_netns_report_splits_each_host_count_and_rate():
@@ -49,10 +52,10 @@ def test_the_netns_report_splits_each_host_count_and_rate():
         "repeats": 1,
         "rates": ["1gbit"],
         "rows": [
-            row("allreduce", 1, 5.0),
-            row("allreduce", 4, 20.0),
-            row("allreduce-mpi", 4, 10.0),
-            row("ps-colocated", 4, 12.5),
+            row("ring-horovod", 1, 5.0),
+            row("ring-horovod", 4, 20.0),
+            row("ring-mpi", 4, 10.0),
+            row("ps-sync-colocated", 4, 12.5),
         ],
     }
     text = netns.markdown(report)

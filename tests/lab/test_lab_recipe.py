@@ -95,7 +95,7 @@ def test_bench_gives_the_recipe_to_the_trainer_and_to_the_bare_loops_which_build
     from lab.bench.main import BenchSpec, job_args
 
     spec = BenchSpec(models=["lenet5"], recipe=ADAMW)
-    for impl in ("trainer", "trainer-mpi", "trainer-ps", "bound"):
+    for impl in ("trainer", "ring-mpi", "ps-sync-colocated", "bound"):
         _, args = job_args(impl, "lenet5", spec, "", "/tmp/r", "x")
         cfg = trainer_config(args)
         # after bench's own settings (--weight-decay 0): the user's recipe wins

@@ -9,14 +9,14 @@ import pytest
 from lab.common import costmodel as cm
 from lab.scaling import netns, spec
 
-METHODS = ("allreduce-mpi", "allreduce-mpi-fp16", "allreduce-mpi-powersgd-r4", "allreduce-mpi-localsgd-h4")
+METHODS = ("ring-mpi", "ring-mpi-fp16", "ring-mpi-powersgd-r4", "ring-mpi-localsgd-h4")
 
 
 def test_the_grids_default_to_the_four_exchanges_and_offer_the_concepts():
     assert spec.GridConfig().strategies == list(spec.DEFAULT_STRATEGIES)
     table = spec.variants()
     assert set(spec.DEFAULT_STRATEGIES) < set(table)
-    assert table["allreduce-mpi-powersgd-r4"].flags == (
+    assert table["ring-mpi-powersgd-r4"].flags == (
         "--allreduce-engine",
         "mpi",
         "--compression",
@@ -24,9 +24,9 @@ def test_the_grids_default_to_the_four_exchanges_and_offer_the_concepts():
         "--powersgd-rank",
         "4",
     )
-    assert table["allreduce-localsgd-h4"].method == cm.Method(every=4)
-    assert table["ps-dedicated-fp16"].servers == 1 and table["ps-dedicated-fp16"].method.compression == "fp16"
-    assert "allreduce-bf16" not in table  # Horovod has no bfloat16 allreduce: the trainer refuses it
+    assert table["ring-horovod-localsgd-h4"].method == cm.Method(every=4)
+    assert table["ps-sync-dedicated-fp16"].servers == 1 and table["ps-sync-dedicated-fp16"].method.compression == "fp16"
+    assert "ring-horovod-bf16" not in table  # Horovod has no bfloat16 allreduce: the trainer refuses it
     assert not any(n.startswith("ps-") and ("powersgd" in n or "localsgd" in n) for n in table)
 
 
@@ -70,12 +70,12 @@ def test_each_row_is_predicted_with_its_method(tmp_path):
     rows = {r["strategy"]: r for r in grid(tmp_path, METHODS)}
     for r in rows.values():
         assert r["pred_step_ms"] == pytest.approx(r["compute_ms"] + r["pred_extra_ms"] + r["pred_exchange_ms"])
-    fp32, fp16 = rows["allreduce-mpi"], rows["allreduce-mpi-fp16"]
+    fp32, fp16 = rows["ring-mpi"], rows["ring-mpi-fp16"]
     assert fp32["method"] == "fp32" and fp32["pred_extra_ms"] == 0
     assert fp16["pred_exchange_ms"] == pytest.approx(fp32["pred_exchange_ms"] / 2)  # alpha = 0 on emulated links
     assert fp16["model_bytes_per_step"] == pytest.approx(fp32["model_bytes_per_step"] / 2)
-    assert rows["allreduce-mpi-powersgd-r4"]["pred_exchange_ms"] < fp32["pred_exchange_ms"] / 10
-    local = rows["allreduce-mpi-localsgd-h4"]
+    assert rows["ring-mpi-powersgd-r4"]["pred_exchange_ms"] < fp32["pred_exchange_ms"] / 10
+    local = rows["ring-mpi-localsgd-h4"]
     assert local["step_ms"] == pytest.approx(1e3 * 40 / 32.0)  # the mean step (from samples/s), not the median
     assert local["compute_ms"] == pytest.approx(400.0)  # a local step's
     assert local["pred_exchange_ms"] == pytest.approx(fp32["pred_exchange_ms"] * 2 / 4)  # gradients + parameters / H
@@ -86,6 +86,6 @@ def test_the_report_sets_each_method_beside_fp32(tmp_path):
     table = "\n".join(netns.methods_markdown(rows))
     for s in METHODS[1:]:
         assert f"| ptb-lstm-small | 2 | {s} |" in table
-    assert "| ptb-lstm-small | 2 | allreduce-mpi |" not in table
+    assert "| ptb-lstm-small | 2 | ring-mpi |" not in table
     (tmp_path / "x").mkdir()
     assert netns.methods_markdown(grid(tmp_path / "x", METHODS[1:2])) == []  # no fp32 row: nothing to compare with

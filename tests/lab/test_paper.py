@@ -19,16 +19,16 @@ from helpers import ROOT
 # samples/s by (model, rate, strategy, N): LeNet-5's dedicated server saturates, the LSTM's placements tie
 THROUGHPUT = {
     ("lenet5", "1gbit"): {
-        "ps-dedicated": (1000, 1500),
-        "ps-colocated": (1200, 2200),
-        "allreduce": (1200, 2000),
-        "allreduce-mpi": (1200, 2100),
+        "ps-sync-dedicated": (1000, 1500),
+        "ps-sync-colocated": (1200, 2200),
+        "ring-horovod": (1200, 2000),
+        "ring-mpi": (1200, 2100),
     },
     ("ptb-lstm-small", "1gbit"): {
-        "ps-dedicated": (100, 150),
-        "ps-colocated": (110, 168),
-        "allreduce": (110, 160),
-        "allreduce-mpi": (110, 165),
+        "ps-sync-dedicated": (100, 150),
+        "ps-sync-colocated": (110, 168),
+        "ring-horovod": (110, 160),
+        "ring-mpi": (110, 165),
     },
 }
 
@@ -125,10 +125,10 @@ def test_the_plan_is_the_papers_design_on_the_existing_grids(capsys):
     assert opt(throughput, "--hosts") == "1,2,4" and opt(throughput, "--rates") == "1gbit,100mbit"
     assert opt(throughput, "--models") == "lenet5,ptb-lstm-small"
     assert set(opt(throughput, "--strategies").split(",")) == {
-        "ps-dedicated",
-        "ps-colocated",
-        "allreduce",
-        "allreduce-mpi",
+        "ps-sync-dedicated",
+        "ps-sync-colocated",
+        "ring-horovod",
+        "ring-mpi",
     }
     assert opt(throughput, "--out-dir") == "runs/paper/x/throughput"
     methods = opt(tta, "--methods").split(",")
@@ -198,7 +198,7 @@ def test_the_report_gives_a_verdict_per_finding_with_the_model_beside_and_draws_
     assert "| lenet5 | 1gbit | 2 | ps-async-colocated | 2000 | no |" in text
     assert (tmp_path / "paper.png").read_bytes()[:4] == b"\x89PNG"
     runs = sorted(p.name for p in (tmp_path / "tensorboard").iterdir())
-    assert runs == ["allreduce", "allreduce-mpi", "ps-colocated", "ps-dedicated", "ps-dedicated-async"]
+    assert runs == ["ps-async-dedicated", "ps-sync-colocated", "ps-sync-dedicated", "ring-horovod", "ring-mpi"]
     # the same report again from the files, as --report does
     assert paper.main(args("--report", str(tmp_path))) == 0
     assert (tmp_path / "report.md").read_text().split("\n", 3)[3] == text.split("\n", 3)[3]

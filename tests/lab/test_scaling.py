@@ -36,11 +36,11 @@ def rec(strategy, n, thr, ok=True):
 def test_aggregate_speedup_efficiency_and_spread_by_hand():
     rows = aggregate(
         [
-            rec("allreduce", 1, 100.0),
-            rec("allreduce", 1, 110.0),
-            rec("allreduce", 2, 150.0),
-            rec("allreduce", 2, 170.0),
-            rec("allreduce", 2, 0.0, ok=False),
+            rec("ring-horovod", 1, 100.0),
+            rec("ring-horovod", 1, 110.0),
+            rec("ring-horovod", 2, 150.0),
+            rec("ring-horovod", 2, 170.0),
+            rec("ring-horovod", 2, 0.0, ok=False),
         ]
     )
     one, two = rows
@@ -59,12 +59,12 @@ def test_missing_models_are_skipped_with_a_note():
     vs, models, notes = available(GridConfig(models=["lenet5", "no-such-model"]))
     assert models == ["lenet5"]
     assert any("no-such-model" in n for n in notes)
-    assert "allreduce" in [v.name for v in vs]
+    assert "ring-horovod" in [v.name for v in vs]
 
 
 def test_choose_cycle_picks_the_fastest_over_the_sizes_all_configurations_measured():
     def row(job, size, t):
-        return {"impl": "horovod", "workload_kind": "size", "bytes": size, "time_s": t, "job": job}
+        return {"impl": "ring-horovod", "workload_kind": "size", "bytes": size, "time_s": t, "job": job}
 
     report = {
         "results": [
@@ -83,8 +83,13 @@ def test_choose_cycle_picks_the_fastest_over_the_sizes_all_configurations_measur
     assert choose_cycle(report) == (None, "default")  # 1.04 > 1: Horovod's default stays
 
 
+OLD_COMMBENCH = {"ring-horovod": "horovod", "ring-mpi": "mpi-ring"}
+OLD_COMMBENCH.update({"ps-sync-colocated": "ps-colocated", "ps-sync-dedicated": "ps-dedicated"})
+
+
 def fake_commbench(path, nets):
-    """A commbench.json whose size sweep follows the cost model exactly for the given networks."""
+    """A commbench.json whose size sweep follows the cost model exactly for the given networks, written under
+    commbench's older row names (horovod, mpi-ring, ps-colocated): the grid reads them as the new."""
     results = []
     for impl, kind, servers, job in (
         ("horovod", costmodel.ALLREDUCE, 0, "default"),
@@ -151,7 +156,7 @@ def test_tiny_grid_writes_report_plot_csv_and_tensorboard(tmp_path):
         )
     )
     strategies = [v.name for v in available(GridConfig())[0]]
-    assert "allreduce" in strategies
+    assert "ring-horovod" in strategies
 
     with open(out / "results.csv") as fh:
         rows = list(csv.DictReader(fh))
@@ -165,13 +170,13 @@ def test_tiny_grid_writes_report_plot_csv_and_tensorboard(tmp_path):
         assert r["strategy"] == "bound" or float(r["predicted_samples_per_sec"]) > 0
     res = json.loads((out / "results.json").read_text())
     for s in strategies:  # the calibration read the sweep back
-        impl = variants()[s].commbench_impl
+        impl = OLD_COMMBENCH[variants()[s].commbench_impl]
         assert res["calibration"][s]["alpha_s"] == pytest.approx(nets[impl].alpha, rel=1e-6)
         assert res["calibration"][s]["bandwidth_Bps"] == pytest.approx(nets[impl].bandwidth, rel=1e-6)
         assert [p["workers"] for p in res["curves"]["lenet5"][s]][-1] == 1024
     report = (out / "report.md").read_text()
-    assert "speedup(N) = throughput(N) / throughput(1)" in report and "| allreduce | 2 |" in report
-    assert "| allreduce-mpi | 2 |" in report and "concept x engine" in report  # the second engine, split out
+    assert "speedup(N) = throughput(N) / throughput(1)" in report and "| ring-horovod | 2 |" in report
+    assert "| ring-mpi | 2 |" in report and "concept x engine" in report  # the second engine, split out
     assert "Same engine (mpi4py), ring / colocated PS" in report and "Same concept (ring), Horovod / mpi4py" in report
     for png in ("scaling.png", "predicted.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -198,7 +203,10 @@ def test_tiny_grid_writes_report_plot_csv_and_tensorboard(tmp_path):
                 assert e.value == pytest.approx(float(by_key[(s, e.step)][column]), rel=1e-4)
         assert ea.Scalars("scaling/speedup/lenet5")[0].value == pytest.approx(1.0)
         assert [e.step for e in ea.Scalars("scaling/predicted_efficiency/lenet5")][-1] == 1024
-    first = EventAccumulator(str(out / "tensorboard" / sorted(strategies)[0]), size_guidance={"tensors": 0}).Reload()
+    # the layout is in the first run written (rows in name order: the bound's); TensorBoard merges every run's
+    first = EventAccumulator(
+        str(out / "tensorboard" / sorted([*strategies, "bound"])[0]), size_guidance={"tensors": 0}
+    ).Reload()
     assert "custom_scalars__config__" in first.Tags()["tensors"]
     # one HParams session per job
     assert len(list((out / "hparams" / "lenet5").iterdir())) == 2 * (len(strategies) + 1)  # + the bound
@@ -222,10 +230,15 @@ def test_without_a_one_worker_run_compute_comes_from_the_fewest_workers_and_the_
     from lab.scaling.report import report_markdown
     from lab.scaling.spec import PLANS
 
-    rows = [_row("ps-colocated", 4, 30.0, 10.0), _row("allreduce", 4, 50.0, 20.0)]  # the emulated grid: N=4 only
+    rows = [
+        _row("ps-sync-colocated", 4, 30.0, 10.0),
+        _row("ring-horovod", 4, 50.0, 20.0),
+    ]  # the emulated grid: N=4 only
     compute, source = compute_times(rows, {"lenet5": PLANS["lenet5"]})
-    assert compute == {"lenet5": pytest.approx(0.030)} and source == {"lenet5": "fewest-workers"}  # allreduce's row
-    with_one = rows + [_row("allreduce", 1, 0.0, 2.0, sps=6400.0)]  # 64 samples per step -> 10 ms, minus 2 ms
+    assert compute == {"lenet5": pytest.approx(0.030)} and source == {
+        "lenet5": "fewest-workers"
+    }  # the ring-horovod row
+    with_one = rows + [_row("ring-horovod", 1, 0.0, 2.0, sps=6400.0)]  # 64 samples per step -> 10 ms, minus 2 ms
     assert compute_times(with_one, {"lenet5": PLANS["lenet5"]}) == (
         {"lenet5": pytest.approx(0.008)},
         {"lenet5": "one-worker"},
@@ -269,8 +282,8 @@ def test_the_local_grid_prices_a_variant_with_its_method():
     vs = spec.variants()
     net = costmodel.Network(alpha=50e-6, bandwidth=12.5e6)  # 100 Mbit/s
     size = sum(4 * _numel(s) for s in gradients.shapes("lenet5"))
-    fp32 = calibrate._predict(vs["allreduce-mpi"], "lenet5", 4, size, 0.01, 64, net)
-    fp16 = calibrate._predict(vs["allreduce-mpi-fp16"], "lenet5", 4, size, 0.01, 64, net)
+    fp32 = calibrate._predict(vs["ring-mpi"], "lenet5", 4, size, 0.01, 64, net)
+    fp16 = calibrate._predict(vs["ring-mpi-fp16"], "lenet5", 4, size, 0.01, 64, net)
     assert fp32 == costmodel.predict(costmodel.ALLREDUCE, 4, size, 0.01, 64, net)
     # half the bytes on the wire: the bandwidth term halves (the latency term and the casts come on top)
     assert fp16.exchange_s < 0.6 * fp32.exchange_s and fp16.step_s < fp32.step_s

@@ -20,9 +20,9 @@ from lab.tbcheck.browser import find_chromium
 
 from helpers import ROOT
 
-STRATEGIES = ("allreduce", "ps-colocated", "ps-dedicated")
-THROUGHPUT = {"allreduce": 100.0, "ps-colocated": 90.0, "ps-dedicated": 80.0}
-GAIN = {"allreduce": 1.8, "ps-colocated": 1.6, "ps-dedicated": 1.3}  # speedup at N=2
+STRATEGIES = ("ring-horovod", "ps-sync-colocated", "ps-sync-dedicated")
+THROUGHPUT = {"ring-horovod": 100.0, "ps-sync-colocated": 90.0, "ps-sync-dedicated": 80.0}
+GAIN = {"ring-horovod": 1.8, "ps-sync-colocated": 1.6, "ps-sync-dedicated": 1.3}  # speedup at N=2
 
 
 def results(workers=(1, 2), models=("lenet5",), curves=True):
@@ -37,7 +37,7 @@ def results(workers=(1, 2), models=("lenet5",), curves=True):
                         "model": m,
                         "strategy": s,
                         "workers": n,
-                        "servers": int(s == "ps-dedicated"),
+                        "servers": int(s == "ps-sync-dedicated"),
                         "world_size": n,
                         "repeat": 1,
                         "ok": True,
@@ -50,7 +50,7 @@ def results(workers=(1, 2), models=("lenet5",), curves=True):
                             "variant": s,
                             "strategy": s.split("-")[0],
                             "workers": n,
-                            "engine": "horovod" if s == "allreduce" else "mpi4py",
+                            "engine": "horovod" if s == "ring-horovod" else "mpi4py",
                             "link_rate": "this host",
                         },
                     }
@@ -84,7 +84,7 @@ def results(workers=(1, 2), models=("lenet5",), curves=True):
         "calibration": {},
         "calibration_source": "",
         "given_network": {"gbps": 10, "latency_us": 50, "label": "10 Gbit/s, 50 us"},
-        "curves": {m: dict.fromkeys(("allreduce", "ps-dedicated"), pts) for m in models} if curves else {},
+        "curves": {m: dict.fromkeys(("ring-horovod", "ps-sync-dedicated"), pts) for m in models} if curves else {},
     }
 
 
@@ -119,7 +119,9 @@ def test_comparison_has_one_run_per_concept_with_the_same_tags_and_one_chart_per
         ]
         assert scalars(run, "scaling/speedup/lenet5") == [(1, pytest.approx(1.0)), (2, pytest.approx(GAIN[s]))]
         assert scalars(run, "scaling/efficiency/lenet5") == [(1, pytest.approx(1.0)), (2, pytest.approx(GAIN[s] / 2))]
-    assert [st for st, _ in scalars(tmp_path / "tensorboard" / "allreduce", "scaling/predicted_efficiency/lenet5")] == [
+    assert [
+        st for st, _ in scalars(tmp_path / "tensorboard" / "ring-horovod", "scaling/predicted_efficiency/lenet5")
+    ] == [
         1,
         2,
         4,
@@ -169,13 +171,13 @@ def test_hparams_has_one_session_per_job_with_its_settings_and_metrics(tmp_path)
     }
     sessions = sorted(p.relative_to(tmp_path / "hparams").as_posix() for p in (tmp_path / "hparams").glob("*/*"))
     assert sessions == sorted(f"lenet5/{s}-n{n}-r1" for s in STRATEGIES for n in (1, 2))
-    ea = EventAccumulator(str(tmp_path / "hparams" / "lenet5" / "ps-dedicated-n2-r1")).Reload()
+    ea = EventAccumulator(str(tmp_path / "hparams" / "lenet5" / "ps-sync-dedicated-n2-r1")).Reload()
     ssi = metadata.parse_session_start_info_plugin_data(
         ea.SummaryMetadata(metadata.SESSION_START_INFO_TAG).plugin_data.content
     )
-    assert ssi.hparams["variant"].string_value == "ps-dedicated" and ssi.hparams["workers"].number_value == 2
-    assert scalars(ea.path, "efficiency") == [(0, pytest.approx(GAIN["ps-dedicated"] / 2))]
-    assert scalars(tmp_path / "hparams" / "lenet5" / "allreduce-n1-r1", "time_to_target_s") == [(0, 12.5)]
+    assert ssi.hparams["variant"].string_value == "ps-sync-dedicated" and ssi.hparams["workers"].number_value == 2
+    assert scalars(ea.path, "efficiency") == [(0, pytest.approx(GAIN["ps-sync-dedicated"] / 2))]
+    assert scalars(tmp_path / "hparams" / "lenet5" / "ring-horovod-n1-r1", "time_to_target_s") == [(0, 12.5)]
 
 
 @pytest.mark.heavy
@@ -186,7 +188,7 @@ def test_report_redraws_everything_from_results_json_without_doubling_points(tmp
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert report.main([str(tmp_path)]) == 0  # a second redraw replaces, not appends
-    assert len(scalars(tmp_path / "tensorboard" / "allreduce", "scaling/speedup/lenet5")) == 2
+    assert len(scalars(tmp_path / "tensorboard" / "ring-horovod", "scaling/speedup/lenet5")) == 2
     for f in ("report.md", "scaling.png", "predicted.png", "results.csv"):
         assert (tmp_path / f).exists(), f
     assert f"make tensorboard RUN={tmp_path}/tensorboard" in (tmp_path / "report.md").read_text()
@@ -208,7 +210,7 @@ def test_tensorboard_refuses_port_6006_in_one_line_and_serves_the_latest_compari
     assert "6006" in proc.stderr and "hwloc" in proc.stderr and "6007" in proc.stderr
     assert tbview.latest_comparison(str(tmp_path)) is None
     for i, name in enumerate(("scaling/old", "bench-x", "scaling/new")):
-        run = tmp_path / name / "tensorboard" / "allreduce"
+        run = tmp_path / name / "tensorboard" / "ring-horovod"
         run.mkdir(parents=True)
         (run / "events.out.tfevents.1.x").write_bytes(b"")
         os.utime(run / "events.out.tfevents.1.x", (1000 + i, 1000 + i))
@@ -239,7 +241,9 @@ def test_browser_sees_every_concept_in_every_chart_and_catches_a_logdir_over_40_
     assert sorted(page["selected"]) == sorted(exp["runs"]) == sorted(STRATEGIES)
     for chart in page["charts"]:  # each concept a line of its own, in its own colour
         drawn = sorted(tbcheck.run_of_line(line) for line in chart["lines"])
-        assert drawn == (["allreduce", "ps-dedicated"] if "predicted" in chart["title"] else sorted(STRATEGIES)), chart
+        assert drawn == (
+            ["ring-horovod", "ps-sync-dedicated"] if "predicted" in chart["title"] else sorted(STRATEGIES)
+        ), chart
     assert len(set(page["colors"].values())) == len(exp["runs"])
     assert shot.read_bytes()[:4] == b"\x89PNG"
 
@@ -378,10 +382,10 @@ def test_a_grid_job_names_its_concept_engine_placement_mode_and_link_rate():
     from lab.scaling.spec import GridConfig, variants
 
     vs = variants()
-    hp = job_hparams(GridConfig(link_rate="100mbit"), Job("lenet5", vs["ps-dedicated"], 2, 1))
+    hp = job_hparams(GridConfig(link_rate="100mbit"), Job("lenet5", vs["ps-sync-dedicated"], 2, 1))
     assert hp == {
         "model": "lenet5",
-        "variant": "ps-dedicated",
+        "variant": "ps-sync-dedicated",
         "strategy": "ps",
         "placement": "dedicated",
         "mode": "sync",
@@ -390,7 +394,7 @@ def test_a_grid_job_names_its_concept_engine_placement_mode_and_link_rate():
         "servers": 1,
         "link_rate": "100mbit",
     }
-    hp = job_hparams(GridConfig(extra=["--ps-mode", "async"]), Job("lenet5", vs["ps-colocated"], 4, 1))
+    hp = job_hparams(GridConfig(extra=["--ps-mode", "async"]), Job("lenet5", vs["ps-sync-colocated"], 4, 1))
     assert (hp["placement"], hp["mode"], hp["link_rate"]) == ("colocated", "async", "this host")
-    assert job_hparams(GridConfig(), Job("lenet5", vs["allreduce"], 2, 1))["engine"] == "Horovod"
-    assert job_hparams(GridConfig(), Job("lenet5", vs["allreduce-mpi"], 2, 1))["engine"] == "mpi4py"
+    assert job_hparams(GridConfig(), Job("lenet5", vs["ring-horovod"], 2, 1))["engine"] == "Horovod"
+    assert job_hparams(GridConfig(), Job("lenet5", vs["ring-mpi"], 2, 1))["engine"] == "mpi4py"
