@@ -43,7 +43,9 @@ class LanguageModelTask(Task):
         self.cfg, self.spec, self.source = cfg, spec, f"--model {spec.name}"
         self.bptt = self.words_per_sample = spec.bptt
         self.vocab_size = spec.num_classes
-        self.hidden: dict[int, Any] = {}  # first row of a micro-batch -> its state after the previous window
+        self.hidden: dict[
+            int, tuple[torch.Tensor, ...]
+        ] = {}  # first row of a micro-batch -> its state after the previous window
         self.micro = 0  # which micro-batch of the step the next loss() is (the trainer takes them in order)
         self.note = ""  # for the log: which text, and whether its perplexities compare with PTB's
 
@@ -68,7 +70,7 @@ class LanguageModelTask(Task):
         )
         return corpus
 
-    def shards(self, cfg: Any, rank: int, num_shards: int) -> tuple[ptb.LMBatches, ptb.EvalStream]:
+    def shards(self, cfg: Config, rank: int, num_shards: int) -> tuple[ptb.LMBatches, ptb.EvalStream]:
         """Contiguous rows of the text per worker, in order every epoch (the state follows the text)."""
         corpus = self.corpus()
         self.vocab_size = len(corpus.vocab)  # the model's embedding and softmax match the data
@@ -98,7 +100,7 @@ class LanguageModelTask(Task):
         # on the CPU as saved: loss() moves a state to its batch's device when it takes it
         self.hidden, self.micro = dict(state.get("hidden", {})), 0
 
-    def loss(self, model: torch.nn.Module, inputs: Any, targets: Any) -> torch.Tensor:
+    def loss(self, model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """inputs, targets: (b, bptt), the next micro-batch of this worker's batch (the trainer cuts a batch
         into ``--backward-passes-per-step`` of them, in order): its rows carry their own state."""
         first = self.micro * len(inputs)  # its first row in the worker's batch
@@ -111,7 +113,7 @@ class LanguageModelTask(Task):
         self.hidden[first] = tuple(h.detach() for h in state)
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
-    def eval_sums(self, model: torch.nn.Module, inputs: Any, targets: Any) -> dict[str, float]:
+    def eval_sums(self, model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
         """Summed loss over every target of one block of parallel streams (:meth:`.ptb.EvalStream.batches`),
         read in windows of ``bptt`` that carry the state across."""
         loss, hidden = 0.0, None

@@ -33,7 +33,7 @@ from .precision import Precision
 from .run_logger import NullLogger, flat_hparams
 from .stragglers import StragglerRule, window_median_ms
 from .tasks import make_task
-from .usertask import Batches
+from .usertask import Batches, Task
 
 
 @dataclass
@@ -53,13 +53,13 @@ class Trainer:
     """Builds a run (:meth:`build`), trains it (:meth:`run`) and reports it (:meth:`report`) through
     any :class:`GradientExchange`; ranks that only serve never get here (job.run)."""
 
-    def __init__(self, cfg: Config, exchange: GradientExchange, run_dir: str, task: Any = None) -> None:
+    def __init__(self, cfg: Config, exchange: GradientExchange, run_dir: str, task: Task | None = None) -> None:
         """``task``: a user's :class:`~.usertask.Task` object (:func:`allreduce_train.fit`); else the
         configuration names the task (a registered model, or the user's code by reference)."""
         self.cfg, self.ex, self.run_dir = cfg, exchange, run_dir
         self.trace = exchange.tracer = trace.make(cfg.run.trace_steps, exchange.rank, run_dir)  # --trace-steps
         self.own_task = task
-        self.task: Any = None  # made in build(): a user's code fails there, as a set-up error of every rank
+        self.task: Task  # made in build(): a user's code fails there, as a set-up error of every rank
         slow = parse_slow_rank(cfg.train.debug_slow_rank) if cfg.train.debug_slow_rank else (-1, 1.0)
         self.slow_factor = slow[1] if slow[0] == exchange.rank else 1.0  # --debug-slow-rank on this rank
         # the schedule (synchronous, local SGD, DiLoCo) with its wire format, over the engine: wraps every step
@@ -122,7 +122,14 @@ class Trainer:
 
     # ---------------------------------------------------------------- one step
     def train_step(
-        self, model, optimizer, inputs, targets, k: int, step: int = 0, after_backward: Callable[[], None] | None = None
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        inputs: Any,  # a batch of the task's, as its loss() takes it
+        targets: Any,
+        k: int,
+        step: int = 0,
+        after_backward: Callable[[], None] | None = None,
     ) -> tuple[torch.Tensor, float, bool]:
         """Forward/backward over ``k`` micro-batches, exchange gradients, update step ``step`` (1-based).
 
@@ -183,7 +190,7 @@ class Trainer:
         return loss_sum, wait, stops > 0
 
     @torch.no_grad()
-    def evaluate(self, model, eval_set, device) -> dict[str, float]:
+    def evaluate(self, model: torch.nn.Module, eval_set: Any, device: torch.device) -> dict[str, float]:
         """Figures over the whole evaluation set: each worker scores its share, the sums are reduced
         (loss and accuracy; for a language model, token-weighted loss and perplexity)."""
         self.trace.mark("evaluation")
@@ -194,7 +201,7 @@ class Trainer:
         model.train()
         return self.task.figures(self.ex.sum_over_workers(totals))  # communication: global sums
 
-    def agree_buffers(self, model) -> None:
+    def agree_buffers(self, model: torch.nn.Module) -> None:
         """The parameters whole (--shard-stage 3 gathers them) and BatchNorm's running statistics averaged over the
         workers, unless --no-average-buffers: the model evaluated, saved and returned is the same on every rank."""
         self.ex.whole_parameters(model)  # communication where the parameters are sharded

@@ -138,11 +138,13 @@ class TorchDistributed(GradientExchange):
             out["torch_buckets"] = len(self._flats)
         return out
 
-    def prepare(self, model, optimizer, every_step: bool = True):
+    def prepare(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, every_step: bool = True
+    ) -> torch.optim.Optimizer:
         if self.size == 1:
             return optimizer  # the average over one worker is its own gradient: nothing to send
         self.broadcast_state(model, optimizer)  # communication: rank 0's model and optimizer state
-        params = [p for p in model.parameters() if p.requires_grad]
+        params: list[torch.Tensor] = [p for p in model.parameters() if p.requires_grad]
         sizes = [p.numel() for p in params]
         buckets = reverse_buckets(sizes, elements_in(self.torch_cfg.bucket_bytes, self.dtype))
         self._flats = [
@@ -186,7 +188,7 @@ class TorchDistributed(GradientExchange):
         for w in works:
             w.wait()  # raises what the collective raised
 
-    def apply(self, optimizer) -> None:
+    def apply(self, optimizer: torch.optim.Optimizer) -> None:
         optimizer.step()
 
     # ------------------------------------------------------------ collectives for the layers and the trainer

@@ -28,7 +28,9 @@ command line turns that into MPI_Abort of the job.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -53,6 +55,9 @@ from .mpi import (
 )
 from .wire import FLOAT32, WireFormat
 
+if TYPE_CHECKING:  # imported when the engine starts (import_mpi)
+    from mpi4py.MPI import Comm, Request
+
 
 def chunk_bounds(numel: int, n: int) -> list[int]:
     """Offsets of the n ring chunks of a bucket: as equal as possible, empty ones when numel < n."""
@@ -73,7 +78,9 @@ class Ring:
     Messages move only when :meth:`advance` runs; :meth:`done` once every step and send has completed.
     """
 
-    def __init__(self, comm, MPI, flat: torch.Tensor, tag: int, rank: int, size: int, phases: str = "allreduce"):
+    def __init__(
+        self, comm: Comm, MPI: ModuleType, flat: torch.Tensor, tag: int, rank: int, size: int, phases: str = "allreduce"
+    ) -> None:
         self.comm, self.MPI, self.flat, self.tag, self.rank, self.size = comm, MPI, flat, tag, rank, size
         self.arr = as_bytes(flat)  # the same memory, for MPI
         self.cut = chunk_bounds(len(flat), size)
@@ -83,9 +90,9 @@ class Ring:
         n_scratch = size - 1 if self.first == 0 else 0
         self.scratch = [np.empty(self.chunk(rank - t - 1).nbytes, dtype=np.uint8) for t in range(n_scratch)]
         self.step = -1  # not started
-        self.recvs: list[Any] = []
-        self.sends: list[Any] = []
-        self.phase_sends: list[Any] = []
+        self.recvs: list[Request] = []
+        self.sends: list[Request] = []
+        self.phase_sends: list[Request] = []
 
     @staticmethod
     def owned(rank: int, size: int) -> int:
@@ -171,7 +178,7 @@ class _Bucket:
         self.flat = torch.zeros(numel, dtype=dtype)
         self.arr = as_bytes(self.flat)
         self.ring: Ring | None = None  # the ring of this step: its scratch lives while it does
-        self.request: Any = None  # MPI_Iallreduce's
+        self.request: Request | None = None  # MPI_Iallreduce's
 
 
 class MPIRingAllreduce(GradientExchange):
@@ -212,7 +219,9 @@ class MPIRingAllreduce(GradientExchange):
             out["mpi_buckets"] = len(self._buckets)
         return out
 
-    def prepare(self, model, optimizer, every_step: bool = True):
+    def prepare(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, every_step: bool = True
+    ) -> torch.optim.Optimizer:
         if self.size == 1:
             return optimizer  # the average over one worker is its own gradient: nothing to send
         self.broadcast_state(model, optimizer)  # communication: rank 0's model and optimizer state
@@ -301,7 +310,7 @@ class MPIRingAllreduce(GradientExchange):
             )
         )
 
-    def apply(self, optimizer) -> None:
+    def apply(self, optimizer: torch.optim.Optimizer) -> None:
         optimizer.step()
 
     # ------------------------------------------------------------ collectives for the trainer
@@ -358,7 +367,7 @@ class MPIRingAllreduce(GradientExchange):
             return [obj]
         return allgather_pickle(self.world, self.MPI, obj, self._wait, "every rank's set-up")
 
-    def _wait(self, test, what: str) -> None:
+    def _wait(self, test: Callable[[], bool], what: str) -> None:
         poll(test, self.timeout, what)
 
     # ------------------------------------------------------------ shutdown (close: the base's)

@@ -48,7 +48,8 @@ workers to hold the parameters, are refused by config's table.
 from __future__ import annotations
 
 import pickle
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -73,6 +74,9 @@ from ..mpi import (
 from ..shardstate import assemble
 from ..wire import FLOAT32, WireFormat
 from .optimizer import describe, server_side
+
+if TYPE_CHECKING:  # imported when the engine starts (import_mpi)
+    from mpi4py.MPI import Comm
 from .server import ELEM, STATE_BYTES, STATE_FULL, TAG_DONE, TAG_STATE, Server, message, push_slots
 
 
@@ -145,10 +149,10 @@ class ParameterServer(GradientExchange):
         return self.server_ranks.index(self.rank) if self.rank in self.server_ranks else None
 
     @property
-    def _idle(self):
+    def _idle(self) -> Callable[[], bool] | None:
         return self._server.progress if self._server is not None else None
 
-    def _poll(self, test, what: str) -> None:
+    def _poll(self, test: Callable[[], bool], what: str) -> None:
         poll(test, self.xcfg.stall_timeout, what, self._idle)
 
     # ------------------------------------------------------------ set-up
@@ -195,7 +199,9 @@ class ParameterServer(GradientExchange):
         poll(lambda: server.finished, self.xcfg.stall_timeout, "pushes from the workers", server.progress)
         server.flush()
 
-    def prepare(self, model, optimizer, every_step: bool = True):
+    def prepare(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, every_step: bool = True
+    ) -> torch.optim.Optimizer:
         """Start the servers with the main worker's parameters and optimizer, and hook the pushes.
 
         ``optimizer``: any ``torch.optim.Optimizer`` over the model's parameters, any number of
@@ -207,7 +213,7 @@ class ParameterServer(GradientExchange):
         push; the other hyperparameters are the servers' from here on (a schedule of weight decay
         or momentum set on the worker does not reach them).
         """
-        params = list(model.parameters())
+        params: list[torch.Tensor] = list(model.parameters())
         for p in params:
             if p.dtype != torch.float32 or not p.is_contiguous():
                 raise UserError(f"--strategy ps moves contiguous float32 parameters; got {p.dtype} {tuple(p.shape)}")
@@ -304,7 +310,7 @@ class ParameterServer(GradientExchange):
         w[2] += len(stale)
         w[3] = max(w[3], max(stale))
 
-    def apply(self, optimizer) -> None:
+    def apply(self, optimizer: torch.optim.Optimizer) -> None:
         assert self.reduction is not None
         self.reduction.finish_all()
 
@@ -359,7 +365,7 @@ class ParameterServer(GradientExchange):
         """This worker's push and reply messages, one per (bucket, server)."""
         return [torch.from_numpy(m[0]) for m in (*self._out.values(), *self._in.values())] if self._started else []
 
-    def memory(self, model, optimizer) -> dict[str, int]:
+    def memory(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
         """A worker holds its parameters, gradients and messages, and no optimizer state (it lives on
         the servers); a colocated rank adds its server's: the float32 master shard, its optimizer
         state and the server's message buffers."""
@@ -405,10 +411,10 @@ class ParameterServer(GradientExchange):
     def gather_from_workers(self, obj: Any) -> list[Any]:
         return self._allgather(self.workers_comm, obj)
 
-    def _allgather(self, comm, obj: Any) -> list[Any]:
+    def _allgather(self, comm: Comm, obj: Any) -> list[Any]:
         return allgather_pickle(comm, self.MPI, obj, self._poll, "every rank's set-up")
 
-    def _bcast(self, comm, obj: Any, root: int, what: str) -> Any:
+    def _bcast(self, comm: Comm, obj: Any, root: int, what: str) -> Any:
         return bcast_pickle(comm, self.MPI, obj, root, self._poll, what)
 
     # ------------------------------------------------------------ reporting and shutdown

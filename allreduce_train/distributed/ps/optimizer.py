@@ -11,7 +11,7 @@ from __future__ import annotations
 import pickle
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -66,7 +66,7 @@ class _ServerSide(torch.optim.Optimizer):
     _params: list[torch.Tensor]
     _fetch: Callable[[], list[dict[str, Any]]]
 
-    def step(self, closure=None):
+    def step(self, closure: Callable[[], float] | None = None) -> NoReturn:
         raise RuntimeError("with --strategy ps the servers update the parameters (the exchange's apply())")
 
     def state_dict(self) -> dict[str, Any]:

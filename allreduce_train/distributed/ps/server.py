@@ -11,7 +11,8 @@ buffer: a header of float64 slots and the payload of a (bucket, server) segment.
 from __future__ import annotations
 
 import pickle
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -22,6 +23,9 @@ from ..buffers import element_size, held_bytes
 from ..mpi import poll
 from ..shardstate import leaves, pieces, shard_optimizer
 
+if TYPE_CHECKING:  # imported when the engine starts (import_mpi)
+    from mpi4py.MPI import Comm, Request
+
 SLOT = 8  # bytes per header slot (a float64)
 HEADER_BYTES = 2 * SLOT  # a reply's header: (server version, staleness)
 TAG_DONE = 32766  # worker -> server: this worker has finished
@@ -30,6 +34,10 @@ TAG_STATE = 32765
 # every bucket's optimizer state and master parameters; only their sizes (held_bytes) and the peak RSS
 STATE_FULL, STATE_BYTES = b"S", b"B"
 ELEM = 4  # bytes per float32 element: the servers' master parameters (ps_server_bytes)
+
+# An outgoing buffer's key: its bucket (sync: one reply to every worker), (bucket, worker) (async), or
+# ("state", worker) for a state answer
+OutKey = int | tuple[int, int] | tuple[str, int]
 
 
 def push_slots(groups: int) -> int:
@@ -60,17 +68,17 @@ class Server:
 
     def __init__(
         self,
-        MPI,
+        MPI: ModuleType,
         index: int,
         layout: Layout,
         payload: dict[str, Any],
         workers: list[int],
         sync: bool,
-        push,
-        pull,
+        push: Comm,
+        pull: Comm,
         timeout: float,
         clip: float = 0.0,
-        clip_comm=None,
+        clip_comm: Comm | None = None,
         wire: torch.dtype = torch.float32,
     ) -> None:
         self.MPI, self.push, self.pull, self.timeout = MPI, push, pull, timeout
@@ -80,7 +88,7 @@ class Server:
         self.clip, self.clip_comm = clip, clip_comm
         self.averaged: dict[int, tuple[torch.Tensor, list[float]]] = {}
         self.norm = np.zeros(1)
-        self.norm_req = None
+        self.norm_req: Request | None = None
         self.buckets = [b for b in range(len(layout.buckets)) if (b, index) in layout.segments]
         self.segments = {b: layout.segments[(b, index)] for b in self.buckets}
         params = payload["params"]
@@ -100,14 +108,14 @@ class Server:
         slots = push_slots(self.groups)
         self.inbox = {(b, w): message(len(self.param[b]), wire, slots) for b in self.buckets for w in workers}
         self.arrived: dict[int, set[int]] = {b: set() for b in self.buckets}
-        self.outbox = (
+        self.outbox: dict[OutKey, tuple[np.ndarray, np.ndarray, torch.Tensor]] = (
             {b: message(len(self.param[b]), wire) for b in self.buckets}
             if sync
             else {(b, w): message(len(self.param[b]), wire) for b in self.buckets for w in workers}
         )
-        self.out_reqs: dict[Any, list] = {}  # outbox key -> its sends in flight
+        self.out_reqs: dict[OutKey, list[Request]] = {}  # outbox key -> its sends in flight
         self.state_out: dict[int, np.ndarray] = {}  # worker -> the pickled state being sent to it
-        self.receiving: list[tuple[Any, int, int]] = []
+        self.receiving: list[tuple[Request, int, int]] = []
         self.done: set[int] = set()
         self.status = MPI.Status()
         self.empty = np.zeros(0, dtype=np.uint8)
@@ -174,6 +182,7 @@ class Server:
                 if len(self.averaged) == len(self.buckets):
                     self.norm[0] = sum(float(g.double().pow(2).sum()) for g, _ in self.averaged.values())
                     # communication: the global norm of the averaged gradient, over the servers
+                    assert self.clip_comm is not None  # clipping servers own something: the exchange made it
                     self.norm_req = self.clip_comm.Iallreduce(self.MPI.IN_PLACE, self.norm, op=self.MPI.SUM)
                 return
             self._step(b, total, lrs)
@@ -211,11 +220,11 @@ class Server:
                 leaf.grad = None  # scratch: kept to the next step, a widened 16-bit one would be a float32 bucket more
         self.version[b] += 1
 
-    def _wait_sends(self, key) -> None:
+    def _wait_sends(self, key: OutKey) -> None:
         reqs = self.out_reqs.pop(key, [])
         poll(lambda: self.MPI.Request.Testall(reqs), self.timeout, "a worker to take its parameters")
 
-    def _reply(self, b: int, key, dests: list[int], staleness: int) -> None:
+    def _reply(self, b: int, key: OutKey, dests: list[int], staleness: int) -> None:
         self._wait_sends(key)  # the buffer is ours again once its previous sends completed
         raw, head, data = self.outbox[key]
         head[0], head[1] = self.version[b], staleness

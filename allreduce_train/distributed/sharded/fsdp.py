@@ -29,7 +29,7 @@ rank calls it: ``--dump-params``) and returns plain whole tensors.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 
@@ -38,6 +38,10 @@ from ...errors import UserError
 from ..buffers import held_bytes
 from ..c10d import TorchDistributed
 from ..wire import FLOAT32, WireFormat
+
+if TYPE_CHECKING:  # torch.distributed's, imported when the engine prepares
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.optim import ZeroRedundancyOptimizer
 
 # What each stage is, in metrics.json's "shard_impl"
 IMPLEMENTATION = {1: "ZeroRedundancyOptimizer", 2: "fully_shard", 3: "fully_shard"}
@@ -85,16 +89,19 @@ class TorchSharded(TorchDistributed):
             self.dtype = torch.float32  # the engine's own buckets; FSDP2 casts (reduce_dtype)
         self.stage, self.reduce_dtype = stage, wire.dtype
         self._model: torch.nn.Module | None = None
-        self._optimizer: Any = None  # ZeroRedundancyOptimizer (stage 1), the user's class over shards (2, 3)
+        # ZeroRedundancyOptimizer (stage 1), the user's class over shards (2, 3: _gathered_class's)
+        self._optimizer: torch.optim.Optimizer | None = None
         self._model_state: dict[str, Any] | None = None  # gathered whole for the main rank's checkpoint
-        self._sharded: list[Any] = []  # the FSDP2 modules (the root and those of _own_modules)
+        self._sharded: list[FSDPModule] = []  # the FSDP2 modules (the root and those of _own_modules)
         self._whole = False  # whole_parameters() gathered them, and no training forward has run since
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "shard_stage": self.stage, "shard_impl": IMPLEMENTATION[self.stage]}
 
     # ------------------------------------------------------------ set-up
-    def prepare(self, model, optimizer, every_step: bool = True):
+    def prepare(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, every_step: bool = True
+    ) -> torch.optim.Optimizer:
         if self.size == 1:
             return optimizer  # one worker: nothing to shard, nothing to send
         self._model = model
@@ -181,7 +188,7 @@ class TorchSharded(TorchDistributed):
             m.unshard()  # communication: this module's parameters, whole
         self._whole = True
 
-    def _training_again(self, model: torch.nn.Module, args: Any) -> None:
+    def _training_again(self, model: torch.nn.Module, args: tuple[Any, ...]) -> None:
         """The root's first forward pre-hook: a training forward after :meth:`whole_parameters` frees the
         gathered parameters and gathers per module again, as the stage does."""
         if self._whole and model.training:
@@ -205,7 +212,7 @@ class TorchSharded(TorchDistributed):
         if self._optimizer is None:
             return super().memory(model, optimizer)
         if self.stage == 1:  # whole parameters and gradients; the state is ZeroRedundancyOptimizer's inner one's
-            return super().memory(model, self._optimizer.optim)
+            return super().memory(model, cast("ZeroRedundancyOptimizer", self._optimizer).optim)
         params = [p for g in optimizer.param_groups for p in g["params"]]
         return held_bytes(
             {
@@ -217,19 +224,20 @@ class TorchSharded(TorchDistributed):
         )
 
     # ------------------------------------------------------------ checkpoints
-    def optimizer_state_dict(self, optimizer) -> dict[str, Any] | None:
+    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
         """The optimizer's state, whole, on the main rank (None elsewhere), and the model's for
         :meth:`model_state_dict`: collective over the workers, each tensor gathered in turn and kept by
         the main rank alone."""
         if self._optimizer is None:  # one worker: nothing is sharded
             return super().optimizer_state_dict(optimizer)
         if self.stage == 1:
-            optimizer.consolidate_state_dict(to=0)  # communication: every partition's state to rank 0
-            return optimizer.state_dict() if self.is_main else None
+            zero = cast("ZeroRedundancyOptimizer", optimizer)
+            zero.consolidate_state_dict(to=0)  # communication: every partition's state to rank 0
+            return zero.state_dict() if self.is_main else None
         assert self._model is not None
         model_state = self._model.state_dict()  # communication: whole, through _gathered_state_dict
         self._model_state = model_state if self.is_main else None
-        return optimizer.gather(keep=self.is_main)
+        return cast(_Gathering, optimizer).gather(keep=self.is_main)
 
     def model_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The model's state gathered by :meth:`optimizer_state_dict`, which the trainer calls just before."""
@@ -239,11 +247,17 @@ class TorchSharded(TorchDistributed):
         return state
 
 
-def _gathered_class(cls: Any) -> type:
+class _Gathering(Protocol):
+    """What :func:`_gathered_class` adds to the user's optimizer class."""
+
+    def gather(self, keep: bool = True) -> dict[str, Any] | None: ...
+
+
+def _gathered_class(cls: type[torch.optim.Optimizer]) -> type:
     """A subclass of the user's optimizer class whose ``state_dict()`` is the whole state in the class's own
     format, gathered from every rank's DTensor shards (collective: every rank calls it)."""
 
-    def gather(self, keep: bool = True) -> dict[str, Any] | None:
+    def gather(self: torch.optim.Optimizer, keep: bool = True) -> dict[str, Any] | None:
         own = cls.state_dict(self)  # the class's own, over this rank's shards
         state: dict[int, dict[str, Any]] = {}
         for i in sorted(own["state"]):
@@ -252,7 +266,7 @@ def _gathered_class(cls: Any) -> type:
                 state[i] = st
         return {**own, "state": state} if keep else None
 
-    def state_dict(self) -> dict[str, Any] | None:
+    def state_dict(self: torch.optim.Optimizer) -> dict[str, Any] | None:
         return gather(self)
 
     return type(cls.__name__, (cls,), {"state_dict": state_dict, "gather": gather, "__module__": cls.__module__})

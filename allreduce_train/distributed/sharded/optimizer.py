@@ -11,17 +11,37 @@ checkpoint is whole and a resume at another worker count reshards it.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NoReturn, Protocol, overload
 
 import torch
+
+
+class Shards(Protocol):
+    """What the optimizer asks of the :class:`.exchange.ShardedExchange` that holds the shards (a protocol: the
+    exchange imports this module)."""
+
+    params: list[torch.Tensor]
+
+    def step(self) -> None: ...
+
+    def gather_state(self, root: int = 0) -> list[dict[str, Any]]: ...
+
+    def reshard(self, state: dict[torch.Tensor, Any]) -> None: ...
 
 
 class _Sharded(torch.optim.Optimizer):
     """What :func:`sharded_optimizer` adds to the user's optimizer class."""
 
-    _exchange: Any  # the ShardedExchange that holds the shards
+    _exchange: Shards
 
-    def step(self, closure=None):
+    @overload
+    def step(self, closure: None = None) -> None: ...
+
+    @overload
+    def step(self, closure: Callable[[], float]) -> NoReturn: ...
+
+    def step(self, closure: Callable[[], float] | None = None) -> None:
         """The update: clipping over the shards, each shard's step, the parameters gathered (collective)."""
         if closure is not None:
             raise RuntimeError("--strategy sharded: step(closure) is not supported; compute the loss before step()")
@@ -50,7 +70,7 @@ class _Sharded(torch.optim.Optimizer):
             self.state = defaultdict(dict)
 
 
-def sharded_optimizer(optimizer: torch.optim.Optimizer, exchange: Any) -> torch.optim.Optimizer:
+def sharded_optimizer(optimizer: torch.optim.Optimizer, exchange: Shards) -> torch.optim.Optimizer:
     """An instance of a subclass of ``optimizer``'s class sharing its parameter groups and defaults (the
     user's constructor is not run again), whose ``step()`` is ``exchange.step()``."""
     cls = type(optimizer)

@@ -22,9 +22,14 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from .collectives import ShardCollectives
 from .layout import ShardLayout
+
+# What autograd keeps of a tensor saved for backward: an activation as is, a parameter (or a view of one) as
+# (bucket, size, stride, storage offset), gathered again when backward needs it
+Packed = torch.Tensor | tuple[int, torch.Size, tuple[int, ...], int | torch.SymInt]
 
 
 class ShardedParams:
@@ -54,7 +59,7 @@ class ShardedParams:
         self.flat: list[torch.Tensor | None] = list(whole)  # stage 3: None while freed
         self.users = [0] * len(self.flat)  # modules in their forward pass that use each bucket
         self.nan = torch.full((), float("nan"), device=device)
-        self._saving: Any = None
+        self._saving: torch.autograd.graph.saved_tensors_hooks | None = None
 
     def _views(self, b: int, flat: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Bucket ``b``'s parameters and their views of ``flat``."""
@@ -103,7 +108,7 @@ class ShardedParams:
             self.whole = True
 
     # ------------------------------------------------------------ stage 3's hooks
-    def attach(self, model: torch.nn.Module, params: list[torch.Tensor]) -> list[Any]:
+    def attach(self, model: torch.nn.Module, params: list[torch.Tensor]) -> list[RemovableHandle]:
         """Stage 3: gather each module's buckets for its forward pass and its parameters for backward;
         returns the hook handles."""
         bucket_of = {id(params[p]): b for b, members in enumerate(self.layout.buckets) for p in members}
@@ -115,7 +120,7 @@ class ShardedParams:
                 hooks.append(module.register_forward_hook(lambda _m, _i, _o, used=used: self._done(used)))
         return hooks
 
-    def _enter(self, _module, _inputs) -> None:
+    def _enter(self, _module: torch.nn.Module, _inputs: tuple[Any, ...]) -> None:
         if not torch.is_grad_enabled():
             return
         if self.whole:  # a training step begins: from here on, buckets are gathered where used
@@ -125,7 +130,7 @@ class ShardedParams:
         self._saving = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._saving.__enter__()
 
-    def _exit(self, _module, _inputs, _output) -> None:
+    def _exit(self, _module: torch.nn.Module, _inputs: tuple[Any, ...], _output: object) -> None:
         if self._saving is not None:
             self._saving.__exit__(None, None, None)
             self._saving = None
@@ -145,13 +150,13 @@ class ShardedParams:
             if self.users[b] == 0:
                 self.free(b)
 
-    def _pack(self, t: torch.Tensor) -> Any:
+    def _pack(self, t: torch.Tensor) -> Packed:
         b = self.resident.get(t.untyped_storage().data_ptr()) if t.device == self.nan.device else None
         if b is None:
             return t  # an activation: kept as autograd keeps it
         return b, t.size(), t.stride(), t.storage_offset()  # a parameter (or a view of one): gathered again later
 
-    def _unpack(self, packed: Any) -> torch.Tensor:
+    def _unpack(self, packed: Packed) -> torch.Tensor:
         if isinstance(packed, torch.Tensor):
             return packed
         b, size, stride, offset = packed
