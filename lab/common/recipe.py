@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from allreduce_train import config
+from launch import specflags
 
 from . import usermodel
 
@@ -43,9 +44,9 @@ def add_trainer_flag(p: argparse.ArgumentParser, name: str, help: str = "") -> N
     f = next(f for cls in sections for f in dataclasses.fields(cls) if config.key(cls, f.name) == name)
     default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
     kwargs: dict[str, Any] = {"type": type(default), "default": default}
-    if "choices" in f.metadata:
-        kwargs["choices"] = f.metadata["choices"]
-    p.add_argument(config.flag(name), help=f"{help or f.metadata['help']} (default: {default!r})", **kwargs)
+    if specflags.choices(f):
+        kwargs["choices"] = specflags.choices(f)
+    p.add_argument(config.flag(name), help=f"{help or specflags.help_text(f)} (default: {default!r})", **kwargs)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
