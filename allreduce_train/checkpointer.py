@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .checkpoint import CHECKPOINT_NAME, Kept, WorkerState, init_weights, load
+from .checkpoint import CHECKPOINT_NAME, Kept, WorkerState, init_weights, load, save, shard_file
 from .errors import ConfigError, Diverged
 
 if TYPE_CHECKING:
@@ -186,18 +186,31 @@ class Checkpointer:
         for name, param in p.model.named_parameters():
             if not torch.isfinite(param).all():
                 raise Diverged(step, f"parameter {name}", param[~torch.isfinite(param)].flatten()[0].item())
-        state = self.state_dict(step)
+        shard = getattr(self.ex, "optimizer_shard", None)
+        shards = None
+        if shard is not None:  # the sharded concept: each worker writes its own shard of the optimizer state
+            ex = self.ex
+            shards = [shard_file(step, r, ex.size) for r in range(ex.size)]
+            save(os.path.join(self.kept.run_dir, shards[ex.rank]), shard(p.optimizer))
+        state = self.state_dict(step, shards)  # (its gather: every shard is written before the manifest)
         if state is not None:
             self.kept.write(state, latest, best)
+            if shards is not None:
+                self.kept.prune_shards()  # the old ones, once the new manifest is in place
 
-    def state_dict(self, step: int) -> dict[str, Any] | None:
-        """The checkpoint of step ``step`` on the main rank, None elsewhere (collective over the workers)."""
+    def state_dict(self, step: int, shards: list[str] | None = None) -> dict[str, Any] | None:
+        """The checkpoint of step ``step`` on the main rank, None elsewhere (collective over the workers).
+        ``shards``: the files under the run directory that hold the optimizer's state, one per worker
+        (written already; the checkpoint is their manifest), instead of the state gathered here."""
         p = self._parts()
         # communication: every worker's own state, so that a resumed run continues bit-exactly mid-epoch
         # (dropout masks, the text's state, the wire's residuals); the optimizer's state where it is
         # sharded (the sharded concept gathers the model's there too: before model_state_dict)
         workers = self.ex.gather_from_workers(self.worker_state().to_dict())
-        optimizer_state = self.ex.optimizer_state_dict(p.optimizer)
+        if shards is None:
+            optimizer_state = self.ex.optimizer_state_dict(p.optimizer)
+        else:
+            optimizer_state = {**self.ex.optimizer_groups(p.optimizer), "shards": shards}  # type: ignore[attr-defined]
         if not self.ex.is_main:
             return None
         return {
