@@ -201,6 +201,7 @@ class Kept:
         self.run_dir, self.keep = run_dir, keep
         self.metric, self.op = parse_target(target)[:2] if target else ("", "")
         self.best: dict[str, Any] | None = None  # {"metric", "op", "value", "step"}
+        self.best_step: int | None = None  # the step of checkpoint-best.pt, once written or read (prune_shards)
 
     def record(self, step: int, figures: dict[str, float]) -> bool:
         """Note one evaluation (the global figures, the same on every worker, so that all decide alike);
@@ -237,6 +238,7 @@ class Kept:
         state = {**state, "best": self.best}
         if best:
             save(os.path.join(self.run_dir, BEST_NAME), state)
+            self.best_step = int(state["step"])
         if not latest:
             return
         path = os.path.join(self.run_dir, CHECKPOINT_NAME)
@@ -256,22 +258,24 @@ class Kept:
         for old in [s for s in steps if s <= step][: -self.keep]:
             os.unlink(os.path.join(self.run_dir, step_file(old)))
 
-    def prune_shards(self) -> None:
-        """Remove the shard files that no checkpoint kept here names any more (once the newest is written)."""
+    def prune_shards(self, step: int, shards: list[str]) -> None:
+        """Remove the shard files that no checkpoint kept here names any more, once step ``step``'s manifest
+        (naming ``shards``) is written: each kept checkpoint names its own step's files, and a step is read
+        from a file's name (``checkpoints/step-NNNNNN.pt``) or, for ``checkpoint-best.pt``, once from the
+        file (not every manifest: mapping one costs the weights' size of virtual memory)."""
         directory = os.path.join(self.run_dir, SHARDS_DIR)
-        if not os.path.isdir(directory):
-            return
         steps_dir = os.path.join(self.run_dir, STEPS_DIR)
-        manifests = [os.path.join(self.run_dir, n) for n in (CHECKPOINT_NAME, BEST_NAME)]
+        kept = set()
         if os.path.isdir(steps_dir):
-            manifests += [os.path.join(steps_dir, n) for n in os.listdir(steps_dir) if STEP_FILE.match(n)]
-        named: set[str] = set()
-        for path in manifests:
-            if os.path.isfile(path):  # mmap: the names alone are read, not the weights
-                optimizer = torch.load(path, map_location="cpu", weights_only=True, mmap=True)["optimizer"]
-                named.update(os.path.basename(n) for n in optimizer.get("shards", []))
+            kept = {int(m.group(1)) for m in map(STEP_FILE.match, os.listdir(steps_dir)) if m}
+        best = os.path.join(self.run_dir, BEST_NAME)
+        if self.best_step is None and os.path.isfile(best):
+            self.best_step = int(torch.load(best, map_location="cpu", weights_only=True, mmap=True)["step"])
+        kept.add(-1 if self.best_step is None else self.best_step)
+        mine = {os.path.basename(n) for n in shards}
         for name in os.listdir(directory):
-            if SHARD_FILE.match(name) and name not in named:
+            m = SHARD_FILE.match(name)
+            if m and name not in mine and (int(m.group(1)) != step and int(m.group(1)) not in kept):
                 os.unlink(os.path.join(directory, name))
 
 

@@ -184,7 +184,7 @@ class Checkpointer:
         p = self._parts()
         self.agree(p.model)
         for name, param in p.model.named_parameters():
-            if not torch.isfinite(param).all():
+            if not _finite(param):
                 raise Diverged(step, f"parameter {name}", param[~torch.isfinite(param)].flatten()[0].item())
         shard = getattr(self.ex, "optimizer_shard", None)
         shards = None
@@ -196,7 +196,7 @@ class Checkpointer:
         if state is not None:
             self.kept.write(state, latest, best)
             if shards is not None:
-                self.kept.prune_shards()  # the old ones, once the new manifest is in place
+                self.kept.prune_shards(step, shards)  # the old ones, once the new manifest is in place
 
     def state_dict(self, step: int, shards: list[str] | None = None) -> dict[str, Any] | None:
         """The checkpoint of step ``step`` on the main rank, None elsewhere (collective over the workers).
@@ -239,3 +239,9 @@ class Checkpointer:
     def _parts(self) -> Parts:
         assert self.parts is not None, "restore() attaches the run's parts first"
         return self.parts
+
+
+def _finite(t: torch.Tensor) -> bool:
+    """Whether every element of ``t`` is finite, a million at a time: a model that fits a memory limit only
+    sharded has no room for a mask of its largest parameter's size."""
+    return all(bool(torch.isfinite(chunk).all()) for chunk in t.detach().reshape(-1).split(1 << 20))

@@ -21,7 +21,7 @@ import os
 import pytest
 import torch
 
-from allreduce_train.checkpoint import load, shard_file
+from allreduce_train.checkpoint import export, load, shard_file
 
 from helpers import check, launch, load_params, rel_diff, run_args, write_user_package
 
@@ -179,6 +179,14 @@ def test_the_checkpoint_holds_the_whole_optimizer_state_of_the_ring(jobs):
             assert torch.equal(sharded["optimizer"]["state"][i][k], v), f"state {i} {k}"
     shapes = [p.shape for p in sharded["model"].values()]
     assert {v["exp_avg"].shape for v in sharded["optimizer"]["state"].values()} <= set(shapes)
+
+
+def test_the_model_exports_from_a_sharded_checkpoint(jobs, tmp_path):
+    """``export`` reads the manifest's model: the parameters every rank ended with."""
+    export(str(jobs.root / jobs.sharded(2, 2)), str(tmp_path / "model.pt"))
+    weights = torch.load(tmp_path / "model.pt", weights_only=True)
+    ends = jobs.params(jobs.sharded(2, 2), 2)[0]
+    assert weights and all(torch.equal(v, ends[k]) for k, v in weights.items())
 
 
 @LONG

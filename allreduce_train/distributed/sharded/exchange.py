@@ -40,11 +40,12 @@ from .optimizer import sharded_optimizer
 from .params import ShardedParams
 
 WHERE = "--strategy sharded builds it over each worker's shard"
-# Stages 2 and 3: full-size gradient buckets in their reduce-scatter at once (a third is being filled).
+# Stages 2 and 3: full-size gradient buckets in their reduce-scatter at once (another is being filled).
 # Each one more costs a bucket (--mpi-bucket-bytes) at the step's peak; with all of them in flight a
 # step held the whole model's gradients again (0.32 GiB for the 87M-parameter model of
-# docs/performance.md's fit run, beside stage 3's 0.65 GiB per rank at 2 ranks).
-IN_FLIGHT = 2
+# docs/performance.md's fit run, beside stage 3's 0.65 GiB per rank at 2 ranks). With 2, that run's
+# peak virtual memory came within 15 MiB of tests/mpi/test_memory_limit.py's limit; with 1, 70 MiB.
+IN_FLIGHT = 1
 
 
 class ShardedExchange(GradientExchange):
