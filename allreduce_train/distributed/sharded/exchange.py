@@ -12,7 +12,7 @@ where they go and what is kept (:mod:`.layout` says who owns what):
 Stage 1 keeps the full-size gradient buckets from one step to the next; stage 2 frees each parameter's
 gradient as soon as it is in its bucket and each bucket once its reduce-scatter is done, keeping only
 this worker's shard (float32) to the update, and frees that after it (between steps a worker holds no
-gradients); at most :data:`IN_FLIGHT` full-size buckets are in their reduce-scatter at once (a bucket's
+gradients); at most :data:`IN_FLIGHT` (by stage) full-size buckets are in their reduce-scatter at once (a bucket's
 start waits for the oldest beyond them), so a step's transient gradients are a few buckets, not the
 model. Both move the ring's bytes. ``--grad-clip`` is applied here, over the shards (the global norm
 from every worker's sum of its shard's squares, as the parameter servers clip), since no worker holds
@@ -40,12 +40,13 @@ from .optimizer import sharded_optimizer
 from .params import ShardedParams
 
 WHERE = "--strategy sharded builds it over each worker's shard"
-# Stages 2 and 3: full-size gradient buckets in their reduce-scatter at once (another is being filled).
-# Each one more costs a bucket (--mpi-bucket-bytes) at the step's peak; with all of them in flight a
-# step held the whole model's gradients again (0.32 GiB for the 87M-parameter model of
-# docs/performance.md's fit run, beside stage 3's 0.65 GiB per rank at 2 ranks). With 2, that run's
-# peak virtual memory came within 15 MiB of tests/mpi/test_memory_limit.py's limit; with 1, 70 MiB.
-IN_FLIGHT = 1
+# Stages 2 and 3: full-size gradient buckets in their reduce-scatter at once (another is being filled), by
+# stage. Each one more costs a bucket (--mpi-bucket-bytes) at the step's peak; with all of them in flight a
+# step held the whole model's gradients again (0.32 GiB for the 87M-parameter model of docs/performance.md's
+# fit run, beside stage 3's 0.65 GiB per rank at 2 ranks). Stage 3, chosen where memory is short: one (that
+# run's peak virtual memory came within 13 MiB of tests/mpi/test_memory_limit.py's limit with two, 70 MiB
+# with one); stage 2, which should keep the ring's speed: two (one was up to a fifth slower a step there).
+IN_FLIGHT = {2: 2, 3: 1}
 
 
 class ShardedExchange(GradientExchange):
@@ -192,7 +193,7 @@ class ShardedExchange(GradientExchange):
         self.store.free(b)  # stage 3: no more of backward needs these parameters
         if self.stage >= 2:
             self._flying.append(b)
-            while len(self._flying) > IN_FLIGHT:
+            while len(self._flying) > IN_FLIGHT[self.stage]:
                 self._finish(self._flying.pop(0))  # communication: the oldest, done before another bucket exists
 
     def _finish(self, b: int) -> None:
