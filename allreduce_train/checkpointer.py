@@ -8,7 +8,10 @@ and ``--keep-best`` ask), a dict of:
 
 * ``model`` and ``optimizer``: whole, on the main rank, through the exchange's one door
   (:meth:`~.distributed.base.GradientExchange.model_state_dict` and ``optimizer_state_dict``): the
-  parameter servers' float32 master parameters, the sharded concept's state gathered from every worker;
+  parameter servers' float32 master parameters; where the exchange has an ``optimizer_shard`` (the
+  sharded concept on the mpi and Horovod engines) each worker writes its shard of the optimizer state to
+  a file of its own (:func:`.checkpoint.shard_file`) and ``optimizer`` holds the parameter groups and
+  those files' names (:func:`.checkpoint.load` joins them), so no worker gathers the whole state;
 * ``step``: the data position as well (each epoch's shard order follows from the seed and the epoch;
   the step says where in it), ``config`` (a resumed run must keep the model, task and batch size),
   ``lr_schedule`` (described: the LR follows from it and the step), ``precision`` (the loss scaler's
