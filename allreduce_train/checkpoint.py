@@ -26,6 +26,8 @@ BEST_NAME = "checkpoint-best.pt"  # the best evaluation by --target's metric
 STEPS_DIR = "checkpoints"  # --keep-checkpoints: step-000120.pt, ...
 STEP_FILE = re.compile(r"^step-(\d+)\.pt$")
 CHECKPOINT_KEYS = ("model", "optimizer", "step", "config")
+SHARDS_DIR = "shards"  # --strategy sharded: each worker's optimizer state, step-000120.0-of-2.pt, ...
+SHARD_FILE = re.compile(r"^step-(\d+)\.(\d+)-of-(\d+)\.pt$")
 
 
 @dataclass
@@ -125,6 +127,56 @@ def load(path: str, flag: str = "--resume") -> dict[str, Any]:
     for key in CHECKPOINT_KEYS:
         if not isinstance(state, dict) or key not in state:
             raise UserError(f"{flag} {path}: checkpoint lacks {key!r}; was it written by allreduce_train?")
+    optimizer = state["optimizer"]
+    if isinstance(optimizer, dict) and "shards" in optimizer:  # a manifest: the state is in the shards' files
+        files = [_read_shard(path, name, flag) for name in optimizer.pop("shards")]
+        optimizer["state"] = join_shards(files)
+    return state
+
+
+# ------------------------------------------------------------------ one file per shard (--strategy sharded)
+
+
+def shard_file(step: int, rank: int, workers: int) -> str:
+    """A worker's shard of a sharded checkpoint's optimizer state, under the run directory:
+    ``shards/step-000120.0-of-2.pt``; the checkpoint itself (the manifest) names its step's files."""
+    return os.path.join(SHARDS_DIR, f"step-{step:06d}.{rank}-of-{workers}.pt")
+
+
+def _read_shard(manifest: str, name: str, flag: str) -> dict[str, Any]:
+    """Shard file ``name`` of the checkpoint ``manifest``: under its run directory, which holds the
+    manifest itself (``checkpoint.pt``) or the step checkpoints' directory (``checkpoints/step-NNNNNN.pt``)."""
+    here = os.path.dirname(os.path.abspath(manifest))
+    found = [c for c in (os.path.join(here, name), os.path.join(os.path.dirname(here), name)) if os.path.isfile(c)]
+    if not found:
+        raise UserError(
+            f"{flag} {manifest}: its optimizer state is in {name} beside it, which is missing; keep the run "
+            f"directory's {SHARDS_DIR}/ with its checkpoints"
+        )
+    try:
+        return torch.load(found[0], map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise UserError(f"{flag} {manifest}: {name} is not a readable shard file ({_first_line(e)})") from None
+
+
+def join_shards(files: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """The optimizer's state, whole, in its class's ``state_dict`` format (by parameter index), from every
+    worker's shard file (``ShardedExchange.optimizer_shard``): each parameter's per-element tensors joined
+    from its segments in order, the rest (``step``) from its first segment."""
+    segments: dict[int, list[dict[str, Any]]] = {}
+    for f in files:
+        for i, segs in f["pieces"].items():
+            segments.setdefault(i, []).extend(segs)
+    state: dict[int, dict[str, Any]] = {}
+    for i, segs in segments.items():
+        segs.sort(key=lambda seg: seg["lo"])
+        first = segs[0]
+        if not first["state"] or any(set(seg["state"]) != set(first["state"]) for seg in segs):
+            continue  # no step yet
+        state[i] = {
+            k: torch.cat([seg["state"][k] for seg in segs]).view(first["shape"]) if k in first["flat"] else v
+            for k, v in first["state"].items()
+        }
     return state
 
 
@@ -149,6 +201,7 @@ class Kept:
         self.run_dir, self.keep = run_dir, keep
         self.metric, self.op = parse_target(target)[:2] if target else ("", "")
         self.best: dict[str, Any] | None = None  # {"metric", "op", "value", "step"}
+        self.best_step: int | None = None  # the step of checkpoint-best.pt, once written or read (prune_shards)
 
     def record(self, step: int, figures: dict[str, float]) -> bool:
         """Note one evaluation (the global figures, the same on every worker, so that all decide alike);
@@ -185,6 +238,7 @@ class Kept:
         state = {**state, "best": self.best}
         if best:
             save(os.path.join(self.run_dir, BEST_NAME), state)
+            self.best_step = int(state["step"])
         if not latest:
             return
         path = os.path.join(self.run_dir, CHECKPOINT_NAME)
@@ -203,6 +257,26 @@ class Kept:
         steps = sorted(int(m.group(1)) for m in map(STEP_FILE.match, os.listdir(directory)) if m)
         for old in [s for s in steps if s <= step][: -self.keep]:
             os.unlink(os.path.join(self.run_dir, step_file(old)))
+
+    def prune_shards(self, step: int, shards: list[str]) -> None:
+        """Remove the shard files that no checkpoint kept here names any more, once step ``step``'s manifest
+        (naming ``shards``) is written: each kept checkpoint names its own step's files, and a step is read
+        from a file's name (``checkpoints/step-NNNNNN.pt``) or, for ``checkpoint-best.pt``, once from the
+        file (not every manifest: mapping one costs the weights' size of virtual memory)."""
+        directory = os.path.join(self.run_dir, SHARDS_DIR)
+        steps_dir = os.path.join(self.run_dir, STEPS_DIR)
+        kept = set()
+        if os.path.isdir(steps_dir):
+            kept = {int(m.group(1)) for m in map(STEP_FILE.match, os.listdir(steps_dir)) if m}
+        best = os.path.join(self.run_dir, BEST_NAME)
+        if self.best_step is None and os.path.isfile(best):
+            self.best_step = int(torch.load(best, map_location="cpu", weights_only=True, mmap=True)["step"])
+        kept.add(-1 if self.best_step is None else self.best_step)
+        mine = {os.path.basename(n) for n in shards}
+        for name in os.listdir(directory):
+            m = SHARD_FILE.match(name)
+            if m and name not in mine and (int(m.group(1)) != step and int(m.group(1)) not in kept):
+                os.unlink(os.path.join(directory, name))
 
 
 def _link_atomically(src: str, path: str, state: dict[str, Any]) -> None:

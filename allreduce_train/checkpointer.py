@@ -8,7 +8,10 @@ and ``--keep-best`` ask), a dict of:
 
 * ``model`` and ``optimizer``: whole, on the main rank, through the exchange's one door
   (:meth:`~.distributed.base.GradientExchange.model_state_dict` and ``optimizer_state_dict``): the
-  parameter servers' float32 master parameters, the sharded concept's state gathered from every worker;
+  parameter servers' float32 master parameters; where the exchange has an ``optimizer_shard`` (the
+  sharded concept on the mpi and Horovod engines) each worker writes its shard of the optimizer state to
+  a file of its own (:func:`.checkpoint.shard_file`) and ``optimizer`` holds the parameter groups and
+  those files' names (:func:`.checkpoint.load` joins them), so no worker gathers the whole state;
 * ``step``: the data position as well (each epoch's shard order follows from the seed and the epoch;
   the step says where in it), ``config`` (a resumed run must keep the model, task and batch size),
   ``lr_schedule`` (described: the LR follows from it and the step), ``precision`` (the loss scaler's
@@ -32,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .checkpoint import CHECKPOINT_NAME, Kept, WorkerState, init_weights, load
+from .checkpoint import CHECKPOINT_NAME, Kept, WorkerState, init_weights, load, save, shard_file
 from .errors import ConfigError, Diverged
 
 if TYPE_CHECKING:
@@ -184,20 +187,33 @@ class Checkpointer:
         p = self._parts()
         self.agree(p.model)
         for name, param in p.model.named_parameters():
-            if not torch.isfinite(param).all():
+            if not _finite(param):
                 raise Diverged(step, f"parameter {name}", param[~torch.isfinite(param)].flatten()[0].item())
-        state = self.state_dict(step)
+        shard = getattr(self.ex, "optimizer_shard", None)
+        shards = None
+        if shard is not None:  # the sharded concept: each worker writes its own shard of the optimizer state
+            ex = self.ex
+            shards = [shard_file(step, r, ex.size) for r in range(ex.size)]
+            save(os.path.join(self.kept.run_dir, shards[ex.rank]), shard(p.optimizer))
+        state = self.state_dict(step, shards)  # (its gather: every shard is written before the manifest)
         if state is not None:
             self.kept.write(state, latest, best)
+            if shards is not None:
+                self.kept.prune_shards(step, shards)  # the old ones, once the new manifest is in place
 
-    def state_dict(self, step: int) -> dict[str, Any] | None:
-        """The checkpoint of step ``step`` on the main rank, None elsewhere (collective over the workers)."""
+    def state_dict(self, step: int, shards: list[str] | None = None) -> dict[str, Any] | None:
+        """The checkpoint of step ``step`` on the main rank, None elsewhere (collective over the workers).
+        ``shards``: the files under the run directory that hold the optimizer's state, one per worker
+        (written already; the checkpoint is their manifest), instead of the state gathered here."""
         p = self._parts()
         # communication: every worker's own state, so that a resumed run continues bit-exactly mid-epoch
         # (dropout masks, the text's state, the wire's residuals); the optimizer's state where it is
         # sharded (the sharded concept gathers the model's there too: before model_state_dict)
         workers = self.ex.gather_from_workers(self.worker_state().to_dict())
-        optimizer_state = self.ex.optimizer_state_dict(p.optimizer)
+        if shards is None:
+            optimizer_state = self.ex.optimizer_state_dict(p.optimizer)
+        else:
+            optimizer_state = {**self.ex.optimizer_groups(p.optimizer), "shards": shards}  # type: ignore[attr-defined]
         if not self.ex.is_main:
             return None
         return {
@@ -226,3 +242,9 @@ class Checkpointer:
     def _parts(self) -> Parts:
         assert self.parts is not None, "restore() attaches the run's parts first"
         return self.parts
+
+
+def _finite(t: torch.Tensor) -> bool:
+    """Whether every element of ``t`` is finite, a million at a time: a model that fits a memory limit only
+    sharded has no room for a mask of its largest parameter's size."""
+    return all(bool(torch.isfinite(chunk).all()) for chunk in t.detach().reshape(-1).split(1 << 20))

@@ -3,7 +3,8 @@
 Under an RLIMIT_AS set on mpirun and every rank (lab/memory/limited.py), between what the ring needs by the
 ZeRO formula and what stage 3 needs: the ring is refused before its first step, on every rank alike, with
 one line naming the need, the limit and the stages that fit (exit 2, no traceback, no rank left running);
-the same limit with a stage that fits by the formula should train (not yet: see its xfail)."""
+the same limit with a stage that fits by the formula trains (stage 3: the gradient shards freed between
+steps, and a checkpoint of one file per worker's shard, no state gathered onto rank 0)."""
 
 from __future__ import annotations
 
@@ -47,14 +48,6 @@ def test_the_ring_over_its_limit_is_refused_in_one_line_naming_the_stages_that_f
     assert "Traceback" not in proc.stderr and not (tmp_path / "ring").exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not yet: stage 3's steady state is 1.6 GiB of virtual memory here (0.8 before the model, the formula's "
-    "0.65, the optimizer's imports, freed memory glibc keeps), so its second step's backward passes the limit, and "
-    "a checkpoint whole in one file needs the whole model and optimizer state on rank 0 (12 bytes per parameter, "
-    "0.97 GiB): it needs one file per shard. Measured without a limit, metrics.json memory peak_vm_mib: 1645 MiB "
-    "after the first step, 2643 at the end (docs/performance.md)",
-)
 def test_the_same_limit_trains_sharded_at_stage_3(tmp_path):
     flags = ["--strategy", "sharded", "--shard-stage", "3", "--allreduce-engine", "mpi", "--steps", "2"]
     check(limited(2, flags + run_args(tmp_path, "zero3")))

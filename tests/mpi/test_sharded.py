@@ -21,6 +21,8 @@ import os
 import pytest
 import torch
 
+from allreduce_train.checkpoint import export, load, shard_file
+
 from helpers import check, launch, load_params, rel_diff, run_args, write_user_package
 
 pytestmark = pytest.mark.mpi
@@ -128,7 +130,8 @@ class Jobs:
         return json.loads((self.root / name / "metrics.json").read_text())
 
     def checkpoint(self, name: str) -> dict:
-        return torch.load(self.root / name / "checkpoint.pt", weights_only=True)
+        """The run's checkpoint as a resume reads it (a sharded run's: its manifest and shard files joined)."""
+        return load(str(self.root / name / "checkpoint.pt"))
 
 
 @pytest.fixture(scope="module")
@@ -161,8 +164,13 @@ def test_stages_1_and_2_end_bit_identical_to_the_ring_on_every_rank(jobs, stage,
 
 
 def test_the_checkpoint_holds_the_whole_optimizer_state_of_the_ring(jobs):
-    """Gathered from the shards in AdamW's own format: every moment in its parameter's shape, equal to the
-    state the ring's unsharded AdamW holds after the same steps (the tied weight once)."""
+    """One file per worker's shard and a manifest naming them (those of its step alone: step 3's are gone
+    once step 6's manifest is written); joined, AdamW's own format: every moment in its parameter's shape,
+    equal to the state the ring's unsharded AdamW holds after the same steps (the tied weight once)."""
+    manifest = torch.load(jobs.root / jobs.sharded(2, 2) / "checkpoint.pt", weights_only=True)
+    names = [shard_file(STEPS, r, 2) for r in range(2)]
+    assert manifest["optimizer"]["shards"] == names and manifest["optimizer"]["state"] == {}
+    assert sorted(os.listdir(jobs.root / jobs.sharded(2, 2) / "shards")) == sorted(map(os.path.basename, names))
     ring, sharded = jobs.checkpoint(jobs.ring(2)), jobs.checkpoint(jobs.sharded(2, 2))
     assert sharded["optimizer"]["param_groups"] == ring["optimizer"]["param_groups"]
     assert sharded["optimizer"]["state"].keys() == ring["optimizer"]["state"].keys()
@@ -171,6 +179,14 @@ def test_the_checkpoint_holds_the_whole_optimizer_state_of_the_ring(jobs):
             assert torch.equal(sharded["optimizer"]["state"][i][k], v), f"state {i} {k}"
     shapes = [p.shape for p in sharded["model"].values()]
     assert {v["exp_avg"].shape for v in sharded["optimizer"]["state"].values()} <= set(shapes)
+
+
+def test_the_model_exports_from_a_sharded_checkpoint(jobs, tmp_path):
+    """``export`` reads the manifest's model: the parameters every rank ended with."""
+    export(str(jobs.root / jobs.sharded(2, 2)), str(tmp_path / "model.pt"))
+    weights = torch.load(tmp_path / "model.pt", weights_only=True)
+    ends = jobs.params(jobs.sharded(2, 2), 2)[0]
+    assert weights and all(torch.equal(v, ends[k]) for k, v in weights.items())
 
 
 @LONG

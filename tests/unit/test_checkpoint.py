@@ -355,3 +355,47 @@ def test_a_hugging_face_gpt2_exports_to_both_formats_and_its_own_safetensors_fil
     fresh = transformers.GPT2LMHeadModel(config).eval()
     checkpoint.init_weights(fresh, str(tmp_path / "hf" / "model.safetensors"))
     assert torch.equal(fresh(x).logits, model(x).logits)
+
+
+def sharded_step(kept, step, best=False):
+    """What a sharded run of 2 workers writes at ``step``: each worker's shard file (a (2, 3) parameter cut
+    after its 4th element, a (4,) one whole on worker 1), then the manifest naming them; the whole state."""
+    whole = {
+        0: {"step": torch.tensor(float(step)), "exp_avg": torch.arange(6.0).view(2, 3) + step},
+        1: {"step": torch.tensor(float(step)), "exp_avg": torch.arange(4.0) - step},
+    }
+
+    def seg(i, lo, hi, shape):
+        flat = whole[i]["exp_avg"].reshape(-1)[lo:hi]
+        return {"lo": lo, "hi": hi, "shape": shape, "flat": ["exp_avg"], "state": {**whole[i], "exp_avg": flat}}
+
+    shards = [checkpoint.shard_file(step, r, 2) for r in range(2)]
+    pieces = [{0: [seg(0, 0, 4, [2, 3])]}, {0: [seg(0, 4, 6, [2, 3])], 1: [seg(1, 0, 4, [4])]}]
+    for r, name in enumerate(shards):
+        checkpoint.save(os.path.join(kept.run_dir, name), {"workers": 2, "rank": r, "pieces": pieces[r]})
+    manifest = {**state(step), "optimizer": {"state": {}, "param_groups": [{"params": [0, 1]}], "shards": shards}}
+    kept.write(manifest, latest=True, best=best)
+    kept.prune_shards(step, shards)
+    return whole
+
+
+def test_a_sharded_checkpoint_joins_its_shard_files_and_only_unnamed_ones_are_removed(tmp_path):
+    kept = checkpoint.Kept(str(tmp_path), keep=1, target="eval/loss<=0")
+    best = sharded_step(kept, 3, best=True)
+    sharded_step(kept, 6)
+    whole = sharded_step(kept, 9)
+    # step 3's files stay (checkpoint-best.pt names them), step 6's go (no kept checkpoint names them)
+    assert sorted(os.listdir(tmp_path / "shards")) == [f"step-00000{s}.{r}-of-2.pt" for s in (3, 9) for r in (0, 1)]
+    for path, expected, step in (
+        ("checkpoint.pt", whole, 9),
+        ("checkpoints/step-000009.pt", whole, 9),  # its shards from the run directory above it
+        ("checkpoint-best.pt", best, 3),
+    ):
+        got = checkpoint.load(str(tmp_path / path))
+        assert got["step"] == step and "shards" not in got["optimizer"]
+        assert got["optimizer"]["state"].keys() == expected.keys()
+        for i, st in expected.items():
+            assert all(torch.equal(got["optimizer"]["state"][i][k], v) for k, v in st.items())
+    os.unlink(tmp_path / "shards" / "step-000009.1-of-2.pt")
+    with pytest.raises(UserError, match=r"^--resume .*checkpoint.pt: its optimizer state is in shards/step-000009"):
+        checkpoint.load(str(tmp_path / "checkpoint.pt"))

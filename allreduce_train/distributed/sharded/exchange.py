@@ -11,13 +11,14 @@ where they go and what is kept (:mod:`.layout` says who owns what):
 
 Stage 1 keeps the full-size gradient buckets from one step to the next; stage 2 frees each parameter's
 gradient as soon as it is in its bucket and each bucket once its reduce-scatter is done, keeping only
-this worker's shard (float32) to the update; at most :data:`IN_FLIGHT` full-size buckets are in their
-reduce-scatter at once (a bucket's start waits for the oldest beyond them), so a step's transient
-gradients are a few buckets, not the model. Both move the ring's bytes. ``--grad-clip`` is applied
-here, over the shards (the global norm from every worker's sum of its shard's squares, as the parameter
-servers clip), since no worker holds the whole gradient; the trainer then finds no ``.grad`` to clip.
-Everything a run needs besides the shards (metrics, votes, broadcast, BatchNorm's buffers, abort) is
-the engine's (``engine``, a :class:`..base.GradientExchange`).
+this worker's shard (float32) to the update, and frees that after it (between steps a worker holds no
+gradients); at most :data:`IN_FLIGHT` (by stage) full-size buckets are in their reduce-scatter at once (a bucket's
+start waits for the oldest beyond them), so a step's transient gradients are a few buckets, not the
+model. Both move the ring's bytes. ``--grad-clip`` is applied here, over the shards (the global norm
+from every worker's sum of its shard's squares, as the parameter servers clip), since no worker holds
+the whole gradient; the trainer then finds no ``.grad`` to clip. Everything a run needs besides the
+shards (metrics, votes, broadcast, BatchNorm's buffers, abort) is the engine's (``engine``, a
+:class:`..base.GradientExchange`).
 """
 
 from __future__ import annotations
@@ -40,11 +41,13 @@ from .optimizer import sharded_optimizer
 from .params import ShardedParams
 
 WHERE = "--strategy sharded builds it over each worker's shard"
-# Stages 2 and 3: full-size gradient buckets in their reduce-scatter at once (a third is being filled).
-# Each one more costs a bucket (--mpi-bucket-bytes) at the step's peak; with all of them in flight a
-# step held the whole model's gradients again (0.32 GiB for the 87M-parameter model of
-# docs/performance.md's fit run, beside stage 3's 0.65 GiB per rank at 2 ranks).
-IN_FLIGHT = 2
+# Stages 2 and 3: full-size gradient buckets in their reduce-scatter at once (another is being filled), by
+# stage. Each one more costs a bucket (--mpi-bucket-bytes) at the step's peak; with all of them in flight a
+# step held the whole model's gradients again (0.32 GiB for the 87M-parameter model of docs/performance.md's
+# fit run, beside stage 3's 0.65 GiB per rank at 2 ranks). Stage 3, chosen where memory is short: one (that
+# run's peak virtual memory came within 13 MiB of tests/mpi/test_memory_limit.py's limit with two, 70 MiB
+# with one); stage 2, which should keep the ring's speed: two (one was up to a fifth slower a step there).
+IN_FLIGHT = {2: 2, 3: 1}
 
 
 class ShardedExchange(GradientExchange):
@@ -109,10 +112,12 @@ class ShardedExchange(GradientExchange):
         ]
         # this worker's averaged gradient shard of each bucket, float32 on the parameters' device, kept from step
         # to step (stage 1 with a float32 wire on CPU: a view of its bucket, averaged in place as the ring does)
+        # (stages 2 and 3: made when the bucket's reduce-scatter is done, freed after the update, so that
+        # between steps a worker holds no gradients; the memory report counts them as held during the step)
         device = self.store.nan.device
         self._in_bucket = [g is not None and self.dtype == torch.float32 and device.type == "cpu" for g in self.gflat]
-        self.gshard = [
-            g[lo:hi] if inplace and g is not None else torch.empty(hi - lo, device=device)
+        self.gshard: list[torch.Tensor | None] = [
+            g[lo:hi] if inplace and g is not None else None if self.stage >= 2 else torch.empty(hi - lo, device=device)
             for g, inplace, (lo, hi) in zip(self.gflat, self._in_bucket, self.mine, strict=True)
         ]
         self._averaged = False  # whether gshard holds this step's average (synchronize() ran, step() did not yet)
@@ -176,7 +181,7 @@ class ShardedExchange(GradientExchange):
         self.store.free(b)  # stage 3: no more of backward needs these parameters
         if self.stage >= 2:
             self._flying.append(b)
-            while len(self._flying) > IN_FLIGHT:
+            while len(self._flying) > IN_FLIGHT[self.stage]:
                 self._finish(self._flying.pop(0))  # communication: the oldest, done before another bucket exists
 
     def _finish(self, b: int) -> None:
@@ -190,6 +195,8 @@ class ShardedExchange(GradientExchange):
         assert flat is not None
         lo, hi = self.mine[b]
         shard = self.gshard[b]
+        if shard is None:  # stages 2 and 3: this step's, freed after the update
+            shard = self.gshard[b] = torch.empty(hi - lo, device=self.store.nan.device)
         if not self._in_bucket[b]:
             shard.copy_(flat[lo:hi])  # widened to float32 (exactly), on the parameters' device
         shard.div_(self.size)  # the average: the ring's division, element for element
@@ -226,6 +233,7 @@ class ShardedExchange(GradientExchange):
             self._clip()
         for b, built in enumerate(self.shards):
             shard = self.gshard[b]
+            assert shard is not None  # synchronize() averaged it
             if built is not None:
                 opt, order = built
                 for group, g in zip(opt.param_groups, order, strict=True):
@@ -236,6 +244,8 @@ class ShardedExchange(GradientExchange):
                 opt.step()
                 for leaf in self.leaves[b]:
                     leaf.grad = None
+            if self.stage >= 2:
+                self.gshard[b] = None  # used: the next step's reduce-scatter makes it again
         if self.stage == 3:
             self.store.release()  # gathered where the next forward pass uses them
             return
@@ -246,23 +256,25 @@ class ShardedExchange(GradientExchange):
 
     def _clip(self) -> None:
         """torch.nn.utils.clip_grad_norm_ of the averaged gradient, from the shards (as the PS's servers)."""
-        mine = sum(float(g.double().pow(2).sum()) for g in self.gshard)
+        shards = [g for g in self.gshard if g is not None]  # all of them, within a step
+        mine = sum(float(g.double().pow(2).sum()) for g in shards)
         total = self.engine.sum_over_workers(torch.tensor([mine], dtype=torch.float64))  # communication
         # A non-finite norm makes the update non-finite on every worker: the next step's loss vote stops the
         # run (the trainer's Diverged), and the parameters' check keeps it from a checkpoint.
         coef = self.clip / (math.sqrt(float(total[0])) + 1e-6)
         if coef < 1.0 or not math.isfinite(coef):
-            for g in self.gshard:
+            for g in shards:
                 g.mul_(coef)
 
     def memory(self, model, optimizer) -> dict[str, int]:
         """What this worker holds: the parameters (stage 3: its shards and the buckets gathered now), the
-        gradients (stage 1: the full-size buckets; every stage: its averaged shard), its shards' optimizer
-        state, and the engine's own buffers."""
+        gradients (stage 1: the full-size buckets; every stage: its averaged shard, which stages 2 and 3 hold
+        during a step alone and which counts here whether or not the step is on, as the ZeRO formula counts it),
+        its shards' optimizer state, and the engine's own buffers."""
         params = [*model.parameters(), *self.store.shard, *(f for f in self.store.flat if f is not None)]
         grads = [
             *(p.grad for p in model.parameters() if p.grad is not None),
-            *self.gshard,
+            *(g for g in self.gshard if g is not None),
         ]
         grads += [g for g in self.gflat if g is not None]
         state = [
@@ -273,7 +285,10 @@ class ShardedExchange(GradientExchange):
             for v in st.values()
             if isinstance(v, torch.Tensor)
         ]
-        return held_bytes({"params": params, "grads": grads, "optimizer": state, "buffers": self.engine.flat_buffers()})
+        out = held_bytes({"params": params, "grads": grads, "optimizer": state, "buffers": self.engine.flat_buffers()})
+        if self.stage >= 2:  # those not made yet this step (between steps: all), as a step holds them
+            out["grads"] += sum(4 * (hi - lo) for g, (lo, hi) in zip(self.gshard, self.mine, strict=True) if g is None)
+        return out
 
     # ------------------------------------------------------------ checkpoints
     def gather_state(self, root: int = 0) -> list[dict[str, Any]]:
@@ -338,6 +353,38 @@ class ShardedExchange(GradientExchange):
             joined = assemble(self.layout, self.params, answers)[0]
             for p in self.layout.buckets[b]:
                 out[p] = joined[p]
+
+    def optimizer_shard(self, optimizer) -> dict[str, Any]:
+        """This worker's shard of the optimizer state, for a checkpoint of one file per shard (no gather, no
+        communication): per parameter, by its index in the class's ``state_dict``, the segments this worker
+        owns, each ``{"lo", "hi", "shape", "flat", "state"}`` with its per-element tensors (``flat`` names
+        them) flattened. :func:`...checkpoint.join_shards` makes the whole state from every worker's file,
+        whatever the worker count of the run that reads it."""
+        order = [p for group in optimizer.param_groups for p in group["params"]]
+        index = {id(p): i for i, p in enumerate(order)}
+        out: dict[int, list[dict[str, Any]]] = {}
+        for b, built in enumerate(self.shards):
+            for (p, lo, hi), leaf in zip(self.segs[b], self.leaves[b], strict=True):
+                i = index.get(id(self.params[p]))
+                if i is None:
+                    continue  # not in the optimizer: no state to keep
+                st = built[0].state.get(leaf, {}) if built else {}
+                flat = [k for k, v in st.items() if per_element(v, leaf.shape)]
+                out.setdefault(i, []).append(
+                    {
+                        "lo": lo,
+                        "hi": hi,
+                        "shape": list(self.params[p].shape),
+                        "flat": flat,
+                        "state": {k: v.reshape(-1) if k in flat else v for k, v in st.items()},
+                    }
+                )
+        return {"workers": self.size, "rank": self.rank, "pieces": out}
+
+    def optimizer_groups(self, optimizer) -> dict[str, Any]:
+        """The optimizer's ``state_dict`` without its state (its parameter groups): a sharded checkpoint's
+        manifest holds it beside the names of the shard files."""
+        return optimizer.groups_state_dict()
 
     def optimizer_state_dict(self, optimizer) -> dict[str, Any] | None:
         state = optimizer.state_dict()  # communication: every worker's shard

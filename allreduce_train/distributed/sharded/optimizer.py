@@ -61,6 +61,11 @@ class _Sharded(torch.optim.Optimizer):
         finally:
             self.state = held  # a worker holds only its shard's, in the shard optimizers
 
+    def groups_state_dict(self) -> dict[str, Any]:
+        """The class's own ``state_dict`` with no state, its parameter groups alone (no communication): a
+        checkpoint of one file per shard keeps the state in the shards' files."""
+        return super().state_dict()  # self.state is empty: the shard optimizers hold it
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a whole state (a checkpoint of any worker count) and keep this worker's shard of it."""
         super().load_state_dict(state_dict)
