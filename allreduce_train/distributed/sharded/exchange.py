@@ -83,14 +83,16 @@ class ShardedExchange(GradientExchange):
         return out
 
     # ------------------------------------------------------------ set-up
-    def prepare(self, model, optimizer, every_step: bool = True):
+    def prepare(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, every_step: bool = True
+    ) -> torch.optim.Optimizer:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise UserError(
                 f"--strategy sharded runs a torch.optim.Optimizer per shard; got a {type(optimizer).__name__}"
             )
         self.engine.broadcast_state(model, optimizer)  # communication: rank 0's model and optimizer state
         self._model_params = list(model.parameters())
-        params = [p for p in self._model_params if p.requires_grad]
+        params: list[torch.Tensor] = [p for p in self._model_params if p.requires_grad]
         for p in params:
             if p.dtype != torch.float32:
                 raise UserError(f"--strategy sharded shards float32 parameters; got {p.dtype} {tuple(p.shape)}")
@@ -221,7 +223,7 @@ class ShardedExchange(GradientExchange):
         self._handles = [None] * len(self._handles)
         self._averaged = True
 
-    def apply(self, optimizer) -> None:
+    def apply(self, optimizer: torch.optim.Optimizer) -> None:
         optimizer.step()
 
     def step(self) -> None:
@@ -251,7 +253,7 @@ class ShardedExchange(GradientExchange):
             return
         self.store.allgather(list(range(len(self.layout.buckets))))  # communication: every worker's shard
 
-    def whole_parameters(self, model) -> None:
+    def whole_parameters(self, model: torch.nn.Module) -> None:
         self.store.make_whole()  # communication (stage 3)
 
     def _clip(self) -> None:
@@ -266,7 +268,7 @@ class ShardedExchange(GradientExchange):
             for g in shards:
                 g.mul_(coef)
 
-    def memory(self, model, optimizer) -> dict[str, int]:
+    def memory(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
         """What this worker holds: the parameters (stage 3: its shards and the buckets gathered now), the
         gradients (stage 1: the full-size buckets; every stage: its averaged shard, which stages 2 and 3 hold
         during a step alone and which counts here whether or not the step is on, as the ZeRO formula counts it),
@@ -354,7 +356,7 @@ class ShardedExchange(GradientExchange):
             for p in self.layout.buckets[b]:
                 out[p] = joined[p]
 
-    def optimizer_shard(self, optimizer) -> dict[str, Any]:
+    def optimizer_shard(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """This worker's shard of the optimizer state, for a checkpoint of one file per shard (no gather, no
         communication): per parameter, by its index in the class's ``state_dict``, the segments this worker
         owns, each ``{"lo", "hi", "shape", "flat", "state"}`` with its per-element tensors (``flat`` names
@@ -381,12 +383,13 @@ class ShardedExchange(GradientExchange):
                 )
         return {"workers": self.size, "rank": self.rank, "pieces": out}
 
-    def optimizer_groups(self, optimizer) -> dict[str, Any]:
+    def optimizer_groups(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """The optimizer's ``state_dict`` without its state (its parameter groups): a sharded checkpoint's
         manifest holds it beside the names of the shard files."""
-        return optimizer.groups_state_dict()
+        groups: dict[str, Any] = optimizer.groups_state_dict()  # type: ignore[attr-defined]  # prepare()'s _Sharded
+        return groups
 
-    def optimizer_state_dict(self, optimizer) -> dict[str, Any] | None:
+    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
         state = optimizer.state_dict()  # communication: every worker's shard
         return state if self.is_main else None
 
