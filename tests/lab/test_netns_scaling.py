@@ -48,7 +48,7 @@ def test_grid_measures_over_the_links_and_predicts_the_configured_bandwidth(tmp_
             "--models",
             "lenet5",
             "--strategies",
-            "allreduce",
+            "ring-horovod",
             "--steps",
             "5",
             "--out-dir",
@@ -56,7 +56,7 @@ def test_grid_measures_over_the_links_and_predicts_the_configured_bandwidth(tmp_
         )
     )
     (row,) = json.loads((tmp_path / "results.json").read_text())["rows"]
-    assert row["ok"] and row["workers"] == 2 and row["strategy"] == "allreduce"
+    assert row["ok"] and row["workers"] == 2 and row["strategy"] == "ring-horovod"
     # 2 workers: the ring moves 2(N-1)/N x S = S through each link; at 100 Mbit/s that takes S / 12.5 MB/s
     nbytes = 4 * 61_706
     assert row["model_bytes_per_step"] == nbytes
@@ -65,7 +65,7 @@ def test_grid_measures_over_the_links_and_predicts_the_configured_bandwidth(tmp_
     # the bytes really went over the emulated links: at least the model's share in every step
     assert set(row["traffic"]) == {"h1", "h2"} and row["link_bytes_per_step"] >= nbytes
     report = (tmp_path / "report.md").read_text()
-    assert "### 100mbit per link" in report and "| lenet5 | allreduce | 2 |" in report
+    assert "### 100mbit per link" in report and "| lenet5 | ring-horovod | 2 |" in report
     assert "MPI_Allreduce (Horovod's on CPU): ring from 4 MiB on 3+ ranks" in report  # the launcher's default
     grid_report = (tmp_path / "100mbit" / "report.md").read_text()  # the grid's own report for the rate
     # no empty compute sentence and no "No calibration": the network is the configured rate
@@ -74,8 +74,8 @@ def test_grid_measures_over_the_links_and_predicts_the_configured_bandwidth(tmp_
     # every rate's comparison in one logdir, a run per strategy with the rate in the tag, and the
     # job in the HParams logdir
     runs = {p.name: p for p in (tmp_path / "tensorboard").iterdir()}
-    assert set(runs) == {"allreduce", "bound"}  # the no-exchange bound beside the strategy
-    run = runs["allreduce"]
+    assert set(runs) == {"ring-horovod", "bound"}  # the no-exchange bound beside the strategy
+    run = runs["ring-horovod"]
     assert "perf/step_ms/lenet5/100mbit" in EventAccumulator(str(run)).Reload().Tags()["scalars"]
-    assert (tmp_path / "hparams" / "100mbit" / "lenet5" / "allreduce-n2-r1").is_dir()
+    assert (tmp_path / "hparams" / "100mbit" / "lenet5" / "ring-horovod-n2-r1").is_dir()
     assert netns.leftovers() == []
