@@ -99,7 +99,7 @@ bench-tuning: install
 	    --variant "k2=trainer --backward-passes-per-step 2" --variant "ddp+malloc=ddp ALLREDUCE_TRAIN_MALLOC=keep" \
 	    --impls trainer,cycle1,cycle3,yield0,hvdwait,glibc,fusion128mb,gloo,fp16,k2,horovod,ddp,ddp+malloc $(ARGS)
 
-## allreduce vs PS grid, 1 and 2 workers -> runs/scaling/<time>/report.md (~11 min idle, more under load)
+## ring (Horovod, mpi) vs PS grid, 1 and 2 workers -> runs/scaling/<time>/report.md (90 jobs, ~18 min idle)
 scaling: install
 	$(PY) -m lab scaling $(ARGS)
 

@@ -8,7 +8,7 @@ and ``--keep-best`` ask), a dict of:
 
 * ``model`` and ``optimizer``: whole, on the main rank, through the exchange's one door
   (:meth:`~.distributed.base.GradientExchange.model_state_dict` and ``optimizer_state_dict``): the
-  parameter servers' float32 master parameters; where the exchange has an ``optimizer_shard`` (the
+  parameter servers' float32 master parameters; where the exchange's ``optimizer_shard`` gives one (the
   sharded concept on the mpi and Horovod engines) each worker writes its shard of the optimizer state to
   a file of its own (:func:`.checkpoint.shard_file`) and ``optimizer`` holds the parameter groups and
   those files' names (:func:`.checkpoint.load` joins them), so no worker gathers the whole state;
@@ -189,12 +189,11 @@ class Checkpointer:
         for name, param in p.model.named_parameters():
             if not _finite(param):
                 raise Diverged(step, f"parameter {name}", param[~torch.isfinite(param)].flatten()[0].item())
-        shard = getattr(self.ex, "optimizer_shard", None)
-        shards = None
-        if shard is not None:  # the sharded concept: each worker writes its own shard of the optimizer state
+        mine, shards = self.ex.optimizer_shard(p.optimizer), None
+        if mine is not None:  # the sharded concept: each worker writes its own shard of the optimizer state
             ex = self.ex
             shards = [shard_file(step, r, ex.size) for r in range(ex.size)]
-            save(os.path.join(self.kept.run_dir, shards[ex.rank]), shard(p.optimizer))
+            save(os.path.join(self.kept.run_dir, shards[ex.rank]), mine)
         state = self.state_dict(step, shards)  # (its gather: every shard is written before the manifest)
         if state is not None:
             self.kept.write(state, latest, best)
@@ -213,7 +212,7 @@ class Checkpointer:
         if shards is None:
             optimizer_state = self.ex.optimizer_state_dict(p.optimizer)
         else:
-            optimizer_state = {**self.ex.optimizer_groups(p.optimizer), "shards": shards}  # type: ignore[attr-defined]
+            optimizer_state = {**self.ex.optimizer_groups(p.optimizer), "shards": shards}
         if not self.ex.is_main:
             return None
         return {

@@ -13,7 +13,7 @@ import math
 import socket
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -47,6 +47,26 @@ class Setup:
     eval_set: Any  # this worker's evaluation share: a TensorDataset or a ptb.EvalStream
     total_steps: int
     start_step: int  # the main rank's: 0, or the resumed checkpoint's (Checkpointer.load)
+
+
+@dataclass
+class Progress:
+    """Where a run is, carried from step to step by :meth:`Trainer.run` and what it delegates to."""
+
+    step: int
+    stop_at: int  # the schedule's end, --exit-after-steps, or the step --target was reached at
+    spe: int  # steps per epoch
+    eval_every: int
+    meter: Throughput
+    ranks: list[int]  # each worker's global rank and host, by worker index
+    hosts: list[str]
+    rule: StragglerRule
+    target: TimeToTarget
+    loss_sum: torch.Tensor  # the training loss summed since the last log, on the device (no sync per step)
+    since_log: int = 0
+    lr: float = 0.0
+    train_loss: float = float("nan")
+    last_eval: dict[str, float] = field(default_factory=dict)
 
 
 class Trainer:
@@ -223,37 +243,17 @@ class Trainer:
 
     # ---------------------------------------------------------------- the run
     def run(self, s: Setup, log: NullLogger) -> dict[str, Any]:
-        """Train from ``s.start_step`` to the end of the schedule (or ``--exit-after-steps``)."""
-        cfg, ex = self.cfg, self.ex
-        model, device = s.model, s.device
-        optimizer = self.schedule.prepare(model, s.optimizer)  # communication: rank 0's state to every worker
-        parts = Parts(model, optimizer, self.schedule, self.task, self.precision, self.lr_schedule, s.batches, device)
-        step = self.checkpoints.restore(parts, s.start_step, log)  # communication: the step, each worker's state
-        k = cfg.exchange.backward_passes_per_step
-        workers, per_step = ex.num_workers, cfg.data.batch_size * k
-        spe = s.batches.steps_per_epoch
-        eval_every = cfg.train.eval_every or spe
-        stop_at = min(s.total_steps, step + cfg.train.exit_after_steps) if cfg.train.exit_after_steps else s.total_steps
-
-        data = "its own data" if cfg.model.task else cfg.data.dataset
-        log.message(
-            f"{cfg.model.task or cfg.model.model} on {data}: {workers} workers x batch {per_step} = global batch "
-            f"{workers * per_step}, {s.total_steps} steps ({spe}/epoch), strategy {ex.name}, from step {step}"
+        """Train from ``s.start_step`` to the end of the schedule (or ``--exit-after-steps``): a loop of
+        delegations (the step, the log, the evaluation, the checkpoint) over one :class:`Progress`."""
+        optimizer = self.schedule.prepare(s.model, s.optimizer)  # communication: rank 0's state to every worker
+        parts = Parts(
+            s.model, optimizer, self.schedule, self.task, self.precision, self.lr_schedule, s.batches, s.device
         )
-        if self.task.note:  # e.g. which text a language model reads, and whether its figures compare with PTB
-            log.message(self.task.note)
-            log.text("data", self.task.note)
-        meter = Throughput(workers * per_step, cfg.train.perf_warmup_steps)
-        # communication: each worker's global rank and host, by worker index, for naming a straggler
-        ranks, hosts = zip(*ex.gather_from_workers((ex.rank, socket.gethostname())), strict=True)
-        rule = StragglerRule(cfg.train.straggler_factor, cfg.train.straggler_window, ranks, hosts)
-        target = TimeToTarget(cfg.train.target)
-        loss_sum, since_log = torch.zeros((), device=device), 0
-        last_eval: dict[str, float] = {}
-        train_loss = float("nan")
-        model.train()
-        while step < stop_at:
-            epoch, in_epoch = divmod(step, spe)
+        step = self.checkpoints.restore(parts, s.start_step, log)  # communication: the step, each worker's state
+        p = self.begin(s, step, log)
+        s.model.train()
+        while p.step < p.stop_at:
+            epoch, in_epoch = divmod(p.step, p.spe)
             self.task.start_epoch(epoch)
             self.checkpoints.resume_task(in_epoch)  # resumed mid-epoch: the task's state of the saved step
             batches = s.batches.batches(epoch, in_epoch)  # the shard order of this epoch
@@ -263,101 +263,163 @@ class Trainer:
                 ahead[0] = next(batches, None)
 
             while ahead[0] is not None:
-                inputs, targets = ahead[0]
-                self.trace.step(step)  # --trace-steps: phases from here (data first) to the next step
-                started = time.perf_counter()
-                lr = self.lr_schedule.set(optimizer, step)  # every group's LR for this update
-                watchdog.note(step + 1, watchdog.COMPUTING)
-                inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
                 # the next batch is gathered while this step's last gradients travel (the same batches in
                 # the same order; at 2 ranks the gather leaves the step's critical path)
-                loss, wait, stop = self.train_step(
-                    model, optimizer, inputs, targets, k, step + 1, after_backward=gather_next
-                )
-                self.trace.mark("")  # the update ends; log steps are the step's, no phase's
-                if device.type == "cuda":
-                    torch.cuda.synchronize()  # honest step times
-                step += 1
-                watchdog.note(step, watchdog.AFTER)
-                meter.record(started, wait)
-                self.memory.after_step(step, model, optimizer, log)  # communication: every rank's, after the first
-                loss_sum += loss
-                since_log += 1
-                log.progress(1)
-                if step % cfg.train.log_every == 0 or step == stop_at:
-                    train_loss, figures = self.log_figures(loss_sum, since_log, meter)
-                    values = {
-                        "train/loss": train_loss,
-                        "train/lr": lr,
-                        "train/epoch": step / spe,
-                        **meter.recent(since_log),
-                    }
-                    for r, (compute_ms, wait_ms, _) in zip(ranks, figures.tolist(), strict=True):
-                        values.update({f"perf/compute_ms/rank{r}": compute_ms, f"perf/wait_ms/rank{r}": wait_ms})
-                    if window_median_ms(meter.computes, cfg.train.straggler_window, meter.warmup) is not None:
-                        for found in rule.check(step, figures[:, 2].tolist()):  # the same figures on every worker
-                            log.message(found.line())
-                            log.text("perf/straggler", found.line())
-                    values.update(words_per_sec(self.task, values["perf/samples_per_sec"]))
-                    values.update({f"comm/{key}": v for key, v in ex.stats().items()})
-                    log.scalars(step, values)
-                    log.progress(0, loss=f"{train_loss:.4f}")
-                    loss_sum.zero_()
-                    since_log = 0
+                stop = self.one_step(s, optimizer, ahead[0], p, gather_next, log)
+                if p.step % self.cfg.train.log_every == 0 or p.step == p.stop_at:
+                    self.log_interval(p, log)
                 improved = False
-                if step % eval_every == 0 or step == s.total_steps:
-                    last_eval = self.evaluate(model, s.eval_set, device)
-                    improved = self.checkpoints.record(step, last_eval)  # --keep-best: the best so far?
-                    log.scalars(step, last_eval)
-                    log.message(
-                        f"step {step}: " + ", ".join(f"{key.replace('/', ' ')} {v:.4f}" for key, v in last_eval.items())
-                    )
-                    if target.record(step, step / spe, last_eval):
-                        seconds = target.reached["seconds"] if target.reached else float("nan")
-                        log.message(
-                            f"target {cfg.train.target} reached at step {step} (epoch {step / spe:.2f}) "
-                            f"after {seconds:.1f} s"
-                        )
-                        stop_at = step  # every rank evaluated the same global figures: all stop here
-                latest = self.checkpoints.due(step, last=step == stop_at or stop)
+                if p.step % p.eval_every == 0 or p.step == s.total_steps:
+                    improved = self.evaluate_now(s, p, log)
+                latest = self.checkpoints.due(p.step, last=p.step == p.stop_at or stop)
                 if latest or improved:
                     self.trace.mark("checkpoint")
-                    self.checkpoints.save(step, latest, improved)
+                    self.checkpoints.save(p.step, latest, improved)
                 if stop:  # every worker saw the same vote: all stop after this step
-                    raise Preempted(step, preempt.requested() or "a signal to another rank")
-                if step >= stop_at:
+                    raise Preempted(p.step, preempt.requested() or "a signal to another rank")
+                if p.step >= p.stop_at:
                     break
+        return self.finish(s, optimizer, p, log)
 
+    def begin(self, s: Setup, step: int, log: NullLogger) -> Progress:
+        """The run's banner and its :class:`Progress` from ``step`` (communication: every worker's rank and host,
+        by worker index, for naming a straggler)."""
+        cfg, ex = self.cfg, self.ex
+        workers, per_step = ex.num_workers, cfg.data.batch_size * cfg.exchange.backward_passes_per_step
+        spe = s.batches.steps_per_epoch
+        stop_at = min(s.total_steps, step + cfg.train.exit_after_steps) if cfg.train.exit_after_steps else s.total_steps
+        data = "its own data" if cfg.model.task else cfg.data.dataset
+        log.message(
+            f"{cfg.model.task or cfg.model.model} on {data}: {workers} workers x batch {per_step} = global batch "
+            f"{workers * per_step}, {s.total_steps} steps ({spe}/epoch), strategy {ex.name}, from step {step}"
+        )
+        if self.task.note:  # e.g. which text a language model reads, and whether its figures compare with PTB
+            log.message(self.task.note)
+            log.text("data", self.task.note)
+        meter = Throughput(workers * per_step, cfg.train.perf_warmup_steps)
+        ranks, hosts = zip(*ex.gather_from_workers((ex.rank, socket.gethostname())), strict=True)
+        return Progress(
+            step=step,
+            stop_at=stop_at,
+            spe=spe,
+            eval_every=cfg.train.eval_every or spe,
+            meter=meter,
+            ranks=list(ranks),
+            hosts=list(hosts),
+            rule=StragglerRule(cfg.train.straggler_factor, cfg.train.straggler_window, ranks, hosts),
+            target=TimeToTarget(cfg.train.target),
+            loss_sum=torch.zeros((), device=s.device),
+        )
+
+    def one_step(
+        self,
+        s: Setup,
+        optimizer: torch.optim.Optimizer,
+        batch: tuple[Any, Any],
+        p: Progress,
+        gather_next: Callable[[], None],
+        log: NullLogger,
+    ) -> bool:
+        """One optimizer step on ``batch``, timed and counted in ``p``; whether every worker is to stop after it
+        (a preemption vote)."""
+        device, k = s.device, self.cfg.exchange.backward_passes_per_step
+        inputs, targets = batch
+        self.trace.step(p.step)  # --trace-steps: phases from here (data first) to the next step
+        started = time.perf_counter()
+        p.lr = self.lr_schedule.set(optimizer, p.step)  # every group's LR for this update
+        watchdog.note(p.step + 1, watchdog.COMPUTING)
+        inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+        loss, wait, stop = self.train_step(
+            s.model, optimizer, inputs, targets, k, p.step + 1, after_backward=gather_next
+        )
+        self.trace.mark("")  # the update ends; log steps are the step's, no phase's
+        if device.type == "cuda":
+            torch.cuda.synchronize()  # honest step times
+        p.step += 1
+        watchdog.note(p.step, watchdog.AFTER)
+        p.meter.record(started, wait)
+        self.memory.after_step(p.step, s.model, optimizer, log)  # communication: every rank's, after the first
+        p.loss_sum += loss
+        p.since_log += 1
+        log.progress(1)
+        return stop
+
+    def log_interval(self, p: Progress, log: NullLogger) -> None:
+        """The figures of the steps since the last log, reduced over the workers (communication), the
+        straggler rule's verdict on them, and the exchange's own counters."""
+        p.train_loss, figures = self.log_figures(p.loss_sum, p.since_log, p.meter)
+        values = {
+            "train/loss": p.train_loss,
+            "train/lr": p.lr,
+            "train/epoch": p.step / p.spe,
+            **p.meter.recent(p.since_log),
+        }
+        for r, (compute_ms, wait_ms, _) in zip(p.ranks, figures.tolist(), strict=True):
+            values.update({f"perf/compute_ms/rank{r}": compute_ms, f"perf/wait_ms/rank{r}": wait_ms})
+        if window_median_ms(p.meter.computes, self.cfg.train.straggler_window, p.meter.warmup) is not None:
+            for found in p.rule.check(p.step, figures[:, 2].tolist()):  # the same figures on every worker
+                log.message(found.line())
+                log.text("perf/straggler", found.line())
+        values.update(words_per_sec(self.task, values["perf/samples_per_sec"]))
+        values.update({f"comm/{key}": v for key, v in self.ex.stats().items()})
+        log.scalars(p.step, values)
+        log.progress(0, loss=f"{p.train_loss:.4f}")
+        p.loss_sum.zero_()
+        p.since_log = 0
+
+    def evaluate_now(self, s: Setup, p: Progress, log: NullLogger) -> bool:
+        """Evaluate, log, and check ``--target`` (reached: every rank stops at this step); whether the figures
+        are the best so far (``--keep-best``)."""
+        p.last_eval = self.evaluate(s.model, s.eval_set, s.device)
+        improved = self.checkpoints.record(p.step, p.last_eval)
+        log.scalars(p.step, p.last_eval)
+        log.message(
+            f"step {p.step}: " + ", ".join(f"{key.replace('/', ' ')} {v:.4f}" for key, v in p.last_eval.items())
+        )
+        if p.target.record(p.step, p.step / p.spe, p.last_eval):
+            seconds = p.target.reached["seconds"] if p.target.reached else float("nan")
+            log.message(
+                f"target {self.cfg.train.target} reached at step {p.step} (epoch {p.step / p.spe:.2f}) "
+                f"after {seconds:.1f} s"
+            )
+            p.stop_at = p.step  # every rank evaluated the same global figures: all stop here
+        return improved
+
+    def finish(self, s: Setup, optimizer: torch.optim.Optimizer, p: Progress, log: NullLogger) -> dict[str, Any]:
+        """The end of the run: the trace written, the model agreed, a last evaluation if none ran, and the
+        run's figures (communication: every worker's CPU seconds, medians and peak memory)."""
+        cfg, ex, model = self.cfg, self.ex, s.model
         self.trace.close()  # writes the trace, if the run ended before --trace-steps' last step
         self.agree_buffers(model)  # the model every rank dumps and returns
-        if not last_eval:
-            last_eval = self.evaluate(model, s.eval_set, device)
-            log.scalars(step, last_eval)
+        if not p.last_eval:
+            p.last_eval = self.evaluate(model, s.eval_set, s.device)
+            log.scalars(p.step, p.last_eval)
         # communication: CPU seconds of all workers (a busy-polling exchange shows up here) and, in
         # each worker's own row, its median compute and wait over the run and its peak resident memory
+        workers = ex.num_workers
         own = torch.zeros(1 + 3 * workers, dtype=torch.float64)
-        own[0] = meter.cpu_seconds
+        own[0] = p.meter.cpu_seconds
         own[1 + 3 * ex.worker_index : 4 + 3 * ex.worker_index] = torch.tensor(
-            [*meter.run_medians(), peak_rss_mib()], dtype=torch.float64
+            [*p.meter.run_medians(), peak_rss_mib()], dtype=torch.float64
         )
         total = ex.sum_over_workers(own)
         cpu_s = total[0].item()
         per_rank = [
             {"rank": r, "host": h, "compute_ms": c, "wait_ms": w, "peak_rss_mib": m}
-            for r, h, (c, w, m) in zip(ranks, hosts, total[1:].view(workers, 3).tolist(), strict=True)
+            for r, h, (c, w, m) in zip(p.ranks, p.hosts, total[1:].view(workers, 3).tolist(), strict=True)
         ]
         if cfg.run.dump_params:
             torch.save(
-                {n: p.detach().cpu() for n, p in model.state_dict().items()},
+                {n: t.detach().cpu() for n, t in model.state_dict().items()},
                 cfg.run.dump_params.replace("{rank}", str(ex.rank)),
             )
         return {
-            **self.result(step, s.total_steps, meter.summary(cpu_s), train_loss, last_eval),
-            **target.summary(),
+            **self.result(p.step, s.total_steps, p.meter.summary(cpu_s), p.train_loss, p.last_eval),
+            **p.target.summary(),
             "ranks": per_rank,
-            "stragglers": [found.record() for found in rule.found],
+            "stragglers": [found.record() for found in p.rule.found],
             "straggler_rule": {"factor": cfg.train.straggler_factor, "window": cfg.train.straggler_window},
-            "memory": self.memory.finish(step, model, optimizer, log),  # communication: every rank's figures
+            "memory": self.memory.finish(p.step, model, optimizer, log),  # communication: every rank's figures
         }
 
     def result(

@@ -145,6 +145,17 @@ class GradientExchange(ABC):
         the workers, where the state is sharded over them (``--strategy sharded`` gathers every worker's)."""
         return optimizer.state_dict() if self.is_main else None
 
+    def optimizer_shard(self, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+        """This worker's own part of the optimizer's state, for a checkpoint of one file per worker beside a
+        manifest (:meth:`optimizer_groups`), where the state is sharded over the workers (no communication);
+        None where the checkpoint holds the state whole (:meth:`optimizer_state_dict`)."""
+        return None
+
+    def optimizer_groups(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """The optimizer's ``state_dict`` without its state (its parameter groups): what a sharded checkpoint's
+        manifest holds beside the names of the files of :meth:`optimizer_shard`."""
+        return {k: v for k, v in optimizer.state_dict().items() if k != "state"}
+
     def memory(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
         """Bytes this rank holds (``params``, ``grads``, ``optimizer``: every tensor of the optimizer's
         state, ``buffers``: the engine's own, :meth:`flat_buffers`), each tensor storage counted once.

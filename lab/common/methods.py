@@ -198,6 +198,7 @@ _OLD_PREFIXES = (
     ("allreduce", "ring-horovod"),
     ("ps-dedicated", "ps-sync-dedicated"),
     ("ps-colocated", "ps-sync-colocated"),
+    ("sharded", "ring"),  # bench-memory: sharded-mpi-zero2 -> ring-mpi-zero2
     ("horovod-fp16", "ring-horovod-fp16"),  # commbench
     ("mpi-ring", "ring-mpi"),
 )

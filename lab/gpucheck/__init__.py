@@ -29,9 +29,10 @@ rank's parameters compared at the end (identical only if the exchange really ave
   (``--gloo-pythonpath``): it copies each CUDA gradient to the host, allreduces it with Gloo and
   copies the result back (Horovod's ``*CudaOnCPU`` entry points). This checks the trainer's
   multi-rank CUDA path and Horovod's staging through the host, not NCCL between GPUs.
-* ``ring-mpi`` and ``ps``: the mpi4py ring engine and the colocated parameter server, which move CUDA
-  gradients through host buffers themselves; under ``python -m launch -np 2`` (mpirun), so only
-  where mpirun and mpi4py are installed: elsewhere the row says it was skipped.
+* ``ring-mpi`` and ``ps-sync-colocated`` (``ps`` also accepted): the mpi4py ring engine and the
+  colocated parameter server, which move CUDA gradients through host buffers themselves; under
+  ``python -m launch -np 2`` (mpirun), so only where mpirun and mpi4py are installed: elsewhere the row
+  says it was skipped.
 
 Below the table, the accounting of issue 28 per model and batch: the trainer's step against
 DDP-NCCL's (and the bare Horovod loop's), as the microseconds per step the trainer adds, and with

@@ -19,7 +19,7 @@ from ..common import recipe
 from .one import run_one
 from .report import accounting, describe_machine, parts_table, precision_lines, table
 from .tworanks import run_two
-from .ways import DEFAULT_BUSY, DEFAULT_MODELS, LABELS, NEEDS_CUDA, TWO_RANK_WAYS, WAYS, batch_for, log
+from .ways import DEFAULT_BUSY, DEFAULT_MODELS, LABELS, NEEDS_CUDA, OLD_NAMES, TWO_RANK_WAYS, WAYS, batch_for, log
 
 
 def parse_busy(text: str) -> dict[str, int]:
@@ -87,7 +87,7 @@ def run_all(args: argparse.Namespace) -> int:
     if any(w not in WAYS for w in ways):
         print(f"gpucheck: --ways {args.ways!r}: choose from {', '.join(WAYS)}", file=sys.stderr)
         return 2
-    two = [w for w in args.two_ranks.split(",") if w]
+    two = [OLD_NAMES.get(w, w) for w in args.two_ranks.split(",") if w]
     if any(w not in TWO_RANK_WAYS for w in two):
         print(
             f"gpucheck: --two-ranks {args.two_ranks!r}: choose from {', '.join(TWO_RANK_WAYS)} (or '')", file=sys.stderr

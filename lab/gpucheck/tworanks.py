@@ -137,7 +137,7 @@ def run_two(args: argparse.Namespace, way: str, model: str, batch: int) -> dict:
             if way == "ring-gloo":
                 procs, server = start_gloo_pair(args, cli)
             else:
-                engine = methods.registry()["ring-mpi" if way == "ring-mpi" else "ps-sync-colocated"].flags
+                engine = methods.registry()[way].flags
                 procs = [
                     subprocess.Popen(
                         [sys.executable, "-m", "launch", "-np", "2", "--", *cli, *engine],

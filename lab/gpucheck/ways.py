@@ -24,9 +24,12 @@ LABELS = {
     "ddp": "DDP",
     "ring-gloo": "trainer, Horovod Gloo, 2 ranks",
     "ring-mpi": "trainer, mpi4py ring, 2 ranks",
-    "ps": "trainer, colocated PS, 2 ranks",
+    "ps-sync-colocated": "trainer, colocated PS, 2 ranks",
 }
-TWO_RANK_WAYS = ("ring-gloo", "ring-mpi", "ps")
+# The two-rank jobs: ring-mpi and ps-sync-colocated are the lab's registry methods (lab/common/methods.py);
+# ring-gloo is Horovod's ring started over Gloo without MPI (one GPU, NCCL refuses two ranks on it).
+TWO_RANK_WAYS = ("ring-gloo", "ring-mpi", "ps-sync-colocated")
+OLD_NAMES = {"ps": "ps-sync-colocated"}  # --two-ranks' older name
 DEFAULT_MODELS = "lenet5,resnet18,ptb-lstm-small"
 # A batch per model at which the GPU computes more than it waits on kernel launches (the models' own
 # batches, 64/64/20, leave an H200 launch-bound: issue 24's figures).

@@ -15,8 +15,8 @@ trainer's check lets through trains, or shows how it failed.
 
 Output in ``--out``: memory.md (the table, and the fit run), memory.csv (every rank of every job),
 memory.png (per-rank bytes against N, measured and the formula), results.json, jobs/ (each job's run
-directory and log). A method the tree does not have (``--strategy sharded`` before its layer is merged)
-is a row that says so, not a failure.
+directory and log). Methods are named as in every lab tool (``ring-mpi``, ``ps-sync-dedicated``,
+``ring-mpi-zero2``; lab/common/methods.py); ``--methods`` takes the older names too (``ps-dedicated``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 
 from allreduce_train.distributed.memcost import per_rank
 
-from ..common import jobs
+from ..common import jobs, methods
 from .model import parameters
 
 MIB = float(1 << 20)
@@ -39,43 +39,45 @@ GIB = float(1 << 30)
 KINDS = ("params", "grads", "optimizer", "buffers")
 ADAMW_STATE = 8.0  # bytes per parameter: AdamW's two float32 moments (the trainer measures the same, memory.py)
 
+
+def _memcost(m: methods.Method) -> dict[str, Any]:
+    """memcost's concept arguments for registry method ``m``."""
+    if m.strategy == "ps":
+        return {"concept": "ps", "dedicated": True, "servers": m.servers} if m.servers else {"concept": "ps"}
+    return {"concept": "sharded", "stage": m.stage} if m.stage else {"concept": "ring"}
+
+
+# The methods measured, named as in every lab tool (lab/common/methods.py): the ring and the sharded stages on
+# the mpi engine, the parameter server with one dedicated server or colocated.
+_MEASURED = (
+    methods.Method("allreduce", "mpi"),
+    methods.Method("ps", placement="dedicated", servers=1),
+    methods.Method("ps", placement="colocated"),
+    *(methods.Method("sharded", "mpi", stage=k) for k in (1, 2, 3)),
+)
 # method -> (trainer flags, memcost's concept arguments, server ranks beside the workers)
 METHODS: dict[str, tuple[list[str], dict[str, Any], int]] = {
-    "ring-mpi": (["--strategy", "allreduce", "--allreduce-engine", "mpi"], {"concept": "ring"}, 0),
-    "ps-dedicated": (
-        ["--strategy", "ps", "--ps-placement", "dedicated", "--ps-servers", "1"],
-        {"concept": "ps", "dedicated": True, "servers": 1},
-        1,
-    ),
-    "ps-colocated": (["--strategy", "ps", "--ps-placement", "colocated"], {"concept": "ps"}, 0),
-    **{
-        f"sharded-mpi-zero{k}": (
-            ["--strategy", "sharded", "--shard-stage", str(k), "--allreduce-engine", "mpi"],
-            {"concept": "sharded", "stage": k},
-            0,
-        )
-        for k in (1, 2, 3)
-    },
+    m.name: (list(m.flags), _memcost(m), m.servers) for m in _MEASURED
 }
-STYLE = {
-    "ring-mpi": ("tab:blue", "o"),
-    "ps-dedicated": ("tab:red", "s"),
-    "ps-colocated": ("tab:green", "^"),
-    "sharded-mpi-zero1": ("tab:purple", "D"),
-    "sharded-mpi-zero2": ("tab:orange", "v"),
-    "sharded-mpi-zero3": ("tab:brown", "P"),
-}
+RING, STAGES = "ring-mpi", [f"ring-mpi-zero{k}" for k in (1, 2, 3)]
+STYLE = dict(
+    zip(
+        METHODS,
+        [
+            ("tab:blue", "o"),
+            ("tab:red", "s"),
+            ("tab:green", "^"),
+            ("tab:purple", "D"),
+            ("tab:orange", "v"),
+            ("tab:brown", "P"),
+        ],
+        strict=True,
+    )
+)
 
 
 class BenchError(Exception):
     """Bad arguments: one line, exit 2."""
-
-
-def have_sharded() -> bool:
-    """Whether this tree's trainer has ``--strategy sharded`` (the sharded layer, #41)."""
-    from allreduce_train.config import STRATEGIES
-
-    return "sharded" in STRATEGIES
 
 
 def job_args(method: str, width: int, depth: int, steps: int, run_dir: str, name: str) -> list[str]:
@@ -155,8 +157,8 @@ def fit_text(fit: dict[str, Any]) -> str:
     out = [
         f"Fits only sharded: {fit['n_params']:,} parameters (width {fit['width']}, depth {fit['depth']}), AdamW, "
         f"{fit['ranks']} ranks, each under RLIMIT_AS {fit['limit_bytes'] / GIB:.2f} GiB "
-        f"(by the formula per rank: ring {fit['need']['ring-mpi'] / GIB:.2f} GiB, "
-        + ", ".join(f"stage {k} {fit['need'][f'sharded-mpi-zero{k}'] / GIB:.2f} GiB" for k in (1, 2, 3))
+        f"(by the formula per rank: ring {fit['need'][RING] / GIB:.2f} GiB, "
+        + ", ".join(f"stage {k} {fit['need'][m] / GIB:.2f} GiB" for k, m in enumerate(STAGES, 1))
         + ").",
         "",
     ]
@@ -210,7 +212,7 @@ def plot(path: str, summ: list[dict[str, Any]], n_params: int) -> None:
     plt.close(fig)
 
 
-def fit_run(args: argparse.Namespace, out: str, sharded: bool) -> dict[str, Any]:
+def fit_run(args: argparse.Namespace, out: str) -> dict[str, Any]:
     """The ring and each sharded stage at ``--fit-ranks`` ranks under one RLIMIT_AS: the ring's one-line
     refusal and what each stage did."""
     n = parameters(args.fit_width, args.fit_depth)
@@ -230,10 +232,7 @@ def fit_run(args: argparse.Namespace, out: str, sharded: bool) -> dict[str, Any]
         "need": need,
         "runs": {},
     }
-    for method in ("ring-mpi", *(f"sharded-mpi-zero{k}" for k in (1, 2, 3))):
-        if method.startswith("sharded") and not sharded:
-            fit["runs"][method] = "not run: this tree has no --strategy sharded yet"
-            continue
+    for method in (RING, *STAGES):
         name = f"fit-{method}"
         argv = [sys.executable, "-m", "lab.memory.limited", str(limit), "--"]
         argv += jobs.local_launcher(ranks, job_args(method, args.fit_width, args.fit_depth, 2, out, name))
@@ -285,13 +284,13 @@ def parse(args: argparse.Namespace) -> tuple[list[int], list[str]]:
         raise BenchError(f"--workers {args.workers!r}: comma-separated integers, e.g. 1,2,4") from None
     if not workers or min(workers) < 1:
         raise BenchError(f"--workers {args.workers!r}: at least one count, each >= 1")
-    methods = [m for m in args.methods.split(",") if m]
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown or not methods:
+    chosen = [methods.canonical(m) for m in args.methods.split(",") if m]  # an older name (ps-dedicated) too
+    unknown = [m for m in chosen if m not in METHODS]
+    if unknown or not chosen:
         raise BenchError(f"--methods {args.methods!r}: choose from {', '.join(METHODS)}")
     if min(args.width, args.depth, args.steps, args.fit_width, args.fit_depth) < 1 or args.fit_ranks < 0:
         raise BenchError("--width, --depth, --steps, --fit-width and --fit-depth must be >= 1, --fit-ranks >= 0")
-    return workers, methods
+    return workers, chosen
 
 
 def main(args: argparse.Namespace) -> int:
@@ -303,14 +302,10 @@ def main(args: argparse.Namespace) -> int:
     out = args.out or os.path.join("runs", "bench-memory", time.strftime("%Y%m%d-%H%M%S"))
     runs = os.path.join(out, "jobs")
     os.makedirs(runs, exist_ok=True)
-    sharded = have_sharded()
     n_params = parameters(args.width, args.depth)
     rows: list[dict[str, Any]] = []
     skipped: list[str] = []
     for method in methods:
-        if method.startswith("sharded") and not sharded:
-            skipped.append(f"{method}: not run, this tree has no --strategy sharded yet (the sharded layer, #41)")
-            continue
         for n in workers:
             name = f"{method}-n{n}"
             np_ = n + METHODS[method][2]
@@ -325,7 +320,7 @@ def main(args: argparse.Namespace) -> int:
             rows += got
             top = max(r["params"] + r["grads"] + r["optimizer"] for r in got)
             print(f"bench-memory: {name}: largest rank {top / MIB:.1f} MiB of params+grads+optimizer", flush=True)
-    fit = fit_run(args, runs, sharded) if args.fit_ranks else None
+    fit = fit_run(args, runs) if args.fit_ranks else None
     summ = summary(rows)
     text = markdown(summ, skipped, n_params, fit)
     with open(os.path.join(out, "memory.md"), "w") as fh:

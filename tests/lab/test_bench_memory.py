@@ -19,7 +19,7 @@ def test_the_models_size_is_its_flags():
     ("argv", "needle"),
     [
         (["--workers", "1,x"], "--workers '1,x': comma-separated integers"),
-        (["--methods", "ring"], "--methods 'ring': choose from ring-mpi, ps-dedicated"),
+        (["--methods", "ring"], "--methods 'ring': choose from ring-mpi, ps-sync-dedicated"),
         (["--width", "0"], "--width, --depth, --steps"),
     ],
 )
@@ -34,16 +34,17 @@ def test_the_table_sets_each_ranks_bytes_beside_the_formula(tmp_path, capsys):
     import matplotlib.image as mpimg
 
     argv = ["bench-memory", "--workers", "1,2", "--width", "64", "--depth", "1", "--fit-ranks", "0"]
+    # the PS by its older name: read as the registry's (ps-sync-dedicated)
     assert main([*argv, "--methods", "ring-mpi,ps-dedicated", "--out", str(tmp_path)]) == 0
     n = parameters(64, 1)
     rows = list(csv.DictReader((tmp_path / "memory.csv").open()))
     assert {(r["method"], r["workers"], r["role"]) for r in rows} == {
         ("ring-mpi", "1", "worker"),
         ("ring-mpi", "2", "worker"),
-        ("ps-dedicated", "1", "worker"),
-        ("ps-dedicated", "1", "server"),
-        ("ps-dedicated", "2", "worker"),
-        ("ps-dedicated", "2", "server"),
+        ("ps-sync-dedicated", "1", "worker"),
+        ("ps-sync-dedicated", "1", "server"),
+        ("ps-sync-dedicated", "2", "worker"),
+        ("ps-sync-dedicated", "2", "server"),
     }
     for r in rows:
         # what the formula counts is what the ranks hold (AdamW's step counts apart: 4 bytes per tensor)
@@ -52,6 +53,6 @@ def test_the_table_sets_each_ranks_bytes_beside_the_formula(tmp_path, capsys):
         assert 0 <= held - want <= 4 * 64, r
         assert int(r["params"]) == 4 * n and (r["role"] == "server" or int(r["grads"]) == 4 * n)
     table = (tmp_path / "memory.md").read_text()
-    assert "| ring-mpi | 2 | worker |" in table and "sharded-mpi-zero" not in table  # not asked for
+    assert "| ring-mpi | 2 | worker |" in table and "ring-mpi-zero" not in table  # not asked for
     assert mpimg.imread(str(tmp_path / "memory.png")).shape[0] > 100
-    assert bench.METHODS.keys() >= {"sharded-mpi-zero1", "sharded-mpi-zero2", "sharded-mpi-zero3"}
+    assert bench.METHODS.keys() >= {"ring-mpi-zero1", "ring-mpi-zero2", "ring-mpi-zero3"}

@@ -94,7 +94,7 @@ def check_dry_run_outputs(tmp_path):
     # two ranks: each rank trains on its own shard, so their parameters end identical only if the
     # exchange averaged every step's gradients
     pairs = {r["way"]: r for r in report["rows"] if r["ranks"] == 2}
-    assert set(pairs) == {"ring-gloo", "ring-mpi", "ps"}
+    assert set(pairs) == {"ring-gloo", "ring-mpi", "ps-sync-colocated"}
     for r in pairs.values():
         assert "error" not in r and r["model"] == "lenet5", r
         assert r["world_size"] == 2 and r["params_identical"] is True, r
