@@ -34,19 +34,31 @@ _MALLOPT = {
     "MALLOC_TOP_PAD_": (-2, 64 << 20),  # M_TOP_PAD: ... and grows 64 MB at a time
     # M_ARENA_MAX: each thread that allocates (MPI's, the watchdog, torch's pool) would get an arena of its
     # own, 64 MB of address space reserved each: untouched, but RLIMIT_AS counts it (measured: VmSize 149 MB
-    # higher once the trainer's threads run, docs/performance.md); the main thread's arena and one shared
+    # higher once the trainer's threads run, docs/performance.md); the main thread's arena and one shared.
+    # Only under an RLIMIT_AS: the threads then take turns at malloc's locks, and Horovod's ring ran 5-8 %
+    # slower with the cap (docs/performance.md)
     "MALLOC_ARENA_MAX": (-8, 2),
 }
+_UNDER_A_LIMIT = ("MALLOC_ARENA_MAX",)  # set only where the address space is limited
 
 
-def keep_freed_memory(environ: Mapping[str, str] = os.environ) -> dict[str, int]:
+def address_space_limited() -> bool:
+    """Whether this process runs under an ``RLIMIT_AS`` (``ulimit -v``, lab.memory.limited)."""
+    import resource
+
+    return resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY
+
+
+def keep_freed_memory(environ: Mapping[str, str] = os.environ, limited: bool | None = None) -> dict[str, int]:
     """Make glibc keep the memory a training step frees for the next step.
 
     A step allocates and frees the same activations and gradients every time. By default glibc
     serves blocks over 128 kB (or a threshold it adapts) with fresh mmap()s and trims the top of
     the heap once 128 kB are free, so each step returns its memory to the kernel and faults it back
     in, page by page, zeroed: measured with 2 ranks of LeNet-5 on 2 cores, 2 s of system time per
-    1000 steps and 20 % lower throughput (docs/performance.md). Returns what was set; a no-op
+    1000 steps and 20 % lower throughput (docs/performance.md). Under an address-space limit
+    (``limited``; by default whether an ``RLIMIT_AS`` is set) the threads also share two arenas instead of
+    reserving 64 MB each. Returns what was set; a no-op
     without glibc, and with ALLREDUCE_TRAIN_MALLOC=glibc (glibc's own behaviour, for comparison
     or to return memory to the system between steps).
     """
@@ -59,8 +71,11 @@ def keep_freed_memory(environ: Mapping[str, str] = os.environ) -> dict[str, int]
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return {}
+    limited = address_space_limited() if limited is None else limited
     done = {}
     for var, (param, value) in _MALLOPT.items():
+        if var in _UNDER_A_LIMIT and not limited:
+            continue
         if var not in environ and mallopt(param, value) == 1:
             done[var] = value
     return done

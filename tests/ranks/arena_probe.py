@@ -2,7 +2,8 @@
 
 Each thread calls glibc's malloc() once and waits until all 8 have (so that none hands its arena back
 before the others start); the growth of VmSize then is 8 thread stacks plus one 64 MB arena per thread
-that got one of its own. ``keep`` calls the trainer's ``keep_freed_memory()`` first (its arena limit);
+that got one of its own. ``keep`` calls the trainer's ``keep_freed_memory()`` first (its arena limit, which
+it sets under an ``RLIMIT_AS``);
 ``default`` leaves glibc at its defaults. Prints one line: ``vm_growth_mib X``.
 """
 
@@ -25,7 +26,7 @@ def main(mode: str) -> None:
     if mode == "keep":
         from allreduce_train.memory import keep_freed_memory
 
-        keep_freed_memory({})  # an environment without MALLOC_* settings of its own
+        keep_freed_memory({}, limited=True)  # no MALLOC_* settings of its own, as under an RLIMIT_AS
     libc = ctypes.CDLL(None)
     libc.malloc.restype = ctypes.c_void_p
     ready, done = threading.Barrier(THREADS + 1), threading.Barrier(THREADS + 1)

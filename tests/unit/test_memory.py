@@ -14,7 +14,7 @@ from allreduce_train.errors import UserError
 from allreduce_train.memory import keep_freed_memory, state_bytes_per_param
 from lab.memory.model import parameters
 
-from helpers import RANKS, check
+from helpers import RANKS, ROOT, check
 
 PROBE = str(RANKS / "page_fault_probe.py")
 
@@ -45,7 +45,8 @@ def test_training_steps_stop_faulting_memory_back_in():
 
 def test_threads_share_an_arena_instead_of_reserving_64_mb_each():
     """RLIMIT_AS counts address space reserved and never touched: glibc's default gives each of 8 threads an
-    arena of its own (64 MB reserved each); under keep_freed_memory() they share one beside the main one."""
+    arena of its own (64 MB reserved each); under keep_freed_memory() and a limit they share one beside the
+    main one."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "ALLREDUCE_TRAIN_MALLOC"))}
 
     def growth(mode: str) -> float:
@@ -63,12 +64,26 @@ def test_a_users_own_malloc_setting_wins():
         "MALLOC_MMAP_THRESHOLD_": "1",
         "MALLOC_ARENA_MAX": "8",
     }
-    assert keep_freed_memory(env) == {}
-    assert set(keep_freed_memory({"MALLOC_TOP_PAD_": "1"})) == {
+    assert keep_freed_memory(env, limited=True) == {}
+    assert set(keep_freed_memory({"MALLOC_TOP_PAD_": "1"}, limited=True)) == {
         "MALLOC_MMAP_THRESHOLD_",
         "MALLOC_TRIM_THRESHOLD_",
         "MALLOC_ARENA_MAX",
     }
+
+
+def test_the_arenas_are_capped_only_under_an_address_space_limit():
+    """Capped arenas make threads take turns at malloc's locks: only worth it where RLIMIT_AS counts what
+    each arena reserves."""
+    assert "MALLOC_ARENA_MAX" not in keep_freed_memory({}, limited=False)
+    script = (
+        "import resource\n"
+        "from allreduce_train.memory import address_space_limited, keep_freed_memory\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (64 << 30, resource.RLIM_INFINITY))\n"
+        "print(address_space_limited(), 'MALLOC_ARENA_MAX' in keep_freed_memory({}))\n"
+    )
+    out = check(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT))
+    assert out.stdout.split() == ["True", "True"]
     assert keep_freed_memory({"ALLREDUCE_TRAIN_MALLOC": "glibc"}) == {}
     with pytest.raises(UserError, match="ALLREDUCE_TRAIN_MALLOC='kep': use keep"):
         keep_freed_memory({"ALLREDUCE_TRAIN_MALLOC": "kep"})
