@@ -32,21 +32,26 @@ _MALLOPT = {
     "MALLOC_MMAP_THRESHOLD_": (-3, 32 << 20),  # M_MMAP_THRESHOLD: blocks up to 32 MB come from the heap ...
     "MALLOC_TRIM_THRESHOLD_": (-1, 1 << 30),  # M_TRIM_THRESHOLD: ... which is not shrunk after each step ...
     "MALLOC_TOP_PAD_": (-2, 64 << 20),  # M_TOP_PAD: ... and grows 64 MB at a time
-    # M_ARENA_MAX: each thread that allocates (MPI's, the watchdog, torch's pool) would get an arena of its
-    # own, 64 MB of address space reserved each: untouched, but RLIMIT_AS counts it (measured: VmSize 149 MB
-    # higher once the trainer's threads run, docs/performance.md); the main thread's arena and one shared.
-    # Only under an RLIMIT_AS: the threads then take turns at malloc's locks, and Horovod's ring ran 5-8 %
-    # slower with the cap (docs/performance.md)
-    "MALLOC_ARENA_MAX": (-8, 2),
 }
-_UNDER_A_LIMIT = ("MALLOC_ARENA_MAX",)  # set only where the address space is limited
+# Set only under an RLIMIT_AS. M_ARENA_MAX: each thread that allocates (MPI's, the watchdog, torch's pool)
+# would get an arena of its own, 64 MB of address space reserved each: untouched, but RLIMIT_AS counts it
+# (measured: VmSize 149 MB higher once the trainer's threads run, docs/performance.md); the main thread's
+# arena and one shared. Without a limit the threads would only take turns at malloc's locks: Horovod's ring
+# ran 8 % slower with the cap (docs/performance.md, "Before and after step two").
+_UNDER_A_LIMIT = {"MALLOC_ARENA_MAX": (-8, 2)}
+
+
+def _address_space_limit() -> int | None:
+    """This process's ``RLIMIT_AS`` soft limit, bytes (``ulimit -v``, lab.memory.limited); None when unlimited."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    return None if soft == resource.RLIM_INFINITY else soft
 
 
 def address_space_limited() -> bool:
-    """Whether this process runs under an ``RLIMIT_AS`` (``ulimit -v``, lab.memory.limited)."""
-    import resource
-
-    return resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY
+    """Whether this process runs under an ``RLIMIT_AS``."""
+    return _address_space_limit() is not None
 
 
 def keep_freed_memory(environ: Mapping[str, str] = os.environ, limited: bool | None = None) -> dict[str, int]:
@@ -73,9 +78,7 @@ def keep_freed_memory(environ: Mapping[str, str] = os.environ, limited: bool | N
         return {}
     limited = address_space_limited() if limited is None else limited
     done = {}
-    for var, (param, value) in _MALLOPT.items():
-        if var in _UNDER_A_LIMIT and not limited:
-            continue
+    for var, (param, value) in {**_MALLOPT, **(_UNDER_A_LIMIT if limited else {})}.items():
         if var not in environ and mallopt(param, value) == 1:
             done[var] = value
     return done
@@ -94,11 +97,9 @@ def limit_headroom() -> tuple[float, str] | None:
     this process's virtual memory, so its headroom is the limit less VmSize; a cgroup's (v2
     ``memory.max``, v1 ``memory.limit_in_bytes``) bounds the resident memory of every process in the
     group, so its headroom is the limit less the group's usage, shared by the ranks on this host."""
-    import resource
-
     found: list[tuple[float, str]] = []
-    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-    if soft != resource.RLIM_INFINITY:
+    soft = _address_space_limit()
+    if soft is not None:
         found.append((soft - _status_kib("VmSize") * 1024, f"RLIMIT_AS {soft / GIB:.2f} GiB"))
     for limit_file, usage_file in (
         ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),

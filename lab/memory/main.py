@@ -55,11 +55,8 @@ _MEASURED = (
     methods.Method("ps", placement="colocated"),
     *(methods.Method("sharded", "mpi", stage=k) for k in (1, 2, 3)),
 )
-# method -> (trainer flags, memcost's concept arguments, server ranks beside the workers)
-METHODS: dict[str, tuple[list[str], dict[str, Any], int]] = {
-    m.name: (list(m.flags), _memcost(m), m.servers) for m in _MEASURED
-}
-RING, STAGES = "ring-mpi", [f"ring-mpi-zero{k}" for k in (1, 2, 3)]
+METHODS = {m.name: m for m in _MEASURED}
+RING, STAGES = _MEASURED[0].name, [m.name for m in _MEASURED if m.stage]
 STYLE = dict(
     zip(
         METHODS,
@@ -82,9 +79,8 @@ class BenchError(Exception):
 
 def job_args(method: str, width: int, depth: int, steps: int, run_dir: str, name: str) -> list[str]:
     """The trainer's flags for one job of ``method``."""
-    flags, _, _ = METHODS[method]
     return [
-        *flags,
+        *METHODS[method].flags,
         *("--model", "lab.memory.model:build", "--model-arg", f"width={width}", "--model-arg", f"depth={depth}"),
         *("--dataset", "lab.memory.model:data", "--batch-size", "16", "--optimizer", "adamw"),
         *("--steps", str(steps), "--eval-every", str(steps), "--warmup-steps", "0", "--no-progress"),
@@ -94,7 +90,7 @@ def job_args(method: str, width: int, depth: int, steps: int, run_dir: str, name
 
 def formula(method: str, n_params: int, workers: int, role: str) -> dict[str, float]:
     """memcost's bytes for one rank of ``role`` (a dedicated PS's server rows: its ``server_*`` figures)."""
-    got = per_rank(n_params, workers, state_bytes_per_param=ADAMW_STATE, **METHODS[method][1])
+    got = per_rank(n_params, workers, state_bytes_per_param=ADAMW_STATE, **_memcost(METHODS[method]))
     if role == "server":
         return {"params": got["server_params"], "grads": 0.0, "optimizer": got["server_optimizer"]}
     return {k: got[k] for k in ("params", "grads", "optimizer")}
@@ -217,7 +213,7 @@ def fit_run(args: argparse.Namespace, out: str) -> dict[str, Any]:
     refusal and what each stage did."""
     n = parameters(args.fit_width, args.fit_depth)
     ranks = args.fit_ranks
-    need = {m: per_rank(n, ranks, state_bytes_per_param=ADAMW_STATE, **METHODS[m][1])["total"] for m in METHODS}
+    need = {m: per_rank(n, ranks, state_bytes_per_param=ADAMW_STATE, **_memcost(METHODS[m]))["total"] for m in METHODS}
     # RLIMIT_AS counts virtual memory: a rank's baseline (torch, MPI, malloc's arenas) before its model,
     # the model the trainer builds whole, and a margin under the ring's formula need beyond that model.
     limit = (
@@ -308,7 +304,7 @@ def main(args: argparse.Namespace) -> int:
     for method in methods:
         for n in workers:
             name = f"{method}-n{n}"
-            np_ = n + METHODS[method][2]
+            np_ = n + METHODS[method].servers
             argv = jobs.local_launcher(np_, job_args(method, args.width, args.depth, args.steps, runs, name))
             res = jobs.run(argv, timeout=args.job_timeout, log_path=os.path.join(runs, f"{name}.log"))
             metrics = jobs.read_json(os.path.join(runs, name, "metrics.json")) if res.ok else None
